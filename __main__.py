@@ -1,0 +1,5 @@
+"""``python -m trouper`` is the ``trouper`` command."""
+
+from .cli import main
+
+main()

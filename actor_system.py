@@ -1,0 +1,128 @@
+"""The embedded Thespian actor system behind a ``Trouper``, and requests into it.
+
+Heavy modules (litellm, pydantic models, the actors) are imported *before* the system
+starts: actor processes are forked, so they share those pages instead of importing
+their own copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from thespian.actors import ActorSystem, ActorSystemException  # noqa: E402
+
+from . import supervisor  # noqa: E402, F401 - imported before the fork, on purpose
+from .actors.wiring import BootRoot, Shutdown, ShutdownDone  # noqa: E402
+from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
+from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
+from .messages.protocol import Accepted, Refused  # noqa: E402
+from .paths import Home  # noqa: E402
+from .supervision import RestartPolicy  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[str, type[TrouperError]] = {
+    "UnknownSession": UnknownSession,
+    "InvalidRequest": InvalidRequest,
+}
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback (for the actor system's admin port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_defs(home: Home) -> dict[str, Any]:
+    logs = home.root / "logs"
+    logs.mkdir(exist_ok=True)
+    return {
+        "version": 1,
+        "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s "
+                                           "%(name)s: %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(logs / "trouper.log"),
+                              "formatter": "plain", "level": "INFO"}},
+        "loggers": {"trouper": {"handlers": ["file"], "level": "INFO"}},
+    }
+
+
+class ActorSystemHandle:
+    """Starts, asks and shuts down the actor system of one ``Trouper``."""
+
+    def __init__(
+        self,
+        home: Home,
+        policy: RestartPolicy,
+        ask_timeout_s: float,
+        system_base: str,
+        admin_port: int | None,
+    ) -> None:
+        self.home, self.policy, self.ask_timeout_s = home, policy, ask_timeout_s
+        self.system_base, self.admin_port = system_base, admin_port
+        self._asys: ActorSystem | None = None
+        self._root: Any = None
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
+        port = self.admin_port or free_port()
+        capabilities = {"Admin Port": port}
+        self._asys = ActorSystem(self.system_base, capabilities,
+                                 logDefs=_log_defs(self.home), transientUnique=True)
+        from .supervisor import RootSupervisor
+
+        self._root = self._asys.createActor(RootSupervisor)
+        self.request(BootRoot(home=str(self.home.root), policy=self.policy), "boot")
+
+    def request(self, msg: Any, request_id: str | None = None) -> Accepted:
+        """Ask the root and wait for the matching answer. Raises the refusal as an error."""
+        if self._asys is None:
+            raise InvalidRequest("this Trouper is closed")
+        rid = request_id if request_id is not None else msg.request_id
+        answer = self._ask(msg, rid, self.ask_timeout_s)
+        if isinstance(answer, Refused):
+            raise _ERRORS.get(answer.error, TrouperError)(answer.message)
+        return answer
+
+    def _ask(self, msg: Any, request_id: str, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
+        what = getattr(msg, "kind", type(msg).__name__)
+        with self._lock:
+            assert self._asys is not None
+            answer = self._asys.ask(self._root, msg, timeout_s)
+            while True:
+                if answer is not None and getattr(answer, "request_id", None) == request_id:
+                    return answer
+                if answer is not None:
+                    logger.debug("dropping a stale answer %r", answer)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RequestTimeout(f"no answer to {what} within {timeout_s:g} s")
+                answer = self._asys.listen(remaining)
+
+    def close(self, stop_sandboxes: bool = True) -> None:
+        """Shut the tree down: sandboxes first (bounded), then every actor process."""
+        asys, self._asys = self._asys, None
+        if asys is None:
+            return
+        request_id = uuid.uuid4().hex
+        try:
+            self._asys = asys
+            done = self._ask(Shutdown(request_id=request_id, stop_sandboxes=stop_sandboxes),
+                             request_id, 20.0)
+            if isinstance(done, ShutdownDone):
+                logger.info("closed sandboxes of %d session(s)", len(done.sessions))
+        except (TrouperError, ActorSystemException) as exc:
+            logger.warning("graceful shutdown incomplete: %s", exc)
+        finally:
+            self._asys = None
+            asys.shutdown()

@@ -1,0 +1,233 @@
+"""What every trouper actor shares: safe dispatch, and work off the actor's thread.
+
+Thespian delivers a message once more when a handler raises, then answers the sender
+with a ``PoisonMessage``. A handler with side effects must never raise, so
+``TrouperActor.receiveMessage`` catches everything; an actor whose state is in doubt
+after a failure says why to its parent and exits, and the supervisor restarts it clean.
+
+A handler never blocks: long work runs in ``Background`` threads that report through a
+self-pipe the actor watches (``ThespianWatch``, returned from *every* receive call).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from thespian.actors import (
+    Actor,
+    ActorAddress,
+    ActorExitRequest,
+    ChildActorExited,
+    PoisonMessage,
+    ThespianWatch,
+    WakeupMessage,
+    WatchMessage,
+)
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Any, ActorAddress], None]
+
+
+@dataclass(frozen=True)
+class Failing:
+    """Told to the parent by an actor that is about to exit on purpose, with the reason."""
+
+    role: str
+    reason: str
+    error_class: str = ""
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Timer:
+    """The payload of a ``wakeupAfter`` timer: what to do, with a token to match it."""
+
+    name: str
+    token: Any = None
+
+
+class Background:
+    """Runs blocking calls on worker threads; results come back on the actor's thread.
+
+    A worker puts ``(callback, result, error)`` on a queue and writes one byte to a pipe;
+    the actor watches the pipe's read end and, on ``WatchMessage``, calls ``drain``.
+    """
+
+    def __init__(self, max_workers: int = 32) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        self._done: queue.SimpleQueue[tuple[Callable[..., None], Any, BaseException | None]] = (
+            queue.SimpleQueue()
+        )
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="trouper")
+        self._closed = False
+
+    @property
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def submit(
+        self,
+        work: Callable[[], Any],
+        on_done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """Run ``work()`` on a thread; ``on_done(result, error)`` runs later on the actor."""
+        self._pool.submit(self._run, work, on_done)
+
+    def _run(self, work: Callable[[], Any], on_done: Callable[..., None]) -> None:
+        try:
+            result, error = work(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the actor as data
+            result, error = None, exc
+        self._done.put((on_done, result, error))
+        if not self._closed:
+            try:
+                os.write(self._write_fd, b"x")
+            except OSError:
+                logger.debug("background pipe closed before a result was signalled")
+
+    def drain(self) -> None:
+        """Call the callbacks of finished work, on the caller's (the actor's) thread."""
+        try:
+            while os.read(self._read_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                on_done, result, error = self._done.get_nowait()
+            except queue.Empty:
+                return
+            on_done(result, error)
+
+    def close(self) -> None:
+        """Stop taking work; running threads finish on their own. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class TrouperActor(Actor):
+    """Base actor: handlers are ``on_<kind>`` for trouper messages, never raise, never block.
+
+    Subclasses set ``role`` and implement ``on_<kind>(msg, sender)`` for each message kind
+    they accept. Thespian's own messages go to ``on_child_exited``, ``on_wakeup``,
+    ``on_exit_request`` and ``on_poison``.
+    """
+
+    role: str = "actor"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._background: Background | None = None
+        self._stopping = False
+
+    # -- dispatch --------------------------------------------------------------
+
+    def receiveMessage(self, msg: Any, sender: ActorAddress) -> ThespianWatch:  # noqa: N802
+        try:
+            self._dispatch(msg, sender)
+        except Exception as exc:  # noqa: BLE001 - a handler must never raise (see module doc)
+            self._handler_failed(msg, exc)
+        return ThespianWatch([self._background.fileno] if self._background else [])
+
+    def _dispatch(self, msg: Any, sender: ActorAddress) -> None:
+        if isinstance(msg, WatchMessage):
+            if self._background is not None:
+                self._background.drain()
+            return
+        if isinstance(msg, WakeupMessage):
+            self.on_wakeup(msg.payload, sender)
+            return
+        if isinstance(msg, ChildActorExited):
+            self.on_child_exited(msg.childAddress, sender)
+            return
+        if isinstance(msg, ActorExitRequest):
+            self._stopping = True
+            self.on_exit_request(msg, sender)
+            if self._background is not None:
+                self._background.close()
+            return
+        if isinstance(msg, PoisonMessage):
+            self.on_poison(msg, sender)
+            return
+        self._dispatch_own(msg, sender)
+
+    def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
+        kind = getattr(msg, "kind", None) or type(msg).__name__.lower()
+        handler: Handler | None = getattr(self, f"on_{kind}", None)
+        if handler is None:
+            self.on_unknown(msg, sender)
+            return
+        handler(msg, sender)
+
+    def _handler_failed(self, msg: Any, exc: Exception) -> None:
+        tb = traceback.format_exc()
+        logger.error("%s failed on %s: %s\n%s", self.role, type(msg).__name__, exc, tb)
+        self.fail(f"{type(exc).__name__} while handling {type(msg).__name__}: {exc}", exc, tb)
+
+    def fail(self, reason: str, exc: BaseException | None = None, tb: str = "") -> None:
+        """Exit on purpose so the supervisor restarts this actor clean; say why first."""
+        if self._stopping:
+            return
+        self._stopping = True
+        error_class = f"{type(exc).__module__}.{type(exc).__qualname__}" if exc else ""
+        parent = getattr(self, "_parent_address", None)
+        if parent is not None:
+            self.send(parent, Failing(self.role, reason, error_class, tb))
+        self.send(self.myAddress, ActorExitRequest())
+
+    # -- default handlers ----------------------------------------------------------
+
+    def on_wakeup(self, payload: Any, sender: ActorAddress) -> None:
+        if isinstance(payload, Timer):
+            handler = getattr(self, f"on_timer_{payload.name}", None)
+            if handler is not None:
+                handler(payload.token)
+                return
+        logger.debug("%s ignored a timer %r", self.role, payload)
+
+    def on_child_exited(self, child: ActorAddress, sender: ActorAddress) -> None:
+        logger.debug("%s: child %s exited", self.role, child)
+
+    def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
+        """Last words before the actor stops; subclasses release what they hold."""
+
+    def on_poison(self, msg: PoisonMessage, sender: ActorAddress) -> None:
+        logger.warning("%s: a message it sent poisoned %s: %s", self.role, sender, msg.details)
+
+    def on_unknown(self, msg: Any, sender: ActorAddress) -> None:
+        logger.warning("%s: no handler for %s from %s", self.role, type(msg).__name__, sender)
+
+    # -- helpers ---------------------------------------------------------------
+
+    @property
+    def background(self) -> Background:
+        """The actor's worker pool, made on first use (after the fork, in this process)."""
+        if self._background is None:
+            self._background = Background()
+        return self._background
+
+    def set_parent(self, parent: ActorAddress) -> None:
+        """Remember the supervisor, to tell it why before exiting on purpose."""
+        self._parent_address = parent
+
+    def after(self, delay_s: float, name: str, token: Any = None) -> None:
+        """Call ``on_timer_<name>(token)`` after ``delay_s`` seconds (a timer, not a sleep)."""
+        self.wakeupAfter(timedelta(seconds=max(0.0, delay_s)), Timer(name, token))
+

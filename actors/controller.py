@@ -1,0 +1,349 @@
+"""Controller: one session's agent loop, state machine and event log.
+
+It is the only writer of its session's log. Every step: ask the broker for a completion,
+append the model's actions (durable *before* any is dispatched: promise I2), run them one
+at a time through the RuntimeProxy, append each outcome, and go on. A restarted
+Controller rebuilds itself from the log (I3) and resolves every action that has no
+outcome through the runtime's journal, never running one twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from thespian.actors import ActorAddress
+
+from ..agent.parse import parse_response
+from ..agent.prompt import PromptBuilder, load_workspace_instructions
+from ..agent.tools import tool_specs
+from ..fold import SessionView
+from ..masking import SecretMasker
+from ..messages.actions import RUNTIME_KINDS, Finish, Think
+from ..messages.events import (
+    ActionEvent,
+    AgentState,
+    Event,
+    LLMCompleted,
+    LLMRetry,
+    MessageEvent,
+    ObservationEvent,
+    RuntimeEvent,
+)
+from ..messages.outcomes import Outcome
+from ..messages.protocol import (
+    Complete,
+    Completed,
+    CompletionFailed,
+    Execute,
+    Executed,
+    ResolveAction,
+    Resolved,
+    RetryScheduled,
+    RuntimeFailed,
+    RuntimeReady,
+    StartSession,
+    ToolCall,
+)
+from ..paths import Home
+from ..store import EventStore, open_store
+from .base import TrouperActor
+from .controller_commands import CommandsMixin
+from .wiring import BootController, Rewire, RuntimeGaveUp
+
+logger = logging.getLogger(__name__)
+
+
+class Controller(CommandsMixin, TrouperActor):
+    role = "controller"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.view = SessionView()
+        self.store: EventStore | None = None
+        self.start: StartSession | None = None
+        self.broker: ActorAddress | None = None
+        self.runtime: ActorAddress | None = None
+        self.runtime_ready = False
+        self.runtime_down = False
+        self.llm_request: Complete | None = None
+        self.dispatched: str | None = None
+        self.resolve_first: set[str] = set()
+        self.masker = SecretMasker({})
+        self.prompt: PromptBuilder | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.start.session_id if self.start else ""
+
+    # -- boot and restore ------------------------------------------------------------
+
+    def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
+        self.set_parent(sender)
+        self.start, self.broker, self.runtime = msg.start, msg.broker, msg.runtime
+        config = msg.start.config
+        self.masker = SecretMasker(self._secrets_to_mask(msg.start))
+        self.store = open_store(Home.at(msg.start.home))
+        instructions = load_workspace_instructions(Path(config.workspace))
+        self.prompt = PromptBuilder(
+            system_prompt=config.system_prompt, workspace_instructions=instructions
+        )
+        events = self.store.read(self.session_id)
+        for event in events:
+            self._fold(event)
+        if not events:
+            self.append(MessageEvent(source="user", text=config.task))
+        self.resolve_first = self._runtime_pending()
+        logger.info("session %s: controller up at seq %d, state %s, %d pending",
+                    self.session_id, self.view.last_seq, self.view.state.value,
+                    len(self.view.pending))
+        self.reply(msg.reply_to, msg.start.request_id, self.view.last_seq)
+
+    def _runtime_pending(self) -> set[str]:
+        return {
+            action_id
+            for action_id, event in self.view.pending.items()
+            if event.action is not None and event.action.kind in RUNTIME_KINDS
+        }
+
+    @staticmethod
+    def _secrets_to_mask(start: StartSession) -> dict[str, str]:
+        secrets = dict(start.secrets)
+        key = start.config.llm.api_key
+        if key is not None:
+            secrets.setdefault("LLM_API_KEY", key.get_secret_value())
+        return secrets
+
+    def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
+        self.runtime_ready = True
+        self.resolve_first &= set(self.view.pending)
+        self.resolve_pending()
+        phase = "attached" if msg.attached else "started"
+        self.append(RuntimeEvent(phase=phase, epoch=msg.epoch))
+        if self.view.state in (AgentState.LOADING,) or (
+            self.view.state == AgentState.ERROR and self.view.resumes_at is not None
+        ):
+            self.transition(AgentState.RUNNING, "runtime ready")
+        self.advance()
+
+    def on_runtime_failed(self, msg: RuntimeFailed, sender: ActorAddress) -> None:
+        """The sandbox or its proxy died; the supervisor is restarting it."""
+        self.runtime_ready = False
+        if self.dispatched is not None:
+            self.resolve_first.add(self.dispatched)
+            self.dispatched = None
+        self.append(RuntimeEvent(phase="failed", epoch=msg.epoch, detail=msg.detail))
+        if self.view.state == AgentState.RUNNING:
+            self.transition(
+                AgentState.ERROR,
+                f"sandbox failed ({msg.cause}): {msg.detail}; restarting it",
+                resumes_at=datetime.now(UTC),
+            )
+
+    def on_runtime_gave_up(self, msg: RuntimeGaveUp, sender: ActorAddress) -> None:
+        self.runtime_ready = False
+        self.runtime_down = True
+        self.transition(AgentState.ERROR, f"{msg.reason}; resume to try again")
+
+    def on_rewire(self, msg: Rewire, sender: ActorAddress) -> None:
+        if msg.broker is not None:
+            self.broker = msg.broker
+            if self.llm_request is not None:  # the old broker's answer will never come
+                self.send(self.broker, self.llm_request)
+        if msg.runtime is not None:
+            self.runtime, self.runtime_ready = msg.runtime, False
+            if self.dispatched is not None:
+                self.resolve_first.add(self.dispatched)
+                self.dispatched = None
+            self.resolve_first |= self._runtime_pending()
+
+    # -- the log ---------------------------------------------------------------
+
+    def append(self, *events: Event) -> int:
+        """Mask secrets, append durably, fold in; returns the last seq."""
+        assert self.store is not None
+        stored = self.store.append(self.session_id, [self.masker.mask_event(e) for e in events])
+        for event in stored:
+            self._fold(event)
+        return self.view.last_seq
+
+    def _fold(self, event: Event) -> None:
+        self.view.apply(event)
+        if self.prompt is not None:
+            self.prompt.add(event)
+
+    # -- the loop ------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Take the next step if the session is RUNNING and nothing is outstanding."""
+        if self.view.state != AgentState.RUNNING or not self.runtime_ready:
+            return
+        if self.dispatched is not None or self.llm_request is not None:
+            return
+        if self.view.pending:
+            self.handle_action(next(iter(self.view.pending.values())))
+            return
+        if self.limit_reached():
+            return
+        self.ask_model()
+
+    def limit_reached(self) -> bool:
+        assert self.start is not None
+        config = self.start.config
+        if self.view.iterations >= config.max_iterations:
+            self.transition(
+                AgentState.STOPPED,
+                f"reached max_iterations ({config.max_iterations} model calls); "
+                "resume to allow as many again",
+            )
+            return True
+        if config.max_cost_usd is not None and self.view.cost_usd >= config.max_cost_usd:
+            self.transition(
+                AgentState.STOPPED,
+                f"spent ${self.view.cost_usd:.4f} of max_cost_usd ${config.max_cost_usd:.4f}",
+            )
+            return True
+        return False
+
+    def ask_model(self) -> None:
+        assert self.start is not None and self.prompt is not None and self.broker is not None
+        self.llm_request = Complete(
+            request_id=uuid.uuid4().hex, session_id=self.session_id, llm=self.start.config.llm,
+            messages=self.prompt.messages(), tools=tool_specs())
+        self.send(self.broker, self.llm_request)
+
+    def on_completed(self, msg: Completed, sender: ActorAddress) -> None:
+        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
+            return  # the answer to a cancelled or superseded request
+        self.llm_request = None
+        turn_id = uuid.uuid4().hex[:12]
+        parsed = parse_response(turn_id, msg.content, msg.tool_calls, _new_action_id)
+        usage = LLMCompleted(
+            request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
+            completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
+            latency_s=msg.latency_s, attempts=msg.attempts)
+        if not parsed:
+            self.append(usage, MessageEvent(source="agent", text=msg.content))
+            self.transition(AgentState.AWAITING_USER_INPUT, "the agent replied with text")
+            return
+        self.append(usage, *[p.event for p in parsed])  # intents durable before dispatch
+        rejected = [
+            ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
+            for p in parsed
+            if p.rejection is not None
+        ]
+        if rejected:
+            self.append(*rejected)
+        self.advance()
+
+    def on_retry_scheduled(self, msg: RetryScheduled, sender: ActorAddress) -> None:
+        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
+            return
+        self.append(LLMRetry(
+            request_id=msg.request_id, attempt=msg.attempt, max_attempts=msg.max_attempts,
+            wait_s=msg.wait_s, error_class=msg.error_class, message=msg.message))
+
+    def on_completion_failed(self, msg: CompletionFailed, sender: ActorAddress) -> None:
+        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
+            return
+        self.llm_request = None
+        self.transition(
+            AgentState.ERROR,
+            f"model call failed ({msg.error_class}, {msg.attempts} attempt(s)): {msg.message}",
+        )
+
+    # -- actions ---------------------------------------------------------------
+
+    def handle_action(self, event: ActionEvent) -> None:
+        action = event.action
+        if action is None:
+            self.record(event.action_id, self._rejection_of(event))
+        elif isinstance(action, Think):
+            self.record(event.action_id, Outcome(status="ok", content="Thought recorded."))
+        elif isinstance(action, Finish):
+            self.finish(event, action)
+        elif event.action_id in self.resolve_first:
+            return  # its journal is being asked (resolve_pending); never re-run
+        else:
+            self.dispatch(event)
+
+    def dispatch(self, event: ActionEvent) -> None:
+        assert self.start is not None
+        config = self.start.config
+        action: Any = event.action
+        timeout_s = getattr(action, "timeout_s", None) or config.command_timeout_s
+        self.dispatched = event.action_id
+        self.send(self.runtime, Execute(
+            session_id=self.session_id, action_id=event.action_id,
+            action=self.masker.reveal(action),
+            timeout_s=timeout_s, no_output_timeout_s=config.no_output_timeout_s))
+
+    @staticmethod
+    def _rejection_of(event: ActionEvent) -> Outcome:
+        call = ToolCall(id=event.tool_call_id, name=event.tool, arguments=event.arguments)
+        parsed = parse_response(event.turn_id, "", [call], lambda: event.action_id)
+        if parsed and parsed[0].rejection is not None:
+            return parsed[0].rejection
+        return Outcome(status="rejected", content=f"The call to {event.tool!r} was malformed.")
+
+    def finish(self, event: ActionEvent, action: Finish) -> None:
+        self.record(event.action_id, Outcome(status="ok", content=action.message), advance=False)
+        skipped = [
+            ObservationEvent(action_id=other, outcome=Outcome(
+                status="rejected", content="Not run: the agent finished before this action."))
+            for other in self.view.pending
+        ]
+        if skipped:
+            self.append(*skipped)
+        self.transition(AgentState.FINISHED, action.message)
+
+    def record(self, action_id: str, outcome: Outcome, advance: bool = True) -> None:
+        self.resolve_first.discard(action_id)
+        if action_id not in self.view.pending:
+            return  # already has its outcome (promise I1)
+        self.append(ObservationEvent(action_id=action_id, outcome=outcome))
+        if advance:
+            self.check_breaker()
+            self.advance()
+
+    def check_breaker(self) -> None:
+        assert self.start is not None
+        limit = self.start.config.max_consecutive_timeouts
+        if limit and self.view.consecutive_timeouts >= limit and (
+            self.view.state == AgentState.RUNNING
+        ):
+            self.transition(
+                AgentState.PAUSED,
+                f"{self.view.consecutive_timeouts} commands in a row timed out; "
+                "check the sandbox, then resume",
+            )
+
+    def on_executed(self, msg: Executed, sender: ActorAddress) -> None:
+        if msg.action_id == self.dispatched:
+            self.dispatched = None
+        self.record(msg.action_id, msg.outcome)
+
+    def resolve_pending(self) -> None:
+        """Ask the runtime's journal about every action that may have run without an outcome."""
+        for action_id in sorted(self.resolve_first):
+            self.send(self.runtime, ResolveAction(session_id=self.session_id, action_id=action_id))
+
+    def on_resolved(self, msg: Resolved, sender: ActorAddress) -> None:
+        if msg.action_id not in self.resolve_first:
+            return
+        self.resolve_first.discard(msg.action_id)
+        if msg.state == "finished" and msg.outcome is not None:
+            self.record(msg.action_id, msg.outcome)
+        elif msg.state == "absent":
+            self.advance()  # it never started: now it runs, for the first time
+        else:
+            self.record(msg.action_id, Outcome(status="lost", content=(
+                "This action's result is unknown: the sandbox that ran it was lost before it "
+                "reported back. It was not run again. Check its effects before repeating it.")))
+
+
+def _new_action_id() -> str:
+    return uuid.uuid4().hex[:16]

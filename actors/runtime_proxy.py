@@ -1,0 +1,166 @@
+"""RuntimeProxy: owns one session's sandbox backend; never blocks its handler.
+
+Lifecycle reports (``RuntimeReady``, ``RuntimeFailed``) go to the parent SessionSupervisor;
+``Executed`` and ``Resolved`` answer whoever asked (the Controller). Each incarnation
+carries an epoch; a sandbox that serves a newer epoch refuses this one, and the proxy
+then exits (a half-dead proxy never acts after its replacement started: promise I2).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from thespian.actors import ActorAddress
+
+from ..exceptions import RuntimeUnavailable, StaleEpoch, class_path
+from ..messages.protocol import (
+    CloseSandbox,
+    Execute,
+    Executed,
+    ResolveAction,
+    Resolved,
+    RuntimeFailed,
+    RuntimeReady,
+    SandboxClosed,
+)
+from ..paths import Home
+from ..runtimes import load_sandbox
+from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
+from .base import TrouperActor
+from .wiring import BootRuntime
+
+logger = logging.getLogger(__name__)
+
+HEALTH_EVERY_S = 5.0
+RESOLVE_WAIT_S = 5.0
+
+
+class RuntimeProxy(TrouperActor):
+    role = "runtime"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sandbox: Sandbox | None = None
+        self._session_id = ""
+        self._epoch = 0
+        self._ready = False
+        self._waiting: list[tuple[Any, ActorAddress]] = []
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def on_boot_runtime(self, msg: BootRuntime, sender: ActorAddress) -> None:
+        self.set_parent(sender)
+        start = msg.start
+        self._session_id, self._epoch = start.session_id, msg.epoch
+        home = Home.at(start.home)
+        self._sandbox = load_sandbox(
+            start.config.runtime,
+            session_id=start.session_id,
+            workspace=Path(start.config.workspace),
+            state_dir=home.runtime_dir(start.session_id),
+            env=dict(start.secrets),
+            max_output_chars=start.config.max_output_chars,
+        )
+        sandbox, epoch = self._sandbox, msg.epoch
+        self.background.submit(lambda: sandbox.start(epoch), self._started)
+
+    def _started(self, attached: bool | None, error: BaseException | None) -> None:
+        if error is not None:
+            self._report_failure("start_failed", error)
+            return
+        self._ready = True
+        self.send(self._parent_address, RuntimeReady(
+            session_id=self._session_id, epoch=self._epoch, attached=bool(attached)))
+        waiting, self._waiting = self._waiting, []
+        for msg, sender in waiting:
+            self._dispatch_own(msg, sender)
+        self.after(HEALTH_EVERY_S, "health")
+
+    def on_timer_health(self, _token: object) -> None:
+        sandbox = self._sandbox
+        if sandbox is None or self._stopping:
+            return
+        self.background.submit(sandbox.alive, self._health_checked)
+
+    def _health_checked(self, health: SandboxHealth | None, error: BaseException | None) -> None:
+        if error is not None or health is None or not health.alive:
+            cause = health.cause if health is not None else "unreachable"
+            detail = health.detail if health is not None else str(error)
+            self._report_failure(cause or "unreachable", error, detail)
+            return
+        self.after(HEALTH_EVERY_S, "health")
+
+    def _report_failure(self, cause: str, error: BaseException | None, detail: str = "") -> None:
+        """Tell the supervisor what failed, then exit so it restarts a clean proxy."""
+        if isinstance(error, StaleEpoch):
+            self.fail(f"superseded by a newer runtime proxy: {error}", error)
+            return
+        text = detail or (f"{type(error).__name__}: {error}" if error else cause)
+        self.send(self._parent_address, RuntimeFailed(
+            session_id=self._session_id, epoch=self._epoch, cause=cause, detail=text,
+            error_class=class_path(error) if error else ""))
+        self.fail(f"sandbox {cause}: {text}", error)
+
+    def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
+        sandbox = self._sandbox
+        self._stopping = True
+        reply = SandboxClosed(request_id=msg.request_id, session_id=self._session_id)
+        if sandbox is None:
+            self.send(sender, reply)
+            return
+        self.background.submit(sandbox.stop, lambda _r, _e: self.send(sender, reply))
+
+    # -- actions ---------------------------------------------------------------
+
+    def _defer(self, msg: Any, sender: ActorAddress) -> bool:
+        if self._ready:
+            return False
+        self._waiting.append((msg, sender))
+        return True
+
+    def on_execute(self, msg: Execute, sender: ActorAddress) -> None:
+        if self._defer(msg, sender) or self._sandbox is None:
+            return
+        runtime = self._sandbox.runtime
+
+        def work() -> Any:
+            return runtime.execute(
+                msg.action_id, msg.action,
+                timeout_s=msg.timeout_s, no_output_timeout_s=msg.no_output_timeout_s)
+
+        def done(outcome: Any, error: BaseException | None) -> None:
+            if error is not None:
+                # The action's fate is in the journal; the Controller resolves it from there.
+                self._report_failure(_cause(error), error)
+                return
+            self.send(sender, Executed(
+                session_id=self._session_id, action_id=msg.action_id, outcome=outcome))
+
+        self.background.submit(work, done)
+
+    def on_resolve_action(self, msg: ResolveAction, sender: ActorAddress) -> None:
+        if self._defer(msg, sender) or self._sandbox is None:
+            return
+        runtime = self._sandbox.runtime
+
+        def done(record: JournalRecord | None, error: BaseException | None) -> None:
+            if error is not None or record is None:
+                self._report_failure(_cause(error), error)
+                return
+            if record.state == "running":
+                self.on_resolve_action(msg, sender)  # still going: ask again (bounded waits)
+                return
+            self.send(sender, Resolved(
+                session_id=self._session_id, action_id=msg.action_id,
+                state=record.state, outcome=record.outcome))
+
+        self.background.submit(
+            lambda: runtime.resolve(msg.action_id, wait_s=RESOLVE_WAIT_S), done)
+
+
+def _cause(error: BaseException | None) -> str:
+    if isinstance(error, RuntimeUnavailable):
+        return "unreachable"
+    return "failed"

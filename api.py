@@ -1,0 +1,200 @@
+"""The Python API: ``Trouper`` runs an embedded actor system; ``Session`` drives one session.
+
+Example::
+
+    from trouper import Trouper, AgentState
+    with Trouper(home="/tmp/th") as t:
+        s = t.start_session("make hello.txt", llm={"model": "hosted_vllm/x",
+                                                   "base_url": url, "api_key": "k"})
+        assert s.wait(timeout=60) == AgentState.FINISHED
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .actor_system import ActorSystemHandle
+from .config import LLMConfig, SessionConfig
+from .exceptions import ConfigError, UnknownSession
+from .messages.events import AgentState
+from .messages.protocol import StartSession, UserCommand
+from .paths import Home
+from .session import Session
+from .store import EventStore, SessionRecord, open_store
+from .supervision import RestartPolicy
+
+logger = logging.getLogger(__name__)
+
+_RESTORE_STATES = frozenset(
+    {AgentState.LOADING, AgentState.RUNNING, AgentState.RATE_LIMITED, AgentState.ERROR}
+)
+
+
+def new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:12]
+
+
+class Trouper:
+    """An embedded trouper: an actor system, a store and the sessions under one home.
+
+    Args:
+        home: the folder holding the store and session folders (``$TROUPER_HOME``,
+            else ``~/.trouper``).
+        resume: on open, carry on every session the log shows was still working
+            (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
+        policy: the restart policy of the supervisors.
+        ask_timeout_s: how long a request to the actor tree may take.
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        resume: bool = True,
+        policy: RestartPolicy | None = None,
+        ask_timeout_s: float = 30.0,
+        system_base: str = "multiprocTCPBase",
+        admin_port: int | None = None,
+    ) -> None:
+        self.home = Home.at(home)
+        self.store: EventStore = open_store(self.home)
+        self._system = ActorSystemHandle(
+            self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port
+        )
+        self._closed = False
+        try:
+            self._system.open()
+            if resume:
+                self._resume_unfinished()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Trouper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, stop_sandboxes: bool = True) -> None:
+        """Stop every actor (and, by default, every sandbox). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._system.close(stop_sandboxes=stop_sandboxes)
+        self.store.close()
+
+    # -- sessions ----------------------------------------------------------------
+
+    def start_session(
+        self,
+        task: str,
+        *,
+        llm: Mapping[str, Any] | LLMConfig,
+        runtime: str = "local",
+        workspace: str | os.PathLike[str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> Session:
+        """Start a session working on ``task`` and return it at once (it runs in the tree).
+
+        ``options`` are the other fields of ``SessionConfig`` (``max_iterations``,
+        ``max_cost_usd``, ``command_timeout_s``, ``no_output_timeout_s``...).
+        Raises ConfigError for an invalid configuration.
+        """
+        session_id = new_session_id()
+        folder = Path(workspace) if workspace is not None else self.home.default_workspace(
+            session_id)
+        folder = folder.expanduser().resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        secrets = dict(secrets or {})
+        config = _session_config(task, llm, runtime, folder, secrets, options)
+        self._write_secrets(session_id, secrets, config.llm)
+        self.store.create_session(session_id, config)
+        self._system.request(StartSession(
+            request_id=uuid.uuid4().hex, session_id=session_id, config=config,
+            secrets=secrets, home=str(self.home.root)))
+        return Session(self, session_id)
+
+    def sessions(self) -> list[SessionRecord]:
+        """Every session in the store, newest first."""
+        return self.store.sessions()
+
+    def session(self, session_id: str) -> Session:
+        """The session with that id. Raises UnknownSession."""
+        self.store.session(session_id)
+        return Session(self, session_id)
+
+    # -- used by Session -------------------------------------------------------------
+
+    def command(self, session_id: str, command: str, text: str = "") -> int:
+        """Send a user command; start the session's actors first if they are not running."""
+        msg = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
+                          command=command, text=text)  # type: ignore[arg-type]
+        try:
+            return self._system.request(msg).seq
+        except UnknownSession:
+            self.restore(session_id)
+            return self._system.request(msg.model_copy(update={"request_id": uuid.uuid4().hex}))\
+                .seq
+
+    def restore(self, session_id: str) -> None:
+        """Start the actors of a stored session; they carry on from its log."""
+        record = self.store.session(session_id)
+        secrets, api_key = self._read_secrets(session_id)
+        config = record.config
+        if api_key is not None:
+            config = config.model_copy(
+                update={"llm": config.llm.model_copy(update={"api_key": api_key})})
+        self._system.request(StartSession(
+            request_id=uuid.uuid4().hex, session_id=session_id, config=config,
+            secrets=secrets, home=str(self.home.root), restore=True))
+
+    def _resume_unfinished(self) -> None:
+        for record in self.store.sessions():
+            if record.state in _RESTORE_STATES:
+                logger.info("resuming session %s (%s)", record.session_id, record.state.value)
+                self.restore(record.session_id)
+
+    def _write_secrets(
+        self, session_id: str, secrets: dict[str, str], llm: LLMConfig
+    ) -> None:
+        path = self.home.secrets_path(session_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"secrets": secrets,
+                "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+
+    def _read_secrets(self, session_id: str) -> tuple[dict[str, str], str | None]:
+        path = self.home.secrets_path(session_id)
+        if not path.exists():
+            return {}, None
+        data = json.loads(path.read_text())
+        return dict(data.get("secrets") or {}), data.get("llm_api_key")
+
+
+def _session_config(
+    task: str,
+    llm: Mapping[str, Any] | LLMConfig,
+    runtime: str,
+    workspace: Path,
+    secrets: dict[str, str],
+    options: dict[str, Any],
+) -> SessionConfig:
+    try:
+        llm_config = llm if isinstance(llm, LLMConfig) else LLMConfig(**dict(llm))
+        return SessionConfig(
+            task=task, llm=llm_config, runtime=runtime, workspace=str(workspace),  # type: ignore[arg-type]
+            secret_names=tuple(sorted(secrets)), **options)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid session configuration: {exc}") from exc

@@ -1,0 +1,180 @@
+"""The ``trouper`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from .paths import HOME_ENV
+
+MODEL_ENV = "TROUPER_MODEL"
+BASE_URL_ENV = "TROUPER_BASE_URL"
+DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
+DEMO_MODEL = "hosted_vllm/trouper-demo"
+
+console = Console(highlight=False)
+
+
+@click.group()
+@click.version_option(package_name="trouper")
+def main() -> None:
+    """trouper: run LLM coding-agent sessions as supervised actors."""
+
+
+@main.command()
+@click.argument("task", required=False)
+@click.option("--model", envvar=MODEL_ENV, help="litellm model, e.g. openai/gpt-4o "
+              f"(env {MODEL_ENV}). Without a model, a scripted demo runs.")
+@click.option("--base-url", envvar=BASE_URL_ENV, help="API base of the model's server.")
+@click.option("--api-key", help="API key; default: the provider's usual env var.")
+@click.option("--runtime", default="local", show_default=True, type=click.Choice(["local"]))
+@click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder the agent works in (default: a new folder under the home).")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
+              help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+@click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Answer with a scripted LLM server (a JSON script) instead of a model.")
+@click.option("--max-iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
+              help="Give up waiting after this many seconds.")
+@click.option("-v", "--verbose", is_flag=True, help="Show thoughts, token counts, full output.")
+def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
+        runtime: str, workspace: Path | None, home: Path | None, script: Path | None,
+        max_iterations: int, timeout_s: float, verbose: bool) -> None:
+    """Run one session on TASK and stream it; exit 0 when it FINISHED."""
+    from .api import Trouper
+    from .messages.events import AgentState
+
+    with _llm_for(model, base_url, api_key, script) as (llm, demo):
+        task = task or (DEMO_TASK if demo else None)
+        if not task:
+            raise click.UsageError("give a TASK")
+        if demo:
+            console.print("[dim]no model configured: running the built-in demo on a scripted "
+                          "LLM server (set --model or TROUPER_MODEL for a real one)[/dim]")
+        with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
+            trouper = stack.enter_context(Trouper(home=home, resume=False))
+            session = trouper.start_session(task, llm=llm, runtime=runtime,
+                                            workspace=workspace, max_iterations=max_iterations)
+            stack.pop_all()
+        try:
+            state = _stream(session, timeout_s, verbose)
+        except KeyboardInterrupt:
+            session.stop()
+            state = session.wait(timeout=10)
+        finally:
+            record = session.record
+            with console.status("stopping…"):
+                trouper.close()
+        console.print(f"workspace: {record.config.workspace}")
+        if state != AgentState.FINISHED:
+            console.print(f"[red]session {session.id} ended {state.value}: "
+                          f"{record.state_reason}[/red]")
+            sys.exit(1)
+
+
+def _stream(session: Any, timeout_s: float, verbose: bool) -> Any:
+    from .messages.events import ActionEvent, ObservationEvent
+    from .render import describe_action, render
+
+    console.print(f"[bold]session {session.id}[/bold]")
+    status = console.status("waiting for the model…")
+    status.start()
+    try:
+        for event in session.events(follow=True, timeout_s=timeout_s):
+            line = render(event, verbose=verbose)
+            if line is not None:
+                status.stop()
+                console.print(line)
+                status.start()
+            if isinstance(event, ActionEvent):
+                status.update(f"running {describe_action(event)[:60]}…")
+            elif isinstance(event, ObservationEvent):
+                status.update("waiting for the model…")
+    finally:
+        status.stop()
+    return session.wait(timeout=0)
+
+
+@contextlib.contextmanager
+def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
+             script: Path | None) -> Iterator[tuple[dict[str, Any], bool]]:
+    """The LLM config to use, serving a scripted server while it is in use."""
+    if model and not script:
+        llm: dict[str, Any] = {"model": model, "base_url": base_url}
+        if api_key:
+            llm["api_key"] = api_key
+        yield llm, False
+        return
+    from .testing import FakeLLMServer, load_script
+
+    demo = script is None
+    source = script if script is not None else Path(__file__).parent / "testing" / \
+        "demo_script.json"
+    with FakeLLMServer(load_script(source)) as server:
+        yield {"model": model or DEMO_MODEL, "base_url": server.url, "api_key": "scripted"}, demo
+
+
+@main.command("fake-llm")
+@click.option("--script", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--port", default=0, show_default=True, help="0 picks a free port.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+def fake_llm(script: str, port: int, host: str) -> None:
+    """Serve an OpenAI-compatible scripted LLM (for tests and demos) until interrupted."""
+    from .testing.fake_llm import serve
+
+    serve(script, host, port)
+
+
+@main.command()
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+def sessions(home: Path | None) -> None:
+    """List the sessions in the store, newest first."""
+    from .paths import Home
+    from .store import open_store
+
+    store = open_store(Home.at(home))
+    try:
+        for record in store.sessions():
+            console.print(f"{record.session_id}  {record.state.value:<22} "
+                          f"{record.updated_at:%Y-%m-%d %H:%M:%S}  {record.config.task[:60]}")
+    finally:
+        store.close()
+
+
+@main.command()
+@click.argument("session_id")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@click.option("--since", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@click.option("-v", "--verbose", is_flag=True)
+def events(session_id: str, home: Path | None, since: int, as_json: bool,
+           verbose: bool) -> None:
+    """Print a session's events from the store."""
+    from .exceptions import UnknownSession
+    from .paths import Home
+    from .render import render
+    from .store import open_store
+
+    store = open_store(Home.at(home))
+    try:
+        for event in store.read(session_id, since=since):
+            if as_json:
+                click.echo(event.model_dump_json())
+            elif (line := render(event, verbose=verbose)) is not None:
+                console.print(line)
+    except UnknownSession as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(prog_name=os.path.basename(sys.argv[0]))

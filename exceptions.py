@@ -1,0 +1,54 @@
+"""trouper's exceptions.
+
+    TrouperError
+    ├── ConfigError            a configuration is invalid (bad model, bad limits)
+    ├── UnknownSession         no session has that id
+    ├── InvalidRequest         a request that cannot apply (wrong state, bad argument)
+    ├── RequestTimeout         an actor did not answer in time (names the operation)
+    ├── StoreError             the event store failed or holds something unexpected
+    └── RuntimeUnavailable     the sandbox is gone or does not answer (a supervisor acts)
+        └── StaleEpoch         the sandbox serves a newer proxy; this one must stop
+
+Errors the agent can act on (a failed command, a missing file) are never exceptions:
+they are data in an ``Outcome``.
+"""
+
+from __future__ import annotations
+
+
+class TrouperError(Exception):
+    """Base of every error trouper raises on purpose."""
+
+
+class ConfigError(TrouperError):
+    """A configuration is invalid."""
+
+
+class UnknownSession(TrouperError):
+    """No session has that id."""
+
+
+class InvalidRequest(TrouperError):
+    """A request that cannot apply to the session as it is."""
+
+
+class RequestTimeout(TrouperError):
+    """An actor did not answer within the deadline."""
+
+
+class StoreError(TrouperError):
+    """The event store failed or holds something unexpected."""
+
+
+class RuntimeUnavailable(TrouperError):
+    """The sandbox is gone or does not answer."""
+
+
+class StaleEpoch(RuntimeUnavailable):
+    """The sandbox has been claimed by a newer proxy incarnation."""
+
+
+def class_path(exc: BaseException) -> str:
+    """``module.Class`` of an exception, for carrying it across a process boundary."""
+    cls = type(exc)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,91 @@
+"""A session's state as a fold over its event log (promise I3).
+
+The Controller keeps one ``SessionView`` up to date as it appends; a restarted Controller,
+a reopened ``Trouper`` or a client rebuilds the same view by replaying the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .messages.events import (
+    ActionEvent,
+    AgentState,
+    Event,
+    LLMCompleted,
+    MessageEvent,
+    ObservationEvent,
+    StateChanged,
+)
+
+RESUMED_BY_USER = "resumed by the user"
+"""The reason of the StateChanged a user's resume appends; it opens a new iteration budget."""
+
+
+@dataclass
+class SessionView:
+    """What the log says about a session, updated one event at a time."""
+
+    state: AgentState = AgentState.LOADING
+    reason: str = ""
+    resumes_at: datetime | None = None
+    last_seq: int = 0
+    iterations: int = 0
+    """Model calls since the last user message or user resume (``max_iterations`` caps it)."""
+    total_iterations: int = 0
+    cost_usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    consecutive_timeouts: int = 0
+    pending: dict[str, ActionEvent] = field(default_factory=dict)
+    """Actions without an outcome, in log order."""
+    outcomes: int = 0
+    actions: int = 0
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> SessionView:
+        view = cls()
+        for event in events:
+            view.apply(event)
+        return view
+
+    @property
+    def settled(self) -> bool:
+        return StateChanged(state=self.state, resumes_at=self.resumes_at).settled
+
+    def apply(self, event: Event) -> None:
+        """Fold one event in."""
+        self.last_seq = max(self.last_seq, event.seq)
+        if isinstance(event, StateChanged):
+            self._apply_state(event)
+        elif isinstance(event, LLMCompleted):
+            self.iterations += 1
+            self.total_iterations += 1
+            self.cost_usd += event.cost_usd
+            self.prompt_tokens += event.prompt_tokens
+            self.completion_tokens += event.completion_tokens
+        elif isinstance(event, ActionEvent):
+            self.actions += 1
+            self.pending[event.action_id] = event
+        elif isinstance(event, ObservationEvent):
+            self._apply_outcome(event)
+        elif isinstance(event, MessageEvent) and event.source == "user":
+            self.iterations = 0
+
+    def _apply_state(self, event: StateChanged) -> None:
+        self.state = event.state
+        self.reason = event.reason
+        self.resumes_at = event.resumes_at
+        if event.reason == RESUMED_BY_USER:
+            self.iterations = 0
+            self.consecutive_timeouts = 0
+
+    def _apply_outcome(self, event: ObservationEvent) -> None:
+        self.outcomes += 1
+        self.pending.pop(event.action_id, None)
+        if event.outcome.timed_out is not None:
+            self.consecutive_timeouts += 1
+        else:
+            self.consecutive_timeouts = 0

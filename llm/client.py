@@ -1,0 +1,97 @@
+"""One blocking model call through litellm, turned into a ``Completed`` message.
+
+Runs on a broker worker thread, never on an actor's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network on import
+
+import litellm  # noqa: E402
+
+from ..config import LLMConfig  # noqa: E402
+from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
+
+logger = logging.getLogger(__name__)
+litellm.suppress_debug_info = True
+
+SESSION_HEADER = "X-Trouper-Session"
+
+
+def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, Any]:
+    """The keyword arguments for ``litellm.completion`` (no retries: the broker owns them)."""
+    cfg = request.llm
+    kwargs: dict[str, Any] = {
+        "model": model or cfg.model,
+        "messages": request.messages,
+        "timeout": cfg.timeout_s,
+        "num_retries": 0,
+        "max_retries": 0,
+        "extra_headers": {SESSION_HEADER: request.session_id},
+    }
+    if request.tools:
+        kwargs["tools"] = request.tools
+    if cfg.base_url:
+        kwargs["api_base"] = cfg.base_url
+    if cfg.api_key is not None:
+        kwargs["api_key"] = cfg.api_key.get_secret_value()
+    if cfg.temperature is not None:
+        kwargs["temperature"] = cfg.temperature
+    if cfg.max_output_tokens is not None:
+        kwargs["max_tokens"] = cfg.max_output_tokens
+    return kwargs
+
+
+def complete(request: Complete, model: str | None = None, attempts: int = 1) -> Completed:
+    """Call the model once; raise litellm's exception on failure."""
+    started = time.monotonic()
+    response = litellm.completion(**completion_kwargs(request, model))
+    latency_s = time.monotonic() - started
+    return to_completed(request, response, latency_s, attempts)
+
+
+def to_completed(
+    request: Complete, response: Any, latency_s: float, attempts: int = 1
+) -> Completed:
+    """Convert a litellm ``ModelResponse``."""
+    message = response.choices[0].message
+    calls = [
+        ToolCall(
+            id=call.id or "",
+            name=call.function.name or "",
+            arguments=call.function.arguments or "",
+        )
+        for call in (getattr(message, "tool_calls", None) or [])
+    ]
+    usage = getattr(response, "usage", None)
+    prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    return Completed(
+        request_id=request.request_id,
+        session_id=request.session_id,
+        content=message.content or "",
+        tool_calls=calls,
+        model=str(getattr(response, "model", "") or request.llm.model),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=cost_of(request.llm, response, prompt_tokens, completion_tokens),
+        latency_s=latency_s,
+        attempts=attempts,
+    )
+
+
+def cost_of(cfg: LLMConfig, response: Any, prompt_tokens: int, completion_tokens: int) -> float:
+    """Configured prices when given, else litellm's price list, else 0 (unknown model)."""
+    if cfg.input_cost_per_token is not None or cfg.output_cost_per_token is not None:
+        return prompt_tokens * (cfg.input_cost_per_token or 0.0) + completion_tokens * (
+            cfg.output_cost_per_token or 0.0
+        )
+    try:
+        return float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # noqa: BLE001 - litellm raises for models it has no price for
+        return 0.0

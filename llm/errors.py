@@ -1,0 +1,80 @@
+"""Classify litellm's exceptions by type (never by matching message strings).
+
+Only ``rate_limit`` and ``transient`` are worth a retry; the rest need a person or a
+change (a bigger context, a valid key, a fixed request).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from typing import Any
+
+import litellm
+
+from ..messages.protocol import LLMErrorClass
+
+RETRYABLE: frozenset[str] = frozenset({"rate_limit", "transient"})
+
+_TRANSIENT_STATUS = frozenset({408, 409, 500, 502, 503, 504, 529})
+
+
+def classify(error: BaseException) -> LLMErrorClass:
+    """The error class of an exception raised by ``litellm.completion``."""
+    if isinstance(error, litellm.RateLimitError):
+        return "rate_limit"
+    if isinstance(error, litellm.ContextWindowExceededError):
+        return "context_window"
+    if isinstance(error, litellm.AuthenticationError | litellm.PermissionDeniedError):
+        return "auth"
+    if isinstance(
+        error,
+        litellm.Timeout
+        | litellm.APIConnectionError
+        | litellm.ServiceUnavailableError
+        | litellm.BadGatewayError
+        | litellm.InternalServerError,
+    ):
+        return "transient"
+    if isinstance(error, litellm.APIResponseValidationError):
+        return "malformed"
+    if isinstance(error, litellm.BadRequestError | litellm.NotFoundError):
+        return "bad_request"
+    status = getattr(error, "status_code", None)
+    if status in _TRANSIENT_STATUS:
+        return "transient"
+    if status == 429:
+        return "rate_limit"
+    return "unknown"
+
+
+def response_headers(error: BaseException) -> dict[str, str]:
+    """The provider's response headers carried by a litellm exception, lower-cased."""
+    headers: Any = getattr(error, "litellm_response_headers", None)
+    if headers is None:
+        response = getattr(error, "response", None)
+        headers = getattr(response, "headers", None)
+    if not headers:
+        return {}
+    return {str(k).lower(): str(v) for k, v in dict(headers).items()}
+
+
+def retry_after_s(error: BaseException, now: float | None = None) -> float | None:
+    """What the provider asked us to wait: ``retry-after-ms``, ``retry-after`` (seconds or
+    an HTTP date), or None when it said nothing."""
+    headers = response_headers(error)
+    if "retry-after-ms" in headers:
+        try:
+            return max(0.0, float(headers["retry-after-ms"]) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - (now if now is not None else time.time()))

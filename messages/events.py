@@ -1,0 +1,174 @@
+"""Everything a session's log stores. Each event has a ``kind`` tag, a per-session
+``seq`` (contiguous from 1, assigned by the store), a timestamp, a ``source`` and a
+schema version ``v``.
+
+Conversation events (``message``, ``action``, ``observation``) build the agent's prompt;
+status events (``state``, ``llm_completed``, ``llm_retry``, ``runtime``) are for clients
+only and never reach a prompt (promise I4).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, TypeAdapter
+
+from .actions import Action
+from .base import Frozen
+from .outcomes import Outcome
+
+SCHEMA_VERSION = 1
+Source = Literal["user", "agent", "environment"]
+
+
+class AgentState(StrEnum):
+    """Where a session is in its life (see docs/architecture.md for the transitions)."""
+
+    LOADING = "loading"
+    RUNNING = "running"
+    AWAITING_USER_INPUT = "awaiting_user_input"
+    AWAITING_USER_CONFIRMATION = "awaiting_user_confirmation"
+    PAUSED = "paused"
+    RATE_LIMITED = "rate_limited"
+    ERROR = "error"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+
+
+SETTLED_STATES: frozenset[AgentState] = frozenset(
+    {
+        AgentState.FINISHED,
+        AgentState.STOPPED,
+        AgentState.PAUSED,
+        AgentState.AWAITING_USER_INPUT,
+        AgentState.AWAITING_USER_CONFIRMATION,
+        AgentState.ERROR,
+    }
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventBase(Frozen):
+    """Fields every event carries."""
+
+    v: int = SCHEMA_VERSION
+    """Schema version of the stored event."""
+    seq: int = 0
+    """Position in the session's log, from 1; 0 until the store appends it."""
+    ts: datetime = Field(default_factory=_now)
+    source: Source = "environment"
+    is_status: ClassVar[bool] = False
+    """Status events are shown to clients and never put into a prompt."""
+
+
+class MessageEvent(EventBase):
+    """Text from the user (the task is the first one) or a text reply of the agent."""
+
+    kind: Literal["message"] = "message"
+    text: str
+
+
+class ActionEvent(EventBase):
+    """The agent's intent, durable before the action is dispatched (promise I2)."""
+
+    kind: Literal["action"] = "action"
+    source: Source = "agent"
+    action_id: str
+    turn_id: str
+    """Groups the tool calls of one model response."""
+    tool_call_id: str
+    """The id the model gave this call; the outcome answers it in the prompt."""
+    tool: str
+    """The tool name as the model sent it (may be unknown when ``action`` is None)."""
+    arguments: str
+    """The raw JSON arguments as the model sent them."""
+    action: Action | None = None
+    """The parsed action; ``None`` when the call was malformed (its outcome says why)."""
+    thought: str = ""
+    """Text the model sent alongside its tool calls (set on the first call of a turn)."""
+
+
+class ObservationEvent(EventBase):
+    """The one outcome of an action (promise I1)."""
+
+    kind: Literal["observation"] = "observation"
+    action_id: str
+    outcome: Outcome
+
+
+class StateChanged(EventBase):
+    """The session moved to ``state``."""
+
+    kind: Literal["state"] = "state"
+    is_status: ClassVar[bool] = True
+    state: AgentState
+    reason: str = ""
+    resumes_at: datetime | None = None
+    """When the session resumes by itself (RATE_LIMITED, or an ERROR being recovered);
+    ``None`` means it waits for the user."""
+
+    @property
+    def settled(self) -> bool:
+        """True when the session will not move again without the user."""
+        return self.state in SETTLED_STATES and self.resumes_at is None
+
+
+class LLMCompleted(EventBase):
+    """One model call answered: its tokens, cost and latency."""
+
+    kind: Literal["llm_completed"] = "llm_completed"
+    is_status: ClassVar[bool] = True
+    request_id: str
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    attempts: int = 1
+
+
+class LLMRetry(EventBase):
+    """A model call failed and will be tried again (shown live; never prompted)."""
+
+    kind: Literal["llm_retry"] = "llm_retry"
+    is_status: ClassVar[bool] = True
+    request_id: str
+    attempt: int
+    """The attempt about to be made (2 for the first retry)."""
+    max_attempts: int
+    wait_s: float
+    error_class: str
+    message: str
+
+
+class RuntimeEvent(EventBase):
+    """The sandbox started, re-attached, restarted or failed."""
+
+    kind: Literal["runtime"] = "runtime"
+    is_status: ClassVar[bool] = True
+    phase: Literal["started", "attached", "restarted", "failed", "closed"]
+    epoch: int = 0
+    detail: str = ""
+
+
+Event = Annotated[
+    MessageEvent
+    | ActionEvent
+    | ObservationEvent
+    | StateChanged
+    | LLMCompleted
+    | LLMRetry
+    | RuntimeEvent,
+    Field(discriminator="kind"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def event_from_json(data: str | bytes) -> Event:
+    """Parse one stored event."""
+    return EVENT_ADAPTER.validate_json(data)

@@ -1,0 +1,34 @@
+"""What became of an action: one ``Outcome`` with a status (promise I1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .base import Frozen
+
+OutcomeStatus = Literal["ok", "error", "interrupted", "rejected", "lost"]
+"""``ok``: it ran (a non-zero exit code is still ``ok``: it is data for the agent).
+``error``: it could not do its job (missing file, path outside the workspace, hard timeout).
+``interrupted``: stopped part-way by a user's pause/stop or an interrupt.
+``rejected``: never sent to a runtime (malformed tool call, refused by the user).
+``lost``: it may have run, and nobody can know its result (never re-run: promise I2)."""
+
+
+class Outcome(Frozen):
+    """The result of one action, as the agent will see it."""
+
+    status: OutcomeStatus
+    content: str
+    """The text the agent sees (already truncated to head and tail where long)."""
+    exit_code: int | None = None
+    """The shell's exit status for ``run``; ``None`` for file actions or when unknown."""
+    timed_out: Literal["hard", "soft"] | None = None
+    """``hard``: the command was killed; ``soft``: no output for a while, still running."""
+    still_running: bool = False
+    """The command goes on after this outcome (soft timeout); an empty ``run`` waits for it."""
+    elided_chars: int = 0
+    """How many characters were cut from the middle of ``content``; 0 means none."""
+    full_output_path: str | None = None
+    """Workspace-relative file holding the full, untruncated output, when cut."""
+    duration_s: float | None = None
+    """Wall time the runtime spent on the action."""

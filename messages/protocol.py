@@ -1,0 +1,234 @@
+"""Messages actors exchange. Requests are imperatives, replies are facts.
+
+Every request carries the id its reply echoes, so a caller can match answers to
+questions even after restarts or timeouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..config import LLMConfig, SessionConfig
+from .actions import RuntimeAction
+from .base import Frozen
+from .outcomes import Outcome
+
+# ---- user commands (API -> RootSupervisor -> SessionSupervisor -> Controller) ----
+
+
+class StartSession(Frozen):
+    kind: Literal["start_session"] = "start_session"
+    request_id: str
+    session_id: str
+    config: SessionConfig
+    secrets: dict[str, str] = Field(default_factory=dict)
+    home: str
+    """The trouper home: where the store and the session folders live."""
+    restore: bool = False
+    """True when the session already has a log to carry on from."""
+
+
+class UserCommand(Frozen):
+    """A user's command for one session."""
+
+    kind: Literal["user_command"] = "user_command"
+    request_id: str
+    session_id: str
+    command: Literal["send", "pause", "resume", "stop"]
+    text: str = ""
+    """The message, for ``send``."""
+
+
+class Accepted(Frozen):
+    """The request was taken; ``seq`` is the last event it appended (0 if none)."""
+
+    kind: Literal["accepted"] = "accepted"
+    request_id: str
+    session_id: str
+    seq: int = 0
+
+
+class Refused(Frozen):
+    """The request was not taken, with the reason (unknown session, wrong state...)."""
+
+    kind: Literal["refused"] = "refused"
+    request_id: str
+    session_id: str = ""
+    error: str
+    """A class name from trouper.exceptions, e.g. ``UnknownSession``."""
+    message: str
+
+
+# ---- LLM (Controller <-> LLMBroker) ----
+
+
+class Complete(Frozen):
+    kind: Literal["complete"] = "complete"
+    request_id: str
+    session_id: str
+    llm: LLMConfig
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ToolCall(Frozen):
+    id: str
+    name: str
+    arguments: str
+    """Raw JSON text, as the model sent it."""
+
+
+class Completed(Frozen):
+    kind: Literal["completed"] = "completed"
+    request_id: str
+    session_id: str
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    model: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    attempts: int = 1
+
+
+LLMErrorClass = Literal[
+    "rate_limit", "transient", "context_window", "auth", "bad_request", "malformed", "unknown"
+]
+
+
+class CompletionFailed(Frozen):
+    kind: Literal["completion_failed"] = "completion_failed"
+    request_id: str
+    session_id: str
+    error_class: LLMErrorClass
+    message: str
+    retry_after_s: float | None = None
+    attempts: int = 1
+
+
+class RetryScheduled(Frozen):
+    """The broker will try a call again (the Controller records an LLMRetry event)."""
+
+    kind: Literal["retry_scheduled"] = "retry_scheduled"
+    request_id: str
+    session_id: str
+    attempt: int
+    max_attempts: int
+    wait_s: float
+    error_class: LLMErrorClass
+    message: str
+
+
+class CancelCompletion(Frozen):
+    kind: Literal["cancel_completion"] = "cancel_completion"
+    request_id: str
+    session_id: str
+
+
+# ---- Runtime (Controller <-> RuntimeProxy) ----
+
+
+class Execute(Frozen):
+    kind: Literal["execute"] = "execute"
+    session_id: str
+    action_id: str
+    action: RuntimeAction
+    timeout_s: float
+    """Hard limit."""
+    no_output_timeout_s: float
+    """Soft limit."""
+
+
+class Executed(Frozen):
+    kind: Literal["executed"] = "executed"
+    session_id: str
+    action_id: str
+    outcome: Outcome
+
+
+class ResolveAction(Frozen):
+    """Ask the runtime's journal what became of an action (never re-runs it)."""
+
+    kind: Literal["resolve_action"] = "resolve_action"
+    session_id: str
+    action_id: str
+
+
+class RuntimeFailed(Frozen):
+    """The sandbox itself failed: a supervisor must act (not the agent)."""
+
+    kind: Literal["runtime_failed"] = "runtime_failed"
+    session_id: str
+    epoch: int
+    cause: str
+    """Short cause: ``exited``, ``oom``, ``unreachable``, ``start_failed``..."""
+    detail: str
+    error_class: str = ""
+    """Class path of the exception, when one was raised."""
+    traceback: str = ""
+
+
+class RuntimeReady(Frozen):
+    kind: Literal["runtime_ready"] = "runtime_ready"
+    session_id: str
+    epoch: int
+    attached: bool
+    """True when an existing sandbox was re-attached rather than started anew."""
+
+
+# ---- supervision ----
+
+
+class ChildRestarted(Frozen):
+    """Told to a sibling when a supervisor restarted a child (e.g. the runtime)."""
+
+    kind: Literal["child_restarted"] = "child_restarted"
+    role: str
+    incarnation: int
+    reason: str
+
+
+class ChildGaveUp(Frozen):
+    """Past its restart intensity, a child is no longer restarted."""
+
+    kind: Literal["child_gave_up"] = "child_gave_up"
+    role: str
+    reason: str
+
+
+class Ping(Frozen):
+    kind: Literal["ping"] = "ping"
+    request_id: str
+
+
+class Pong(Frozen):
+    kind: Literal["pong"] = "pong"
+    request_id: str
+    pid: int
+    role: str = ""
+
+
+class Resolved(Frozen):
+    """The journal's answer to ``ResolveAction``."""
+
+    kind: Literal["resolved"] = "resolved"
+    session_id: str
+    action_id: str
+    state: Literal["absent", "running", "finished", "unknown"]
+    outcome: Outcome | None = None
+
+
+class CloseSandbox(Frozen):
+    """Stop the sandbox for good (the session is being closed or deleted)."""
+
+    kind: Literal["close_sandbox"] = "close_sandbox"
+    request_id: str
+
+
+class SandboxClosed(Frozen):
+    kind: Literal["sandbox_closed"] = "sandbox_closed"
+    request_id: str
+    session_id: str

@@ -1,0 +1,99 @@
+"""Events as short, readable lines for a terminal (used by the CLI)."""
+
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+
+from .messages.events import (
+    ActionEvent,
+    AgentState,
+    Event,
+    LLMCompleted,
+    LLMRetry,
+    MessageEvent,
+    ObservationEvent,
+    RuntimeEvent,
+    StateChanged,
+)
+
+_STATE_STYLE = {
+    AgentState.FINISHED: "bold green",
+    AgentState.ERROR: "bold red",
+    AgentState.STOPPED: "bold yellow",
+    AgentState.RATE_LIMITED: "yellow",
+    AgentState.PAUSED: "yellow",
+}
+_STATUS_STYLE = {"ok": "green", "error": "red", "lost": "bold red", "rejected": "magenta",
+                 "interrupted": "yellow"}
+
+
+def _clip(text: str, limit: int) -> str:
+    text = text.rstrip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_action(event: ActionEvent) -> str:
+    """``run: ls -la`` style summary of an action."""
+    action = event.action
+    if action is None:
+        return f"{event.tool}({_clip(event.arguments, 80)})  [malformed]"
+    fields = action.model_dump(exclude={"kind"}, exclude_none=True, exclude_defaults=True)
+    if action.kind == "run":
+        return f"run: {action.command}" if action.command else "run: (wait for more output)"
+    if action.kind == "think":
+        return f"think: {_clip(action.thought, 100)}"
+    if action.kind == "finish":
+        return "finish"
+    if "path" in fields:
+        return f"{action.kind}: {fields['path']}"
+    return f"{action.kind}: {_clip(json.dumps(fields, ensure_ascii=False), 100)}"
+
+
+def render(event: Event, *, verbose: bool = False) -> Text | None:
+    """One event as a line (or a few), or None when it is not worth showing."""
+    seq = Text(f"{event.seq:>4} ", style="dim")
+    if isinstance(event, StateChanged):
+        line = Text(f"state → {event.state.value}", style=_STATE_STYLE.get(event.state, "cyan"))
+        if event.reason:
+            line.append(f"  ({event.reason})", style="dim")
+        return seq + line
+    if isinstance(event, MessageEvent):
+        who = "user" if event.source == "user" else "agent"
+        return seq + Text(f"{who}: ", style="bold") + Text(_clip(event.text, 400))
+    if isinstance(event, ActionEvent):
+        line = Text("▶ ", style="bold blue") + Text(describe_action(event))
+        if event.thought and verbose:
+            line = Text(f"  {_clip(event.thought, 200)}\n", style="italic dim") + seq + line
+        return seq + line
+    if isinstance(event, ObservationEvent):
+        return seq + _render_outcome(event, verbose)
+    if isinstance(event, LLMRetry):
+        return seq + Text(
+            f"model retry {event.attempt}/{event.max_attempts} in {event.wait_s:.1f} s: "
+            f"{event.error_class}", style="yellow")
+    if isinstance(event, RuntimeEvent):
+        return seq + Text(f"sandbox {event.phase} {event.detail}".rstrip(), style="dim")
+    if isinstance(event, LLMCompleted) and verbose:
+        return seq + Text(
+            f"model {event.model}: {event.prompt_tokens}+{event.completion_tokens} tokens, "
+            f"{event.latency_s * 1000:.0f} ms", style="dim")
+    return None
+
+
+def _render_outcome(event: ObservationEvent, verbose: bool) -> Text:
+    outcome = event.outcome
+    head = Text("  ↳ ", style="dim") + Text(outcome.status, style=_STATUS_STYLE[outcome.status])
+    if outcome.exit_code is not None:
+        head.append(f" exit {outcome.exit_code}", style="dim")
+    if outcome.timed_out:
+        head.append(f" timed out ({outcome.timed_out})", style="yellow")
+    body = outcome.content.strip()
+    if body:
+        lines = body.splitlines()
+        shown = lines if verbose else lines[:6]
+        head.append("\n" + "\n".join(f"       {_clip(line, 160)}" for line in shown))
+        if len(shown) < len(lines):
+            head.append(f"\n       … {len(lines) - len(shown)} more lines", style="dim")
+    return head

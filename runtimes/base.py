@@ -1,0 +1,95 @@
+"""The contract every sandbox backend keeps (local, and later docker and remote).
+
+Two protocols, kept apart as in SWE-ReX: ``Sandbox`` is the lifecycle a supervisor
+watches (start or attach, alive, stop); ``Runtime`` is what the Controller asks for
+(execute an action, resolve an action from the journal).
+
+The journal contract (promise I2):
+- ``execute`` journals the action as *started* before anything runs, *where it runs*
+  (the session folder for local, inside the container, on the remote host), and as
+  *finished* with its outcome once it ends. Calling ``execute`` again with the same
+  ``action_id`` never runs it twice: it returns the journaled outcome, or waits for the
+  running action.
+- ``resolve`` never runs anything. It answers from the journal: ``finished`` (with the
+  real outcome), ``running`` (still going after ``wait_s``), ``absent`` (never started:
+  it is safe to execute it now, for the first time) or ``unknown`` (it started and nobody
+  can know how it ended: the caller records it as ``lost``).
+- Every request carries the proxy's *epoch*. ``Sandbox.start(epoch)`` claims the sandbox;
+  from then on requests with an older epoch raise ``StaleEpoch``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from ..messages.actions import RuntimeAction
+from ..messages.base import Frozen
+from ..messages.outcomes import Outcome
+
+JournalState = Literal["absent", "running", "finished", "unknown"]
+
+
+class JournalRecord(Frozen):
+    """What a runtime's journal knows about one action."""
+
+    action_id: str
+    state: JournalState
+    outcome: Outcome | None = None
+    """Set when ``state`` is ``finished``."""
+    epoch: int = 0
+    """The epoch of the proxy that started the action."""
+
+
+class SandboxHealth(Frozen):
+    """The answer of ``Sandbox.alive``."""
+
+    alive: bool
+    cause: str = ""
+    """Why not: ``exited``, ``oom``, ``unreachable``...; empty when alive."""
+    detail: str = ""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Runs actions; idempotent by action id. Methods block: call them off the actor thread."""
+
+    def execute(
+        self,
+        action_id: str,
+        action: RuntimeAction,
+        *,
+        timeout_s: float,
+        no_output_timeout_s: float,
+    ) -> Outcome:
+        """Run ``action`` once and return its outcome (see the journal contract)."""
+        ...
+
+    def resolve(self, action_id: str, *, wait_s: float = 0.0) -> JournalRecord:
+        """What became of ``action_id``, waiting up to ``wait_s`` for a running one."""
+        ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """The lifecycle of one session's sandbox."""
+
+    def start(self, epoch: int) -> bool:
+        """Start the sandbox, or attach to the one already running; claim ``epoch``.
+
+        Returns True when an existing sandbox was attached.
+        Raises RuntimeUnavailable when it cannot be started or reached.
+        """
+        ...
+
+    @property
+    def runtime(self) -> Runtime:
+        """The action runtime of the started sandbox."""
+        ...
+
+    def alive(self) -> SandboxHealth:
+        """Whether the sandbox still answers, and why not."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the sandbox and what runs in it. Idempotent and bounded in time."""
+        ...

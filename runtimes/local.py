@@ -1,0 +1,348 @@
+"""``LocalSandbox``: the session's shell in a detached sandbox server on this machine.
+
+The server (the ``sandbox`` package next to this file) runs in its own session, so it
+outlives the actor that started it: a restarted proxy finds it through
+``<state_dir>/server.json``, attaches, claims a newer epoch and resolves in-flight
+actions from its journal. A server nobody talks to exits after ``idle_timeout_s``.
+
+    sandbox = LocalSandbox("s1", Path("/tmp/ws"), Path("/tmp/rt"), env={"MY_TOKEN": "x"})
+    attached = sandbox.start(epoch=1)
+    outcome = sandbox.runtime.execute("a1", RunCommand(command="pwd"), timeout_s=60,
+                                      no_output_timeout_s=10)
+    sandbox.stop()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import RuntimeUnavailable, StaleEpoch
+from .base import SandboxHealth
+from .client import SandboxClient
+from .sandbox import EXIT_LOCKED
+
+logger = logging.getLogger(__name__)
+
+RUNTIMES_DIR = Path(__file__).resolve().parent
+"""The folder holding the ``sandbox`` package; the server imports it from here."""
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from sandbox.__main__ import main; sys.exit(main())"  # noqa: E501
+"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd."""
+PASSED_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+)
+"""Variables of this process the shell inherits; everything else comes from ``env``."""
+
+
+class LocalSandbox:
+    """A persistent shell in ``workspace``, served by a detached process on loopback."""
+
+    def __init__(
+        self,
+        session_id: str,
+        workspace: Path,
+        state_dir: Path,
+        env: dict[str, str] | None = None,
+        max_output_chars: int = 10_000,
+        idle_timeout_s: float = 120.0,
+        *,
+        start_timeout_s: float = 15.0,
+        interrupt_grace_s: float = 2.0,
+    ) -> None:
+        self.session_id = session_id
+        self.workspace = Path(workspace).resolve()
+        self.state_dir = Path(state_dir).resolve()
+        self.env = dict(env or {})
+        """Extra environment for the shell (the session's secrets among them)."""
+        self.max_output_chars = max_output_chars
+        self.idle_timeout_s = idle_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.interrupt_grace_s = interrupt_grace_s
+        self._client: SandboxClient | None = None
+        self._info: dict[str, Any] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._epoch: int | None = None
+        """The epoch of the last ``start``; ``stop`` sends it, so a stale proxy cannot stop
+        a sandbox a newer one claimed. ``None`` (never started) stops whatever runs."""
+
+    @property
+    def info_path(self) -> Path:
+        """``server.json``: where a live server says how to reach it."""
+        return self.state_dir / "server.json"
+
+    # ---- Sandbox ----
+
+    def start(self, epoch: int) -> bool:
+        """Attach to the live server or start one; claim ``epoch``. True when attached."""
+        self._epoch = epoch
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._close_client()
+        info = self._live_server()
+        attached = info is not None
+        if info is None:
+            info, attached = self._spawn(epoch)
+        client = self._client_for(info, epoch)
+        try:
+            client.claim()
+        except RuntimeUnavailable:
+            client.close()
+            raise
+        self._client, self._info = client, info
+        logger.info(
+            "session %s: sandbox %s pid %s on port %s (epoch %d)",
+            self.session_id,
+            "attached" if attached else "started",
+            info["pid"],
+            info["port"],
+            epoch,
+        )
+        return attached
+
+    @property
+    def runtime(self) -> SandboxClient:
+        """The action runtime of the started sandbox."""
+        if self._client is None:
+            raise RuntimeUnavailable(f"session {self.session_id}: the sandbox is not started")
+        return self._client
+
+    def alive(self) -> SandboxHealth:
+        """Whether the server still runs and answers."""
+        client, info = self._client, self._info
+        if client is None or info is None:
+            return SandboxHealth(alive=False, cause="not_started", detail="start() was not called")
+        pid = int(info["pid"])
+        if not self._pid_alive(pid):
+            return SandboxHealth(alive=False, cause="exited", detail=self._exit_detail(pid))
+        try:
+            answer = client.alive()
+        except RuntimeUnavailable as e:
+            return SandboxHealth(alive=False, cause="unreachable", detail=str(e))
+        if client.epoch is not None and int(answer.get("epoch", 0)) > client.epoch:
+            detail = f"claimed by epoch {answer['epoch']} (this proxy has {client.epoch})"
+            return SandboxHealth(alive=False, cause="superseded", detail=detail)
+        return SandboxHealth(alive=True)
+
+    def stop(self) -> None:
+        """Shut the server and its shell down (idempotent, bounded to a few seconds).
+
+        A server claimed by a newer epoch is left alone: it belongs to another proxy.
+        """
+        info = self._info or self._live_server(ping=False)
+        client = self._client or (self._client_for(info, self._epoch) if info else None)
+        self._client, self._info = None, None
+        if info is None or client is None:
+            return
+        pid = int(info["pid"])
+        try:
+            shell_pid = client.alive().get("shell_pid")
+            client.shutdown()
+        except StaleEpoch:
+            logger.warning(
+                "session %s: sandbox pid %d belongs to a newer epoch; left running",
+                self.session_id,
+                pid,
+            )
+            return
+        except RuntimeUnavailable as e:
+            shell_pid = None
+            logger.info(
+                "session %s: sandbox pid %d did not take a shutdown: %s", self.session_id, pid, e
+            )
+        finally:
+            client.close()
+        if not self._wait_exit(pid, 3.0):
+            self._kill_server(pid, shell_pid)
+        self._forget_info(pid)
+
+    # ---- finding, starting, killing ----
+
+    def _live_server(self, ping: bool = True) -> dict[str, Any] | None:
+        """The ``server.json`` of a server that runs (and answers, when ``ping``)."""
+        info = _read_json(self.info_path)
+        if info is None or not self._pid_alive(int(info.get("pid", 0))):
+            return None
+        if not self._is_our_server(int(info["pid"])):
+            return None
+        if not ping:
+            return info
+        client = self._client_for(info, None)
+        try:
+            answer = client.alive(timeout_s=3.0)
+        except RuntimeUnavailable as e:
+            logger.warning(
+                "session %s: sandbox pid %s does not answer (%s); killing it",
+                self.session_id,
+                info["pid"],
+                e,
+            )
+            self._kill_server(int(info["pid"]), None)
+            return None
+        finally:
+            client.close()
+        return info if answer.get("boot_id") == info.get("boot_id") else None
+
+    def _spawn(self, epoch: int) -> tuple[dict[str, Any], bool]:
+        """Start a server; returns its info, or a live one's (attached) if it won a race."""
+        options = {
+            "--state-dir": self.state_dir,
+            "--workspace": self.workspace,
+            "--idle-timeout-s": self.idle_timeout_s,
+            "--max-output-chars": self.max_output_chars,
+            "--interrupt-grace-s": self.interrupt_grace_s,
+            "--epoch": epoch,
+        }
+        command = [sys.executable or "python3", "-I", "-S", "-c", _BOOT, str(RUNTIMES_DIR)]
+        command += [str(part) for option in options.items() for part in option]
+        with open(self.state_dir / "server.log", "ab") as log:
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._server_env(),
+                cwd=self.state_dir,
+                start_new_session=True,
+                close_fds=True,
+            )
+        proc = self._proc
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            info = _read_json(self.info_path)
+            if info is not None and info.get("pid") == proc.pid:
+                return info, False
+            code = proc.poll()
+            if code == EXIT_LOCKED:  # another server holds the folder: wait for its server.json
+                other = self._live_server()
+                if other is not None:
+                    return other, True
+            elif code is not None:
+                raise RuntimeUnavailable(self._start_failure(f"exited with status {code}"))
+            time.sleep(0.005)
+        self._kill_server(proc.pid, None)
+        what = f"wrote no server.json within {self.start_timeout_s:g} s"
+        raise RuntimeUnavailable(self._start_failure(what))
+
+    def _start_failure(self, what: str) -> str:
+        tail = _tail(self.state_dir / "server.log", 2000)
+        return (
+            f"session {self.session_id}: the sandbox server {what}; server.log ends with:\n{tail}"
+        )
+
+    def _server_env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update(self.env)
+        return env
+
+    def _client_for(self, info: dict[str, Any], epoch: int | None) -> SandboxClient:
+        return SandboxClient(
+            str(info.get("host", "127.0.0.1")), int(info["port"]), str(info["token"]), epoch
+        )
+
+    def _close_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client, self._info = None, None
+
+    def _pid_alive(self, pid: int) -> bool:
+        if self._proc is not None and self._proc.pid == pid:
+            return self._proc.poll() is None
+        return _pid_alive(pid)
+
+    def _exit_detail(self, pid: int) -> str:
+        code = self._proc.poll() if self._proc is not None and self._proc.pid == pid else None
+        status = f" with status {code}" if code is not None else ""
+        return f"sandbox server pid {pid} exited{status}"
+
+    def _is_our_server(self, pid: int) -> bool:
+        """True when ``pid`` runs a sandbox server on this state folder (or /proc is absent)."""
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            return not Path("/proc/self").exists()
+        except OSError:
+            return False
+        return b"--state-dir" in argv and os.fsencode(str(self.state_dir)) in argv
+
+    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._pid_alive(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _kill_server(self, pid: int, shell_pid: int | None) -> None:
+        if self._pid_alive(pid) and self._is_our_server(pid):
+            logger.warning("session %s: killing sandbox pid %d", self.session_id, pid)
+            _signal(pid, signal.SIGKILL)
+        if shell_pid and _is_bash(int(shell_pid)):  # bash leads its own process group
+            _signal(-int(shell_pid), signal.SIGKILL)
+        self._wait_exit(pid, 2.0)
+
+    def _forget_info(self, pid: int) -> None:
+        info = _read_json(self.info_path)
+        if info is not None and info.get("pid") == pid and not self._pid_alive(pid):
+            self.info_path.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _is_bash(pid: int) -> bool:
+    try:
+        return b"bash" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def _tail(path: Path, chars: int) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-chars:]
+    except OSError as e:
+        return f"(cannot read {path}: {e})"

@@ -1,0 +1,130 @@
+"""Start a sandbox server: ``python3 -m sandbox --state-dir DIR --workspace DIR``.
+
+It takes an exclusive lock on ``<state-dir>/server.lock`` (a second server on the same
+state folder exits with status 3), starts the shell, listens on loopback and then writes
+``<state-dir>/server.json`` (``{pid, port, token, boot_id, workspace}``, mode 0600)
+atomically: whoever waits for that file can talk to the server at once. The shell's
+environment is this process's own, less the variables named by ``--scrub-env``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+
+from . import EXIT_LOCKED
+from .server import SandboxServer
+from .service import Service
+from .util import read_json, wall_time, write_json_atomic
+
+logger = logging.getLogger("sandbox")
+
+SHELL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "HISTFILE": "/dev/null"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line of the server."""
+    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
+    parser.add_argument("--state-dir", required=True, help="journal, server.json, lock, log")
+    parser.add_argument("--workspace", required=True, help="the folder the shell starts in")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--idle-timeout-s", type=float, default=120.0)
+    parser.add_argument("--max-output-chars", type=int, default=10_000)
+    parser.add_argument("--epoch", type=int, default=0, help="epoch claimed at launch")
+    parser.add_argument("--interrupt-grace-s", type=float, default=2.0)
+    parser.add_argument(
+        "--scrub-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an environment variable the shell must not inherit",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server until it is shut down or idle; returns the exit status."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    state_dir = os.path.abspath(args.state_dir)
+    workspace = os.path.abspath(args.workspace)
+    os.makedirs(state_dir, exist_ok=True)
+    os.makedirs(workspace, exist_ok=True)
+    lock_fd = _lock(os.path.join(state_dir, "server.lock"))
+    if lock_fd is None:
+        logger.error("another sandbox server holds %s", state_dir)
+        return EXIT_LOCKED
+    boot_id = secrets.token_hex(8)
+    env = {k: v for k, v in os.environ.items() if k not in set(args.scrub_env)}
+    env.update(SHELL_ENV)
+    service = Service(
+        state_dir,
+        workspace,
+        env,
+        boot_id,
+        args.epoch,
+        args.max_output_chars,
+        args.interrupt_grace_s,
+    )
+    service.start()
+    server = SandboxServer(
+        (args.host, args.port), service, secrets.token_hex(32), args.idle_timeout_s
+    )
+    info_path = os.path.join(state_dir, "server.json")
+    info = {
+        "pid": os.getpid(),
+        "port": server.port,
+        "host": args.host,
+        "token": server.token,
+        "boot_id": boot_id,
+        "workspace": service.workspace,
+        "started_at": wall_time(),
+    }
+    write_json_atomic(info_path, info, mode=0o600)
+    _serve(server)
+    if (read_json(info_path) or {}).get("boot_id") == boot_id:
+        os.unlink(info_path)
+    logger.info("sandbox server %s stopped", boot_id)
+    return 0
+
+
+def _serve(server: SandboxServer) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        logger.warning("signal %d: shutting down", signum)
+        server.stop_soon()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    threading.Thread(target=server.watch_idle, name="idle-watchdog", daemon=True).start()
+    logger.info("sandbox server pid %d listening on port %d", os.getpid(), server.port)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.service.close()
+        server.server_close()
+
+
+def _lock(path: str) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return fd
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""What the server does, without HTTP: claim epochs, journal and perform actions.
+
+``Service.execute`` is idempotent by action id: the action is journaled ``started``
+before anything runs, then performed in a background thread that journals ``finished``
+with the outcome. An id already in the journal is never performed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Dict
+
+from . import files
+from .journal import Journal
+from .output import fit_pending, fit_text
+from .shell import Shell, ShellResult
+from .util import read_json, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+Outcome = Dict[str, Any]
+
+_FIELDS: dict[str, dict[str, tuple]] = {
+    "run": {"command": (str,), "timeout_s": (int, float, type(None)), "interrupt": (bool,)},
+    "read_file": {"path": (str,), "start_line": (int, type(None)), "end_line": (int, type(None))},
+    "write_file": {"path": (str,), "content": (str,)},
+    "edit_file": {"path": (str,), "old": (str,), "new": (str,)},
+}
+"""The fields of each action kind (as in trouper's messages/actions.py) and their types."""
+_REQUIRED = {
+    "run": ("command",),
+    "read_file": ("path",),
+    "write_file": ("path", "content"),
+    "edit_file": ("path", "old", "new"),
+}
+
+
+class StaleEpoch(Exception):
+    """The request carries an older epoch than the one claimed."""
+
+
+class BadRequest(Exception):
+    """The request is malformed; nothing was journaled or run."""
+
+
+class Service:
+    """One sandbox: its journal, its shell, its workspace and the claimed epoch."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        workspace: str,
+        env: dict[str, str],
+        boot_id: str,
+        epoch: int = 0,
+        max_output_chars: int = 10_000,
+        interrupt_grace_s: float = 2.0,
+    ) -> None:
+        self.workspace = os.path.realpath(workspace)
+        self.journal = Journal(os.path.join(state_dir, "journal"), boot_id)
+        self.shell = Shell(self.workspace, env, max_output_chars, interrupt_grace_s)
+        self.max_output_chars = max_output_chars
+        self._epoch_path = os.path.join(state_dir, "epoch.json")
+        stored = read_json(self._epoch_path) or {}
+        self.epoch = max(epoch, int(stored.get("epoch", 0)))
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the shell and persist the epoch claimed at launch."""
+        self.shell.start()
+        write_json_atomic(self._epoch_path, {"epoch": self.epoch})
+
+    def close(self) -> None:
+        """Kill the shell and everything it started."""
+        self.shell.close()
+
+    # ---- epochs ----
+
+    def claim(self, epoch: Any) -> int:
+        """Claim the sandbox for ``epoch`` (>= the current one); returns it."""
+        epoch = _int(epoch, "epoch")
+        with self._lock:
+            self._check(epoch)
+            if epoch > self.epoch:
+                self.epoch = epoch
+                write_json_atomic(self._epoch_path, {"epoch": epoch})
+            return self.epoch
+
+    def check_epoch(self, epoch: Any) -> None:
+        """Raise StaleEpoch when ``epoch`` (if given) is older than the claimed one."""
+        if epoch is not None:
+            with self._lock:
+                self._check(_int(epoch, "epoch"))
+
+    def _check(self, epoch: int) -> None:
+        if epoch < self.epoch:
+            raise StaleEpoch(
+                f"epoch {epoch} is older than the claimed epoch {self.epoch}: a newer proxy "
+                "owns this sandbox"
+            )
+
+    # ---- actions ----
+
+    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Journal and start an action (once per id); returns its journal record."""
+        action_id, action, timeout_s, soft_s = _parse_execute(request)
+        epoch = self.claim(request.get("epoch"))
+        if self.journal.start(action_id, epoch, action):
+            worker = threading.Thread(
+                target=self._perform_and_journal,
+                args=(action_id, action, timeout_s, soft_s),
+                name=f"action-{action_id}",
+                daemon=True,
+            )
+            worker.start()
+        return self.journal.read(action_id)
+
+    def _perform_and_journal(
+        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
+    ) -> None:
+        began = time.monotonic()
+        try:
+            outcome = self.perform(action_id, action, timeout_s, soft_s)
+        except Exception as e:  # noqa: BLE001 - the action must end with an outcome
+            logger.exception("action %s failed inside the sandbox", action_id)
+            outcome = {"status": "error", "content": f"The sandbox failed: {type(e).__name__}: {e}"}
+        outcome["duration_s"] = round(time.monotonic() - began, 6)
+        self.journal.finish(action_id, outcome)
+
+    def perform(
+        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
+    ) -> Outcome:
+        """Do one action and return its outcome (never raises for the agent's mistakes)."""
+        if action["kind"] == "run":
+            return self._run(action_id, action, timeout_s, soft_s)
+        do: Callable[[], str] = {
+            "read_file": lambda: files.read_file(
+                self.workspace, action["path"], action.get("start_line"), action.get("end_line")
+            ),
+            "write_file": lambda: files.write_file(
+                self.workspace, action["path"], action["content"]
+            ),
+            "edit_file": lambda: files.edit_file(
+                self.workspace, action["path"], action["old"], action["new"]
+            ),
+        }[action["kind"]]
+        try:
+            text = do()
+        except files.FileError as e:
+            return {"status": "error", "content": str(e)}
+        content, elided, full_path = fit_text(
+            text, self.max_output_chars, self.workspace, action_id
+        )
+        return {
+            "status": "ok",
+            "content": content,
+            "elided_chars": elided,
+            "full_output_path": full_path,
+        }
+
+    def _run(
+        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
+    ) -> Outcome:
+        if action.get("interrupt"):
+            result = self.shell.interrupt()
+        elif action["command"].strip() == "":
+            result = self.shell.wait_more(soft_s, max_wait_s=timeout_s)
+        else:
+            hard_s = action.get("timeout_s") or timeout_s
+            result = self.shell.run(
+                action["command"], hard_s, soft_s, self.journal.output_path(action_id)
+            )
+        return self._outcome(action_id, result)
+
+    def _outcome(self, action_id: str, result: ShellResult) -> Outcome:
+        output, elided, full_path = "", 0, None
+        if result.pending is not None:
+            output, elided, full_path = fit_pending(
+                result.pending, result.source_path, self.max_output_chars, self.workspace, action_id
+            )
+        return {
+            "status": result.status,
+            "content": _join(output, result.note),
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "still_running": result.still_running,
+            "elided_chars": elided,
+            "full_output_path": full_path,
+        }
+
+
+def _join(output: str, note: str) -> str:
+    if not note:
+        return output if output else "(no output)"
+    if not output.strip("\n"):
+        return note.strip("\n")
+    return output.rstrip("\n") + "\n" + note.lstrip("\n")
+
+
+def _parse_execute(request: dict[str, Any]) -> tuple:
+    action_id = request.get("action_id")
+    if not isinstance(action_id, str) or not action_id or len(action_id) > 200:
+        raise BadRequest("action_id must be a non-empty string of at most 200 characters")
+    action = request.get("action")
+    if not isinstance(action, dict) or action.get("kind") not in _FIELDS:
+        raise BadRequest(f"action must be an object whose kind is one of {sorted(_FIELDS)}")
+    _check_fields(action)
+    timeout_s = _number(request.get("timeout_s"), "timeout_s")
+    soft_s = _number(request.get("no_output_timeout_s", 0), "no_output_timeout_s")
+    if timeout_s <= 0 or soft_s < 0:
+        raise BadRequest("timeout_s must be > 0 and no_output_timeout_s >= 0")
+    return action_id, action, timeout_s, soft_s
+
+
+def _check_fields(action: dict[str, Any]) -> None:
+    kind = action["kind"]
+    for name in _REQUIRED[kind]:
+        if name not in action:
+            raise BadRequest(f"a {kind} action needs {name!r}")
+    for name, types in _FIELDS[kind].items():
+        value = action.get(name)
+        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+        if name in action and wrong:
+            raise BadRequest(f"{kind}.{name} has the wrong type: {type(value).__name__}")
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{name} must be a number")
+    return float(value)
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer")
+    return value

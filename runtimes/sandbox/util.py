@@ -1,0 +1,60 @@
+"""Small helpers shared by the sandbox modules: safe file names and atomic JSON files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from typing import Any
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def safe_name(action_id: str) -> str:
+    """A file name for ``action_id``: itself when harmless, else a hash of it."""
+    if _SAFE_NAME.match(action_id):
+        return action_id
+    return "h-" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()[:40]
+
+
+def write_json_atomic(path: str, data: Any, mode: int = 0o644) -> None:
+    """Write ``data`` as JSON to ``path`` atomically: tmp file, fsync, rename, fsync dir."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str) -> Any:
+    """The JSON in ``path``, or None when it is missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def wall_time() -> str:
+    """The current UTC time as ISO 8601 text."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,113 @@
+"""``Session``: the handle a program holds on one session.
+
+Commands go to the actor tree and return once the Controller has recorded them; state
+and events are read from the log, so they are the truth even after a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .fold import SessionView
+from .messages.events import AgentState, Event
+
+if TYPE_CHECKING:
+    from .api import Trouper
+    from .store import SessionRecord
+
+
+class Session:
+    """One session of a ``Trouper``. Cheap to make; holds no resources of its own."""
+
+    def __init__(self, trouper: Trouper, session_id: str) -> None:
+        self._trouper = trouper
+        self.id = session_id
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r}, state={self.state.value!r})"
+
+    @property
+    def record(self) -> SessionRecord:
+        """The stored record: config, state, last seq, timestamps."""
+        return self._trouper.store.session(self.id)
+
+    @property
+    def state(self) -> AgentState:
+        return self.record.state
+
+    @property
+    def workspace(self) -> str:
+        return self.record.config.workspace
+
+    def view(self) -> SessionView:
+        """The session folded from its whole log (state, cost, pending actions...)."""
+        return SessionView.of(self._trouper.store.read(self.id))
+
+    # -- commands ----------------------------------------------------------------
+
+    def send(self, text: str) -> int:
+        """Give the agent a message; a finished or waiting session runs again.
+
+        Returns the seq of the last event the command appended.
+        """
+        return self._trouper.command(self.id, "send", text)
+
+    def pause(self) -> int:
+        return self._trouper.command(self.id, "pause")
+
+    def resume(self) -> int:
+        return self._trouper.command(self.id, "resume")
+
+    def stop(self) -> int:
+        return self._trouper.command(self.id, "stop")
+
+    # -- reading -------------------------------------------------------------------
+
+    def events(
+        self,
+        since: int = 0,
+        *,
+        follow: bool = False,
+        until_settled: bool = True,
+        timeout_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Typed events with seq > ``since``, in order.
+
+        With ``follow``, keep yielding new events as they are appended: until the session
+        is settled with nothing more in its log (``until_settled``), ``timeout_s`` passes,
+        or ``stop`` is set.
+        """
+        store = self._trouper.store
+        if not follow:
+            yield from store.read(self.id, since=since)
+            return
+        view = SessionView.of(store.read(self.id, limit=since)) if since else SessionView()
+        if until_settled and self._caught_up_and_settled(view):
+            return
+        for event in store.follow(self.id, since=since, timeout_s=timeout_s, stop=stop):
+            view.apply(event)
+            yield event
+            if until_settled and self._caught_up_and_settled(view):
+                return
+
+    def _caught_up_and_settled(self, view: SessionView) -> bool:
+        return view.settled and view.last_seq >= self._trouper.store.last_seq(self.id)
+
+    def wait(self, timeout: float | None = None) -> AgentState:
+        """Block until the session is settled (or ``timeout`` seconds pass); return its state.
+
+        Settled: it will not move again without the user (FINISHED, STOPPED, PAUSED,
+        AWAITING_USER_INPUT, or ERROR with no automatic resume pending).
+        """
+        store = self._trouper.store
+        view = SessionView.of(store.read(self.id))
+        if self._caught_up_and_settled(view):
+            return view.state
+        for event in store.follow(self.id, since=view.last_seq, timeout_s=timeout):
+            view.apply(event)
+            if self._caught_up_and_settled(view):
+                break
+        return view.state

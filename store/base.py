@@ -1,0 +1,107 @@
+"""The event store contract: the durable log that is the truth of every session (I3).
+
+A session is a row (``SessionRecord``: its config, state and the pointer to its latest
+event) plus an append-only log of events numbered 1, 2, 3... with no gap. ``append``
+writes a batch of events and moves the pointer in ONE transaction, so a crash at any
+instant leaves either the whole batch or none of it.
+
+Nothing outside ``store/`` may assume the store is a local file: SQLite is today's
+backend, a shared PostgreSQL may replace it behind this same protocol.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from ..config import SessionConfig
+from ..messages.base import Frozen
+from ..messages.events import AgentState, Event
+
+
+class SessionRecord(Frozen):
+    """One session as the store knows it (secrets are never stored)."""
+
+    session_id: str
+    config: SessionConfig
+    """The session's config as stored: ``llm.api_key`` is always ``None`` here."""
+    created_at: datetime
+    """UTC."""
+    updated_at: datetime
+    """UTC; moved by every append."""
+    last_seq: int
+    """The ``seq`` of the latest event; 0 when the log is empty."""
+    state: AgentState
+    """The state of the latest ``StateChanged`` in the log; LOADING before any."""
+    state_reason: str
+    """The reason of that ``StateChanged``; empty before any."""
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """A durable, append-only event log per session. Safe across threads and processes.
+
+    Errors: an unknown session id raises ``UnknownSession`` (naming the id); a request
+    that cannot apply raises ``InvalidRequest``; a failure of the backend itself raises
+    ``StoreError`` with the cause chained.
+    """
+
+    def create_session(self, session_id: str, config: SessionConfig) -> SessionRecord:
+        """Create an empty session in state LOADING; an existing id raises InvalidRequest."""
+        ...
+
+    def session(self, session_id: str) -> SessionRecord:
+        """The session's record."""
+        ...
+
+    def sessions(self) -> list[SessionRecord]:
+        """Every session, newest first."""
+        ...
+
+    def append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
+        """Append ``events`` after the session's last one, all or none, in one transaction.
+
+        The events come in with ``seq=0``; the returned copies carry their ``seq``
+        (contiguous after the session's last). The same transaction moves the session's
+        ``last_seq`` and ``updated_at``, and its ``state``/``state_reason`` when a
+        ``StateChanged`` is among the events (the last one wins).
+        """
+        ...
+
+    def read(self, session_id: str, since: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with ``seq > since`` in order, at most ``limit`` of them (None: all)."""
+        ...
+
+    def follow(
+        self,
+        session_id: str,
+        since: int = 0,
+        *,
+        timeout_s: float | None = None,
+        poll_s: float = 0.02,
+        stop: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Yield the events after ``since``, then new ones as any process appends them.
+
+        Ends when ``stop`` is set or at the deadline ``timeout_s`` after the call
+        (``None``: no deadline; then only ``stop`` or closing the store ends it).
+        """
+        ...
+
+    def last_seq(self, session_id: str) -> int:
+        """The ``seq`` of the session's latest event; 0 when its log is empty."""
+        ...
+
+    def put_meta(self, session_id: str, key: str, value: str) -> None:
+        """Set a small per-session value (owner leases and such)."""
+        ...
+
+    def get_meta(self, session_id: str, key: str) -> str | None:
+        """A per-session value, or ``None`` when ``key`` was never set."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's connections. Idempotent."""
+        ...

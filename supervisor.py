@@ -1,0 +1,143 @@
+"""RootSupervisor: the top of the actor tree. Owns the shared LLMBroker and restarts
+sessions; user requests enter the tree here.
+
+    RootSupervisor
+    ├── LLMBroker                (shared: rate limits belong to a key, not a session)
+    ├── SessionSupervisor[s1]
+    │   ├── RuntimeProxy[s1]
+    │   └── Controller[s1]
+    └── SessionSupervisor[s2] ...
+
+It is created from outside the actor system, so nobody restarts it; the ``Trouper``
+object that created it checks it is alive and recreates the tree when it is not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from thespian.actors import ActorAddress
+
+from .actors.llm_broker import LLMBroker
+from .actors.session_supervisor import SessionSupervisor
+from .actors.wiring import (
+    BootBroker,
+    BootRoot,
+    BootSession,
+    BrokerMoved,
+    Relay,
+    Shutdown,
+    ShutdownDone,
+)
+from .messages.protocol import Accepted, Ping, Pong, Refused, StartSession, UserCommand
+from .supervision import ChildSpec, Supervisor
+
+logger = logging.getLogger(__name__)
+
+BROKER = "broker"
+SHUTDOWN_DEADLINE_S = 15.0
+
+
+def session_role(session_id: str) -> str:
+    return f"session:{session_id}"
+
+
+class RootSupervisor(Supervisor):
+    role = "root"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home = ""
+        self.pending_shutdown: dict[str, tuple[ActorAddress, set[str], list[str]]] = {}
+
+    def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
+        self.home, self.policy = msg.home, msg.policy
+        if self.child(BROKER) is None:
+            self.supervise(ChildSpec(BROKER, LLMBroker, lambda n: BootBroker(home=msg.home)))
+        self.send(sender, Accepted(request_id="boot", session_id=""))
+
+    def on_ping(self, msg: Ping, sender: ActorAddress) -> None:
+        import os
+
+        self.send(sender, Pong(request_id=msg.request_id, pid=os.getpid(), role=self.role))
+
+    # -- requests --------------------------------------------------------------
+
+    def on_start_session(self, msg: StartSession, sender: ActorAddress) -> None:
+        self._start_session(msg, sender)
+
+    def on_user_command(self, msg: UserCommand, sender: ActorAddress) -> None:
+        self._forward(msg, Relay(msg=msg, reply_to=sender))
+
+    def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
+        role = session_role(start.session_id)
+        if self.child(role) is not None:
+            if reply_to is not None:
+                self.send(reply_to, Accepted(request_id=start.request_id,
+                                             session_id=start.session_id))
+            return
+        first_reply = [reply_to]
+
+        def boot(n: int) -> BootSession:
+            reply, first_reply[0] = first_reply[0], None
+            again = start if n == 1 else start.model_copy(update={"restore": True})
+            return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
+                               policy=self.policy, reply_to=reply)
+
+        self.supervise(ChildSpec(role, SessionSupervisor, boot))
+
+    def _forward(self, cmd: UserCommand, msg: Relay) -> None:
+        session = self.child(session_role(cmd.session_id))
+        if session is None:
+            if msg.reply_to is not None:
+                self.send(msg.reply_to, Refused(
+                    request_id=cmd.request_id, session_id=cmd.session_id,
+                    error="UnknownSession",
+                    message=f"no live session {cmd.session_id!r} in this actor system"))
+            return
+        self.send(session, msg)
+
+    # -- supervision hooks ---------------------------------------------------------
+
+    def on_child_restarted(
+        self, role: str, address: ActorAddress, incarnation: int, reason: str
+    ) -> None:
+        if role != BROKER:
+            return
+        for other in list(self._children):
+            session = self.child(other)
+            if other != BROKER and session is not None:
+                self.send(session, BrokerMoved(broker=address))
+
+    def on_child_gave_up(self, role: str, reason: str) -> None:
+        logger.error("root: %s is down for good: %s", role, reason)
+
+    # -- shutdown ------------------------------------------------------------------
+
+    def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
+        sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
+        if not sessions:
+            self.send(sender, ShutdownDone(request_id=msg.request_id))
+            return
+        self.pending_shutdown[msg.request_id] = (sender, set(sessions), [])
+        for role in sessions:
+            self.send(self.child(role), msg)
+        self.after(SHUTDOWN_DEADLINE_S, "shutdown_deadline", msg.request_id)
+
+    def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
+        entry = self.pending_shutdown.get(msg.request_id)
+        if entry is None:
+            return
+        reply_to, waiting, done = entry
+        for role in list(waiting):
+            if self.child(role) == sender:
+                waiting.discard(role)
+                done.extend(msg.sessions)
+        if not waiting:
+            self.on_timer_shutdown_deadline(msg.request_id)
+
+    def on_timer_shutdown_deadline(self, request_id: str) -> None:
+        entry = self.pending_shutdown.pop(request_id, None)
+        if entry is not None:
+            reply_to, _waiting, done = entry
+            self.send(reply_to, ShutdownDone(request_id=request_id, sessions=done))

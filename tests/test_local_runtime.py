@@ -1,0 +1,326 @@
+"""LocalSandbox: journal, idempotency, epochs, survival of its proxy, death of its server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
+from trouper.messages.actions import RunCommand
+from trouper.runtimes import Runtime, Sandbox, load_sandbox
+from trouper.runtimes.local import LocalSandbox
+
+LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
+
+
+def _pid_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie nobody reaped counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _servers_on(state_dir: Path) -> list[int]:
+    """Pids of sandbox servers whose command line names ``state_dir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if os.fsencode(str(state_dir)) in argv and not _pid_gone(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def _post_execute(state_dir: Path, action_id: str, command: str, epoch: int) -> dict:
+    """Start an action with a raw POST /execute, as a proxy that dies right after would."""
+    info = json.loads((state_dir / "server.json").read_text())
+    conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=5)
+    body = {
+        "action_id": action_id,
+        "epoch": epoch,
+        "timeout_s": 30,
+        "no_output_timeout_s": 0,
+        "action": {"kind": "run", "command": command},
+    }
+    headers = {"Authorization": f"Bearer {info['token']}"}
+    try:
+        conn.request("POST", "/execute", body=json.dumps(body).encode(), headers=headers)
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """Workspace and state folder; at the end no server may run on the state folder."""
+    state_dir = tmp_path / "rt"
+    yield tmp_path / "ws", state_dir
+    leftover = _servers_on(state_dir)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"sandbox servers left running: {leftover}"
+
+
+@pytest.fixture
+def make_sandbox(dirs: tuple[Path, Path]) -> Iterator[Callable[..., LocalSandbox]]:
+    """New LocalSandbox objects on the same folders; all are stopped at the end."""
+    made: list[LocalSandbox] = []
+
+    def make(**kwargs: object) -> LocalSandbox:
+        sandbox = LocalSandbox("s1", dirs[0], dirs[1], **kwargs)
+        made.append(sandbox)
+        return sandbox
+
+    try:
+        yield make
+    finally:
+        for sandbox in reversed(made):
+            sandbox.stop()
+
+
+def test_protocols_and_backend_loading(dirs: tuple[Path, Path]) -> None:
+    sandbox = load_sandbox("local", session_id="s1", workspace=dirs[0], state_dir=dirs[1])
+    assert isinstance(sandbox, LocalSandbox)
+    with pytest.raises(ConfigError, match="known backends: local"):
+        load_sandbox("kubernetes")
+    with pytest.raises(RuntimeUnavailable, match="not started"):
+        _ = sandbox.runtime
+    assert sandbox.alive().cause == "not_started"
+    sandbox.stop()  # nothing started: a no-op
+
+
+def test_start_creates_the_workspace_and_secrets_reach_commands(
+    make_sandbox: Callable[..., LocalSandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TROUPER_NOT_FOR_THE_AGENT", "leak")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    sandbox = make_sandbox(env={"MY_SECRET": "hunter2"})
+    assert sandbox.start(1) is False
+    assert sandbox.workspace.is_dir()
+    assert isinstance(sandbox, Sandbox) and isinstance(sandbox.runtime, Runtime)
+    command = "echo $MY_SECRET ${TROUPER_NOT_FOR_THE_AGENT:-unset} ${PYTHONPATH:-unset}"
+    outcome = sandbox.runtime.execute("a1", RunCommand(command=command), **LIMITS)
+    assert outcome.content == "hunter2 unset unset\n"
+    assert sandbox.alive().alive
+    info = json.loads(sandbox.info_path.read_text())
+    assert sandbox.info_path.stat().st_mode & 0o777 == 0o600
+    assert set(info) >= {"pid", "port", "token", "boot_id", "workspace"}
+
+
+def test_requests_without_the_token_are_refused(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    info = json.loads(sandbox.info_path.read_text())
+    conn = http.client.HTTPConnection("127.0.0.1", info["port"], timeout=5)
+    try:
+        conn.request("GET", "/alive", headers={"Authorization": "Bearer wrong"})
+        response = conn.getresponse()
+        assert response.status == 401
+        assert json.loads(response.read())["error"] == "Unauthorized"
+    finally:
+        conn.close()
+
+
+def test_execute_is_idempotent_by_action_id(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    action = RunCommand(command="echo ran >> ledger; wc -l < ledger")
+    first = sandbox.runtime.execute("once", action, **LIMITS)
+    second = sandbox.runtime.execute("once", action, **LIMITS)
+    assert first == second and first.content == "1\n"
+    assert (sandbox.workspace / "ledger").read_text() == "ran\n"
+
+
+def test_concurrent_execute_of_one_id_runs_it_once(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    action = RunCommand(command="sleep 0.3; echo ran >> ledger")
+    outcomes = []
+    threads = [
+        threading.Thread(
+            target=lambda: outcomes.append(sandbox.runtime.execute("c", action, **LIMITS))
+        )
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(outcomes) == 4 and len(set(outcomes)) == 1
+    assert (sandbox.workspace / "ledger").read_text() == "ran\n"
+
+
+def test_resolve_absent_running_and_finished(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    runtime = sandbox.runtime
+    assert runtime.resolve("never").state == "absent"
+    _post_execute(sandbox.state_dir, "slow", "sleep 0.5; echo slow", epoch=1)
+    assert runtime.resolve("slow").state == "running"
+    record = runtime.resolve("slow", wait_s=5)
+    assert record.state == "finished" and record.outcome is not None
+    assert record.outcome.content == "slow\n" and record.epoch == 1
+
+
+def test_malformed_actions_are_refused_before_the_journal(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    with pytest.raises(InvalidRequest, match="timeout_s must be > 0"):
+        sandbox.runtime.execute(
+            "bad", RunCommand(command="true"), timeout_s=0, no_output_timeout_s=0
+        )
+    assert sandbox.runtime.resolve("bad").state == "absent"
+
+
+def test_actions_survive_the_death_of_their_proxy(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    first = make_sandbox()
+    assert first.start(1) is False
+    ledger = first.workspace / "ledger"
+    record = _post_execute(first.state_dir, "survivor", "sleep 1; echo done >> ledger", epoch=1)
+    assert record["state"] == "running"
+    old_runtime = first.runtime
+    pid = json.loads(first.info_path.read_text())["pid"]
+    del first  # the proxy dies; its sandbox must not
+
+    second = make_sandbox()
+    assert second.start(2) is True
+    assert json.loads(second.info_path.read_text())["pid"] == pid
+    record = second.runtime.resolve("survivor", wait_s=10)
+    assert record.state == "finished" and record.outcome is not None
+    assert record.outcome.status == "ok" and record.outcome.exit_code == 0
+    assert ledger.read_text() == "done\n"
+    again = second.runtime.execute("survivor", RunCommand(command="echo done >> ledger"), **LIMITS)
+    assert again == record.outcome and ledger.read_text() == "done\n"
+    with pytest.raises(StaleEpoch):
+        old_runtime.execute("late", RunCommand(command="echo late >> ledger"), **LIMITS)
+    with pytest.raises(StaleEpoch):
+        old_runtime.resolve("survivor")
+    assert second.runtime.resolve("late").state == "absent"
+    old_runtime.close()
+
+
+def test_an_older_epoch_cannot_claim_or_stop_the_sandbox(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    newer = make_sandbox()
+    newer.start(5)
+    older = make_sandbox()
+    with pytest.raises(StaleEpoch):
+        older.start(4)
+    older.stop()  # refused: the sandbox belongs to epoch 5
+    assert newer.alive().alive
+    stale = make_sandbox()
+    stale.start(5)
+    newest = make_sandbox()
+    newest.start(6)
+    assert stale.alive().cause == "superseded"
+    stale.stop()  # refused by the server: it belongs to epoch 6 now
+    assert newest.alive().alive
+
+
+def test_a_killed_server_is_replaced_and_its_action_is_unknown(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    first = make_sandbox()
+    first.start(1)
+    alive_info = first.runtime.alive()
+    command = "sh -c 'echo $$ > doomed.pid; exec sleep 3'; echo done >> ledger"
+    _post_execute(first.state_dir, "doomed", command, epoch=1)
+    pid_file = first.workspace / "doomed.pid"
+    assert _wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    os.kill(alive_info["pid"], signal.SIGKILL)
+    assert _wait_until(lambda: _pid_gone(alive_info["pid"]))
+    assert _wait_until(lambda: _pid_gone(alive_info["shell_pid"]))  # the shell goes with it
+    assert _wait_until(lambda: _pid_gone(int(pid_file.read_text())))  # and its command
+    health = first.alive()
+    assert (health.alive, health.cause) == (False, "exited")
+
+    second = make_sandbox()
+    assert second.start(2) is False
+    assert second.runtime.alive()["pid"] != alive_info["pid"]
+    assert second.runtime.resolve("doomed").state == "unknown"
+    lost = second.runtime.execute("doomed", RunCommand(command="echo again >> ledger"), **LIMITS)
+    assert lost.status == "lost"
+    assert not (second.workspace / "ledger").exists()
+
+
+def test_two_proxies_starting_at_once_share_one_server(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    sandboxes = [make_sandbox(), make_sandbox()]
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda s=s: results.append(s.start(1))) for s in sandboxes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(results) == [False, True]
+    pids = {s.runtime.alive()["pid"] for s in sandboxes}
+    assert len(pids) == 1 and _servers_on(sandboxes[0].state_dir) == list(pids)
+
+
+def test_idle_server_exits_with_its_shell(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox(idle_timeout_s=0.5)
+    sandbox.start(1)
+    answer = sandbox.runtime.alive()
+    assert _wait_until(lambda: _pid_gone(answer["pid"]), timeout_s=5)
+    assert _wait_until(lambda: _pid_gone(answer["shell_pid"]), timeout_s=2)
+    assert not sandbox.info_path.exists()
+    assert sandbox.alive().cause == "exited"
+
+
+def test_a_frozen_server_is_unreachable(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    pid = sandbox.runtime.alive()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        health = sandbox.alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (health.alive, health.cause) == (False, "unreachable")
+    assert "alive" in health.detail and "127.0.0.1" in health.detail
+    assert sandbox.alive().alive
+
+
+def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    answer = sandbox.runtime.alive()
+    _post_execute(sandbox.state_dir, "bg", "sleep 30", epoch=1)
+    started = time.monotonic()
+    sandbox.stop()
+    sandbox.stop()
+    assert time.monotonic() - started < 5
+    assert _pid_gone(answer["pid"])
+    assert _wait_until(lambda: _pid_gone(answer["shell_pid"]), timeout_s=2)
+    assert sandbox.alive().cause == "not_started"
+    assert not sandbox.info_path.exists()

@@ -1,0 +1,180 @@
+"""Whole sessions through the Python API, on multiprocTCPBase, against a scripted LLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trouper import (
+    ActionEvent,
+    AgentState,
+    ConfigError,
+    MessageEvent,
+    ObservationEvent,
+    StateChanged,
+    Trouper,
+    UnknownSession,
+)
+from trouper.testing import check_log
+
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+
+
+def outcomes(session) -> list:
+    return [e.outcome for e in session.events() if isinstance(e, ObservationEvent)]
+
+
+def test_multi_step_session_makes_real_files(trouper, scripted, tmp_path):
+    server, llm = scripted([
+        {"tool": "run", "args": {"command": "echo one >> ledger.txt"}},
+        {"tool": "write_file", "args": {"path": "hello.txt", "content": "hi"}},
+        {"tools": [{"tool": "run", "args": {"command": "cat hello.txt"}},
+                   {"tool": "think", "args": {"thought": "it says hi"}}]},
+        {"say": "Done for now. Anything else?"},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("make hello.txt", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+    assert (tmp_path / "hello.txt").read_text() == "hi"
+    session.send("also append two to the ledger")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ledger.txt").read_text() == "one\ntwo\n"
+    events = list(session.events())
+    assert check_log(events, [r.body["messages"] for r in server.requests]) == []
+    assert [o.content for o in outcomes(session)][2] == "hi"
+    texts = [(e.source, e.text) for e in events if isinstance(e, MessageEvent)]
+    assert texts == [("user", "make hello.txt"), ("agent", "Done for now. Anything else?"),
+                     ("user", "also append two to the ledger")]
+
+
+def test_shell_state_persists_between_commands(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "mkdir -p sub && cd sub && export GREETING=hey"}},
+        {"tool": "run", "args": {"command": "pwd; echo $GREETING"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert outcomes(session)[1].content.split() == [str(tmp_path / "sub"), "hey"]
+
+
+def test_malformed_tool_calls_become_rejected_outcomes(trouper, scripted, tmp_path):
+    server, llm = scripted([
+        {"tool": "run", "raw_args": "{not json"},
+        {"tool": "launch_rockets", "args": {"count": 3}},
+        {"tool": "edit_file", "args": {"path": "x.txt", "new": "b"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    first_three = outcomes(session)[:3]
+    assert [o.status for o in first_three] == ["rejected"] * 3
+    assert "launch_rockets" in first_three[1].content
+    assert "old" in first_three[2].content
+    # the model saw each rejection as the answer to its call
+    last_prompt = server.requests[-1].body["messages"]
+    tool_texts = [m["content"] for m in last_prompt if m["role"] == "tool"]
+    assert any("old" in text for text in tool_texts)
+    assert check_log(list(session.events())) == []
+
+
+def test_max_iterations_stops_with_reason_and_resume_continues(trouper, scripted, tmp_path):
+    step = {"tool": "run", "args": {"command": "echo x >> count.txt"}}
+    _, llm = scripted([step, step, step, FINISH])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path, max_iterations=2)
+    assert session.wait(timeout=60) == AgentState.STOPPED
+    assert "max_iterations" in session.record.state_reason
+    assert (tmp_path / "count.txt").read_text() == "x\nx\n"
+    session.resume()
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "count.txt").read_text() == "x\nx\nx\n"
+
+
+def test_max_cost_stops_the_session(trouper, scripted, tmp_path):
+    step = {"tool": "think", "args": {"thought": "hmm " * 50}}
+    _, llm = scripted([step] * 10 + [FINISH])
+    llm = {**llm, "input_cost_per_token": 0.001, "output_cost_per_token": 0.001}
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path, max_cost_usd=0.2)
+    assert session.wait(timeout=60) == AgentState.STOPPED
+    assert "max_cost_usd" in session.record.state_reason
+    view = session.view()
+    assert 0.2 <= view.cost_usd and view.total_iterations < 10
+
+
+def test_secrets_reach_the_shell_and_are_masked_everywhere(trouper, trouper_home, scripted,
+                                                           tmp_path):
+    secret = "sekrit-value-93731"
+    server, llm = scripted([
+        {"tool": "run", "args": {"command": "echo token=$API_TOKEN"}},
+        {"tool": "write_file", "args": {"path": "f.txt", "content": f"copy {secret}"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path,
+                                    secrets={"API_TOKEN": secret})
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert outcomes(session)[0].content.strip() == "token=<secret:API_TOKEN>"
+    actions = [e for e in session.events() if isinstance(e, ActionEvent)]
+    assert secret not in actions[1].arguments and "<secret:API_TOKEN>" in actions[1].arguments
+    assert (tmp_path / "f.txt").read_text() == f"copy {secret}"  # the action itself ran as sent
+    for path in trouper_home.glob("trouper.db*"):
+        data = path.read_bytes()
+        assert secret.encode() not in data, path
+        assert b"test-key" not in data, path
+    assert all(secret not in str(r.body["messages"]) for r in server.requests)
+
+
+def test_pause_resume_and_stop(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "echo a"}, "delay_s": 1.0},
+        {"tool": "run", "args": {"command": "echo b"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    session.pause()
+    assert session.wait(timeout=30) == AgentState.PAUSED
+    session.resume()
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    with pytest.raises(Exception, match="finished"):
+        session.resume()
+    session.stop()
+    assert session.state == AgentState.STOPPED
+    assert check_log(list(session.events())) == []
+
+
+def test_unknown_session_and_bad_config_are_clear_errors(trouper):
+    with pytest.raises(UnknownSession, match="s-nope"):
+        trouper.session("s-nope")
+    with pytest.raises(ConfigError, match="max_iterations"):
+        trouper.start_session("t", llm={"model": "x"}, max_iterations="many")
+    with pytest.raises(ConfigError, match="modle"):
+        trouper.start_session("t", llm={"modle": "x"})
+
+
+def test_events_replay_after_close_and_reopen(scripted, tmp_path):
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo hi"}}, FINISH])
+    with Trouper(home=home) as first:
+        session = first.start_session("t", llm=llm, workspace=workspace)
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        before = [e.model_dump() for e in session.events()]
+    with Trouper(home=home) as second:
+        again = second.session(session.id)
+        after = [e.model_dump() for e in again.events()]
+        assert after == before
+        assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+        assert again.state == AgentState.FINISHED
+        assert [s.session_id for s in second.sessions()] == [session.id]
+        followed = list(again.events(since=2, follow=True, timeout_s=5))
+        assert [e.seq for e in followed] == list(range(3, len(after) + 1))
+        assert isinstance(followed[-1], StateChanged) and followed[-1].settled
+
+
+def test_workspace_instructions_reach_the_prompt(trouper, scripted, tmp_path: Path):
+    (tmp_path / "AGENTS.md").write_text("Always answer in haiku.")
+    server, llm = scripted([FINISH])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    system = server.requests[0].body["messages"][0]
+    assert system["role"] == "system" and "Always answer in haiku." in system["content"]

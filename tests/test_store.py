@@ -1,0 +1,506 @@
+"""The SQLite event store: atomic appends, contiguous seqs, real processes, real kills."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from trouper.config import LLMConfig, SessionConfig
+from trouper.exceptions import InvalidRequest, StoreError, UnknownSession
+from trouper.messages.actions import RunCommand
+from trouper.messages.events import (
+    ActionEvent,
+    AgentState,
+    LLMCompleted,
+    LLMRetry,
+    MessageEvent,
+    ObservationEvent,
+    RuntimeEvent,
+    StateChanged,
+)
+from trouper.messages.outcomes import Outcome
+from trouper.paths import Home
+from trouper.store import EventStore, SQLiteEventStore, open_store
+
+FORK = multiprocessing.get_context("fork")
+API_KEY = "sk-test-DO-NOT-STORE-9f8e7d6c5b4a"
+
+
+def make_config(**llm: object) -> SessionConfig:
+    return SessionConfig(task="fix it", llm=LLMConfig(model="m", **llm), workspace="/tmp/ws")
+
+
+def msg(text: str) -> MessageEvent:
+    return MessageEvent(source="user", text=text)
+
+
+def wait_until(condition, timeout_s: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def join_all(procs: list[multiprocessing.Process], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "trouper.db"
+
+
+@pytest.fixture
+def store(db: Path):
+    s = SQLiteEventStore(db)
+    yield s
+    s.close()
+
+
+def assert_consistent(store: SQLiteEventStore, session_id: str) -> list:
+    events = store.read(session_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert store.last_seq(session_id) == len(events)
+    return events
+
+
+# ---- sessions ----------------------------------------------------------------------
+
+
+def test_create_read_and_list_sessions(store: SQLiteEventStore):
+    before = datetime.now(UTC)
+    rec = store.create_session("s1", make_config())
+    store.create_session("s2", make_config())
+    assert rec.session_id == "s1" and rec.last_seq == 0
+    assert rec.state == AgentState.LOADING and rec.state_reason == ""
+    assert rec.created_at >= before and rec.created_at.tzinfo is not None
+    assert store.session("s1") == rec
+    assert store.session("s1").config == make_config()
+    assert [r.session_id for r in store.sessions()] == ["s2", "s1"]
+    assert isinstance(store, EventStore)
+
+
+def test_existing_session_id_is_refused(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    with pytest.raises(InvalidRequest, match="s1"):
+        store.create_session("s1", make_config())
+
+
+def test_unknown_session_errors_name_the_id(store: SQLiteEventStore):
+    calls = [
+        lambda: store.session("nope"),
+        lambda: store.append("nope", [msg("x")]),
+        lambda: store.append("nope", []),
+        lambda: store.read("nope"),
+        lambda: store.last_seq("nope"),
+        lambda: store.follow("nope", timeout_s=0.1),
+        lambda: store.put_meta("nope", "k", "v"),
+        lambda: store.get_meta("nope", "k"),
+    ]
+    for call in calls:
+        with pytest.raises(UnknownSession, match="'nope'"):
+            call()
+
+
+def test_open_store_uses_the_home_db(tmp_path: Path):
+    home = Home.at(tmp_path / "home")
+    s = open_store(home)
+    try:
+        s.create_session("s1", make_config())
+    finally:
+        s.close()
+    assert home.db_path.exists()
+
+
+def test_newer_schema_is_refused_clearly(db: Path):
+    SQLiteEventStore(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.execute("PRAGMA user_version=99")
+    raw.close()
+    with pytest.raises(StoreError, match="schema version 99, newer"):
+        SQLiteEventStore(db)
+
+
+def test_close_is_idempotent_and_final(db: Path):
+    s = SQLiteEventStore(db)
+    s.create_session("s1", make_config())
+    s.close()
+    s.close()
+    with pytest.raises(StoreError, match="closed"):
+        s.last_seq("s1")
+
+
+# ---- appends -----------------------------------------------------------------------
+
+
+def test_seq_is_contiguous_from_one_across_many_appends(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    returned = []
+    for i in range(60):
+        batch = [msg(f"{i}-{j}") for j in range(i % 4)]  # 0 to 3 events per batch
+        returned += store.append("s1", batch)
+    events = assert_consistent(store, "s1")
+    assert events == returned
+    assert [e.text for e in events] == [f"{i}-{j}" for i in range(60) for j in range(i % 4)]
+
+
+def test_append_returns_copies_and_moves_updated_at(store: SQLiteEventStore):
+    rec = store.create_session("s1", make_config())
+    original = msg("hi")
+    [stored] = store.append("s1", [original])
+    assert original.seq == 0 and stored.seq == 1 and stored.text == "hi"
+    assert store.session("s1").updated_at > rec.updated_at
+
+
+def test_batch_is_atomic_when_an_event_cannot_be_serialised(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    store.append("s1", [msg("first")])
+    before = store.session("s1")
+    broken = MessageEvent.model_construct(text=object())
+    with pytest.raises(StoreError, match="s1"):
+        store.append("s1", [msg("a"), broken, StateChanged(state=AgentState.RUNNING)])
+    assert store.session("s1") == before
+    assert [e.text for e in assert_consistent(store, "s1")] == ["first"]
+
+
+def test_batch_is_atomic_when_the_database_fails_mid_batch(store: SQLiteEventStore, db: Path):
+    store.create_session("s1", make_config())
+    store.append("s1", [msg("first")])
+    before = store.session("s1")
+    raw = sqlite3.connect(db)
+    raw.execute(
+        "CREATE TRIGGER fail_seq_3 BEFORE INSERT ON events WHEN NEW.seq = 3"
+        " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+    )
+    raw.commit()
+    batch = [msg("a"), msg("b"), StateChanged(state=AgentState.RUNNING, reason="go")]
+    with pytest.raises(StoreError, match="injected failure"):
+        store.append("s1", batch)
+    assert store.session("s1") == before
+    assert store.last_seq("s1") == 1
+    raw.execute("DROP TRIGGER fail_seq_3")
+    raw.commit()
+    raw.close()
+    assert [e.seq for e in store.append("s1", batch)] == [2, 3, 4]
+    assert_consistent(store, "s1")
+
+
+def test_state_follows_the_last_state_change(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    store.append("s1", [StateChanged(state=AgentState.RUNNING, reason="started")])
+    assert store.session("s1").state == AgentState.RUNNING
+    store.append("s1", [msg("no state here")])
+    assert (store.session("s1").state, store.session("s1").state_reason) == (
+        AgentState.RUNNING,
+        "started",
+    )
+    batch = [
+        StateChanged(state=AgentState.ERROR, reason="runtime died"),
+        msg("x"),
+        StateChanged(state=AgentState.PAUSED, reason="user"),
+    ]
+    store.append("s1", batch)
+    rec = store.session("s1")
+    assert (rec.state, rec.state_reason, rec.last_seq) == (AgentState.PAUSED, "user", 5)
+
+
+def test_read_since_and_limit(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    store.create_session("empty", make_config())
+    store.append("s1", [msg(str(i)) for i in range(1, 11)])
+    assert [e.seq for e in store.read("s1", since=7)] == [8, 9, 10]
+    assert [e.seq for e in store.read("s1", since=2, limit=3)] == [3, 4, 5]
+    assert store.read("s1", since=10) == []
+    assert store.read("s1", limit=0) == []
+    assert store.read("empty") == []
+
+
+def every_kind_of_event() -> list:
+    action = ActionEvent(
+        action_id="a1",
+        turn_id="t1",
+        tool_call_id="call_1",
+        tool="run",
+        arguments='{"command": "ls"}',
+        action=RunCommand(command="ls"),
+        thought="look first",
+    )
+    return [
+        msg("fix the failing test"),
+        StateChanged(state=AgentState.RUNNING),
+        LLMRetry(
+            request_id="r1",
+            attempt=2,
+            max_attempts=5,
+            wait_s=1.5,
+            error_class="rate_limit",
+            message="429",
+        ),
+        LLMCompleted(request_id="r1", model="m", prompt_tokens=10, cost_usd=0.001),
+        action,
+        RuntimeEvent(phase="started", epoch=1),
+        ObservationEvent(action_id="a1", outcome=Outcome(status="ok", content="x", exit_code=0)),
+        StateChanged(state=AgentState.RATE_LIMITED, reason="429", resumes_at=datetime.now(UTC)),
+    ]
+
+
+def test_reopen_after_close_replays_identically(db: Path):
+    s = SQLiteEventStore(db)
+    s.create_session("s1", make_config())
+    returned = s.append("s1", every_kind_of_event())
+    returned += s.append("s1", [msg("again")])
+    first_read = s.read("s1")
+    record = s.session("s1")
+    s.close()
+    reopened = SQLiteEventStore(db)
+    try:
+        assert reopened.read("s1") == first_read == returned
+        assert reopened.session("s1") == record
+        assert [type(e) for e in reopened.read("s1")] == [type(e) for e in returned]
+    finally:
+        reopened.close()
+
+
+def test_api_key_is_never_stored(store: SQLiteEventStore, db: Path):
+    store.create_session("s1", make_config(api_key=API_KEY))
+    store.append("s1", [msg("hello")])
+    assert store.session("s1").config.llm.api_key is None
+
+    def stored_bytes() -> bytes:
+        files = [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
+        return b"".join(p.read_bytes() for p in files if p.exists())
+
+    assert Path(f"{db}-wal").exists()
+    assert b"fix it" in stored_bytes()  # the check can see the config it looks through
+    assert API_KEY.encode() not in stored_bytes()
+    store.close()
+    assert API_KEY.encode() not in stored_bytes()
+
+
+def test_meta_put_and_get(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    store.create_session("s2", make_config())
+    assert store.get_meta("s1", "owner") is None
+    store.put_meta("s1", "owner", "controller-1")
+    store.put_meta("s1", "owner", "controller-2")
+    store.put_meta("s1", "epoch", "3")
+    assert store.get_meta("s1", "owner") == "controller-2"
+    assert store.get_meta("s1", "epoch") == "3"
+    assert store.get_meta("s2", "owner") is None
+
+
+# ---- follow ------------------------------------------------------------------------
+
+
+def append_slowly(db: Path, session_id: str, count: int, go: multiprocessing.Event) -> None:
+    s = SQLiteEventStore(db)
+    go.wait(10)
+    for i in range(count):
+        s.append(session_id, [msg(f"from child {i}")])
+        time.sleep(0.01)  # spread the appends over several of the follower's polls
+    s.close()
+
+
+def test_follow_sees_events_appended_by_another_process(store: SQLiteEventStore, db: Path):
+    store.create_session("s1", make_config())
+    store.append("s1", [msg("before")])
+    go = FORK.Event()
+    child = FORK.Process(target=append_slowly, args=(db, "s1", 5, go))
+    child.start()
+    stop = threading.Event()
+    seen, ended_at = [], float("inf")
+    try:
+        for event in store.follow("s1", timeout_s=10, stop=stop):
+            seen.append(event)
+            go.set()
+            if event.seq == 6:
+                stop.set()
+                ended_at = time.monotonic()
+        assert time.monotonic() - ended_at < 0.5
+    finally:
+        join_all([child])
+    assert [e.seq for e in seen] == [1, 2, 3, 4, 5, 6]
+    assert seen == store.read("s1")
+
+
+def test_follow_ends_at_the_deadline(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    store.append("s1", [msg("a"), msg("b")])
+    started = time.monotonic()
+    seen = list(store.follow("s1", since=1, timeout_s=0.3, poll_s=0.01))
+    elapsed_s = time.monotonic() - started
+    assert [e.seq for e in seen] == [2]
+    assert 0.3 <= elapsed_s < 1.0
+
+
+def test_follow_ends_promptly_when_stopped_from_another_thread(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    stop = threading.Event()
+    seen = []
+    follower = threading.Thread(target=lambda: seen.extend(store.follow("s1", stop=stop)))
+    follower.start()
+    store.append("s1", [msg("a")])
+    wait_until(lambda: len(seen) == 1, what="the follower to see the event")
+    stop.set()
+    follower.join(1.0)
+    assert not follower.is_alive()
+
+
+def test_follow_ends_when_the_store_is_closed(db: Path):
+    s = SQLiteEventStore(db)
+    s.create_session("s1", make_config())
+    seen = []
+    follower = threading.Thread(target=lambda: seen.extend(s.follow("s1", poll_s=0.01)))
+    follower.start()
+    s.append("s1", [msg("a")])
+    wait_until(lambda: len(seen) == 1, what="the follower to see the event")
+    s.close()
+    follower.join(1.0)
+    assert not follower.is_alive()
+
+
+# ---- concurrency and crashes ---------------------------------------------------------
+
+
+def append_many(store: SQLiteEventStore, session_id: str, tag: str, batches: int, go=None) -> None:
+    # the child uses the store object it inherited through fork(): it must reopen
+    if go is not None:
+        go.wait(10)  # all writers start together, so their transactions contend
+    for i in range(batches):
+        store.append(session_id, [msg(f"{tag}:{i}:{j}") for j in range(1 + i % 3)])
+
+
+def expected_texts(tag: str, batches: int) -> list[str]:
+    return [f"{tag}:{i}:{j}" for i in range(batches) for j in range(1 + i % 3)]
+
+
+def test_four_processes_on_four_sessions(store: SQLiteEventStore):
+    ids = [f"s{n}" for n in range(4)]
+    for session_id in ids:
+        store.create_session(session_id, make_config())
+    store.read("s0")  # the parent holds an open connection across the fork
+    go = FORK.Event()
+    procs = [FORK.Process(target=append_many, args=(store, sid, sid, 100, go)) for sid in ids]
+    for p in procs:
+        p.start()
+    go.set()
+    join_all(procs)
+    for session_id in ids:
+        texts = [e.text for e in assert_consistent(store, session_id)]
+        assert texts == expected_texts(session_id, 100)
+
+
+def test_four_processes_on_one_session(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    tags = [f"p{n}" for n in range(4)]
+    go = FORK.Event()
+    procs = [FORK.Process(target=append_many, args=(store, "s1", tag, 100, go)) for tag in tags]
+    for p in procs:
+        p.start()
+    go.set()
+    join_all(procs)
+    texts = [e.text for e in assert_consistent(store, "s1")]
+    assert len(texts) == len(set(texts)) == 4 * len(expected_texts("p", 100))
+    for tag in tags:  # each writer's events are all there, in its own order
+        assert [t for t in texts if t.startswith(f"{tag}:")] == expected_texts(tag, 100)
+
+
+def append_forever(db: Path, session_id: str) -> None:
+    s = SQLiteEventStore(db)
+    i = 0
+    while True:
+        s.append(session_id, [msg(f"{i}-{j}") for j in range(5)] + [StateChanged(state="running")])
+        i += 1
+
+
+def test_sigkill_during_appends_leaves_the_log_consistent(store: SQLiteEventStore, db: Path):
+    store.create_session("s1", make_config())
+    for round_ in range(20):
+        floor = store.last_seq("s1")
+        child = FORK.Process(target=append_forever, args=(db, "s1"))
+        child.start()
+        target = floor + 6 * (1 + round_ * 3)  # kill at a different point each round
+        wait_until(lambda t=target: store.last_seq("s1") >= t, what=f"seq {target}")
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(5)
+        assert child.exitcode == -signal.SIGKILL
+    reopened = SQLiteEventStore(db)
+    try:
+        events = assert_consistent(reopened, "s1")
+        assert len(events) % 6 == 0  # whole batches only
+        raw = sqlite3.connect(db)
+        (max_seq, count) = raw.execute("SELECT max(seq), count(*) FROM events").fetchone()
+        assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        raw.close()
+        assert max_seq == count == reopened.last_seq("s1") == len(events)
+    finally:
+        reopened.close()
+
+
+def test_a_forked_child_opens_its_own_connection(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    parent_conn = store._conn()
+    answer = FORK.Queue()
+
+    def child() -> None:
+        answer.put(store._conn() is not parent_conn and store.last_seq("s1") == 0)
+
+    proc = FORK.Process(target=child)
+    proc.start()
+    assert answer.get(timeout=10) is True
+    join_all([proc])
+    assert store._conn() is parent_conn
+
+
+def test_parent_connections_survive_a_child_that_used_the_store(store: SQLiteEventStore):
+    store.create_session("s1", make_config())
+    readers = [threading.Thread(target=store.read, args=("s1",)) for _ in range(3)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(5)
+    child = FORK.Process(target=append_many, args=(store, "s1", "child", 5))
+    child.start()
+    join_all([child])
+    store.append("s1", [msg("parent after child")])
+    events = assert_consistent(store, "s1")
+    assert events[-1].text == "parent after child"
+
+
+def open_and_create(db: Path, session_id: str, go) -> None:
+    go.wait(10)
+    s = SQLiteEventStore(db)
+    s.create_session(session_id, make_config())
+    s.append(session_id, [msg("hello")])
+    s.close()
+
+
+def test_processes_racing_to_create_a_new_database(db: Path):
+    go = FORK.Event()
+    ids = [f"s{n}" for n in range(4)]
+    procs = [FORK.Process(target=open_and_create, args=(db, sid, go)) for sid in ids]
+    for p in procs:
+        p.start()
+    go.set()
+    join_all(procs)
+    s = SQLiteEventStore(db)
+    try:
+        assert sorted(r.session_id for r in s.sessions()) == ids
+        assert all(s.last_seq(sid) == 1 for sid in ids)
+    finally:
+        s.close()
