@@ -11,9 +11,11 @@ self-pipe the actor watches (``ThespianWatch``, returned from *every* receive ca
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
+import signal
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,8 @@ from thespian.actors import (
 )
 
 logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
 
 Handler = Callable[[Any, ActorAddress], None]
 
@@ -122,6 +126,24 @@ class Background:
                 pass
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux).
+
+    Thespian forks every actor from its parent actor. If the parent dies (SIGKILL, or a
+    shutdown racing a child's start), a child would live on unsupervised: a leaked
+    process, or a second Controller beside the restarted one. With this, a dead
+    supervisor takes its subtree with it and the restart starts from clean.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable; children may outlive parents")
+        return
+    if os.getppid() == 1:  # the parent died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class TrouperActor(Actor):
     """Base actor: handlers are ``on_<kind>`` for trouper messages, never raise, never block.
 
@@ -136,6 +158,7 @@ class TrouperActor(Actor):
         super().__init__(*args, **kwargs)
         self._background: Background | None = None
         self._stopping = False
+        die_with_parent()
 
     # -- dispatch --------------------------------------------------------------
 

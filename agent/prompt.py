@@ -55,10 +55,6 @@ _STATUS_HEADERS = {
     "rejected": "[rejected]",
     "lost": _LOST_HEADER,
 }
-_TIMEOUT_HEADERS = {
-    "hard": "[timed out after the hard limit: killed]",
-    "soft": "[no output for a while: still running]",
-}
 
 
 def load_workspace_instructions(workspace: Path, max_chars: int = 20_000) -> str | None:
@@ -96,10 +92,13 @@ def system_message(
 
 
 def render_outcome(outcome: Outcome) -> str:
-    """An outcome as the model reads it: a header line where relevant, then the content.
+    """An outcome as the model reads it: a status line where it is not ``ok``, then the content.
 
-    >>> render_outcome(Outcome(status="ok", content="boom", exit_code=2))
-    '[exit code 2]\\nboom'
+    The content is already complete for the model: the sandbox writes exit codes,
+    timeouts and truncation notes into it where they happen, so they are not repeated.
+
+    >>> render_outcome(Outcome(status="lost", content="unknown"))
+    '[lost]\\nunknown'
     """
     header = " ".join(_header_parts(outcome))
     if not header:
@@ -108,19 +107,9 @@ def render_outcome(outcome: Outcome) -> str:
 
 
 def _header_parts(outcome: Outcome) -> list[str]:
-    parts = []
     if outcome.status != "ok" and not (outcome.status == "error" and outcome.timed_out):
-        parts.append(_STATUS_HEADERS[outcome.status])
-    if outcome.exit_code not in (None, 0):
-        parts.append(f"[exit code {outcome.exit_code}]")
-    if outcome.timed_out:
-        parts.append(_TIMEOUT_HEADERS[outcome.timed_out])
-    elif outcome.still_running:
-        parts.append("[still running]")
-    if outcome.elided_chars:
-        where = f"; full output in {outcome.full_output_path}" if outcome.full_output_path else ""
-        parts.append(f"[{outcome.elided_chars} characters cut{where}]")
-    return parts
+        return [_STATUS_HEADERS[outcome.status]]
+    return []
 
 
 @dataclass(eq=False)

@@ -33,20 +33,12 @@ logger = logging.getLogger(__name__)
 
 RUNTIMES_DIR = Path(__file__).resolve().parent
 """The folder holding the ``sandbox`` package; the server imports it from here."""
-_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from sandbox.__main__ import main; sys.exit(main())"  # noqa: E501
-"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd."""
-PASSED_ENV = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TZ",
-    "TMPDIR",
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from sandbox.__main__ import main; sys.exit(main())"
 )
+"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd."""
+PASSED_ENV = tuple("PATH HOME USER LOGNAME SHELL LANG LC_ALL LC_CTYPE TZ TMPDIR".split())
 """Variables of this process the shell inherits; everything else comes from ``env``."""
 
 
@@ -150,6 +142,7 @@ class LocalSandbox:
         if info is None or client is None:
             return
         pid = int(info["pid"])
+        shell_pid = None
         try:
             shell_pid = client.alive().get("shell_pid")
             client.shutdown()
@@ -161,7 +154,6 @@ class LocalSandbox:
             )
             return
         except RuntimeUnavailable as e:
-            shell_pid = None
             logger.info(
                 "session %s: sandbox pid %d did not take a shutdown: %s", self.session_id, pid, e
             )

@@ -6,6 +6,7 @@ import itertools
 import json
 
 import pytest
+
 from trouper.agent.parse import ParsedCall, parse_response
 from trouper.agent.tools import TOOL_MODELS, argument_summary, tool_specs
 from trouper.messages.actions import EditFile, Finish, ReadFile, RunCommand, Think, WriteFile

@@ -6,6 +6,7 @@ import logging
 import os
 
 import pytest
+
 from trouper.agent.prompt import (
     DEFAULT_SYSTEM_PROMPT,
     PromptBuilder,
@@ -232,24 +233,24 @@ def test_builder_keeps_settled_messages_and_only_renders_the_tail():
     [
         (Outcome(status="ok", content="hello"), "hello"),
         (Outcome(status="ok", content="", exit_code=0), "[no output]"),
-        (Outcome(status="ok", content="boom", exit_code=2), "[exit code 2]\nboom"),
+        (Outcome(status="ok", content="boom\n[exit code 2]", exit_code=2), "boom\n[exit code 2]"),
         (
             Outcome(status="error", content="partial", timed_out="hard", exit_code=-9),
-            "[exit code -9] [timed out after the hard limit: killed]\npartial",
+            "partial",
         ),
         (
             Outcome(status="ok", content="...", timed_out="soft", still_running=True),
-            "[no output for a while: still running]\n...",
+            "...",
         ),
-        (Outcome(status="ok", content="x", still_running=True), "[still running]\nx"),
+        (Outcome(status="ok", content="x", still_running=True), "x"),
         (Outcome(status="rejected", content="run: bad"), "[rejected]\nrun: bad"),
         (Outcome(status="interrupted", content=""), "[interrupted]"),
         (Outcome(status="error", content="no such file: a"), "[error]\nno such file: a"),
         (
             Outcome(status="ok", content="head\ntail", elided_chars=5000, full_output_path="o/1"),
-            "[5000 characters cut; full output in o/1]\nhead\ntail",
+            "head\ntail",
         ),
-        (Outcome(status="ok", content="h", elided_chars=7), "[7 characters cut]\nh"),
+        (Outcome(status="ok", content="h", elided_chars=7), "h"),
     ],
 )
 def test_render_outcome(outcome, text):

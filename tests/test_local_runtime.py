@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -308,7 +311,7 @@ def test_a_frozen_server_is_unreachable(make_sandbox: Callable[..., LocalSandbox
         os.kill(pid, signal.SIGCONT)
     assert (health.alive, health.cause) == (False, "unreachable")
     assert "alive" in health.detail and "127.0.0.1" in health.detail
-    assert sandbox.alive().alive
+    assert _wait_until(lambda: sandbox.alive().alive)
 
 
 def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., LocalSandbox]) -> None:
@@ -324,3 +327,26 @@ def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., Loc
     assert _wait_until(lambda: _pid_gone(answer["shell_pid"]), timeout_s=2)
     assert sandbox.alive().cause == "not_started"
     assert not sandbox.info_path.exists()
+
+
+def test_sandbox_package_is_stdlib_only_and_self_contained() -> None:
+    package = Path(__file__).resolve().parents[1] / "runtimes" / "sandbox"
+    for module in package.glob("*.py"):
+        tree = ast.parse(module.read_text(), str(module))
+        assert isinstance(tree.body[1], ast.ImportFrom) and tree.body[1].module == "__future__"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or top == "__future__", (module, name)
+    interpreters = [sys.executable, *map(str, Path.home().glob(".pyenv/versions/3.8*/bin/python"))]
+    boot = "import sys; sys.path.insert(0, sys.argv[1]); import sandbox.__main__, sandbox.server"
+    for python in interpreters:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", boot, str(package.parent)], capture_output=True, timeout=30
+        )
+        assert done.returncode == 0, (python, done.stderr.decode())

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
 from trouper.config import LLMConfig, SessionConfig
 from trouper.exceptions import InvalidRequest, StoreError, UnknownSession
 from trouper.messages.actions import RunCommand

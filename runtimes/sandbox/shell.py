@@ -16,7 +16,14 @@ import secrets
 import threading
 import time
 
-from .bash import LINE_ID_VAR, BashProcess, PromptParser, encode_command, prompt_string
+from .bash import (
+    LINE_ID_VAR,
+    BashProcess,
+    Prompt,
+    PromptParser,
+    encode_command,
+    prompt_string,
+)
 from .output import OutputBuffer, Pending
 
 logger = logging.getLogger(__name__)
@@ -298,7 +305,8 @@ class Shell:
         unseen = cmd.buffer.take().total_chars
         lost = f"; {unseen} characters of its output were not shown" if unseen else ""
         return (
-            f"[The previous command ended with exit code {cmd.exit_code} after you saw it{lost}.]\n"
+            f"[The previous command ended with exit code {cmd.exit_code} after you last saw "
+            f"it{lost}.]\n"
         )
 
     # ---- the reader thread and restarts ----
@@ -319,19 +327,20 @@ class Shell:
                     self._cond.notify_all()
         self._on_exit(bash, decoder.decode(b"", final=True) + parser.flush())
 
-    def _deliver(self, bash: BashProcess, output: str, prompt: tuple | None) -> None:
+    def _deliver(self, bash: BashProcess, output: str, prompt: Prompt | None) -> None:
+        """Route output and prompts from ``bash`` to the command running on it, if any."""
         cmd = self._cmd
-        current = cmd is not None and cmd.bash is bash and not cmd.done
-        if output and current:
-            cmd.buffer.append(output)  # type: ignore[union-attr]
-            cmd.last_output = time.monotonic()  # type: ignore[union-attr]
+        if cmd is None or cmd.bash is not bash or cmd.done:
+            cmd = None
+        if output and cmd is not None:
+            cmd.buffer.append(output)
+            cmd.last_output = time.monotonic()
         elif output:
             logger.debug("shell output outside a command: %r", output[:200])
-        if prompt is None:
-            return
-        bash.last_prompt_id = prompt[1]
-        if current and prompt[1] == cmd.line_id:  # type: ignore[union-attr]
-            cmd.end(prompt[0])  # type: ignore[union-attr]
+        if prompt is not None:
+            bash.last_prompt_id = prompt[1]
+            if cmd is not None and prompt[1] == cmd.line_id:
+                cmd.end(prompt[0])
 
     def _on_exit(self, bash: BashProcess, tail: str) -> None:
         status = bash.reap_within(1.0)

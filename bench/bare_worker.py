@@ -1,0 +1,163 @@
+"""The floor: a bare agent loop in one process, no actors, no log.
+
+    python bench/bare_worker.py '{"url": ..., "model": ..., "workspace": ..., "steps": K}'
+
+Each step is one ``litellm.completion`` (the same route as trouper's, with a one-tool
+spec and the whole history), then the tool call runs in one persistent bash (cd and
+variables persist, as in trouper's shell). Nothing is written anywhere but the shell's
+own files. Prints one JSON line: start and end times, the lines of ``out.txt``, the
+process's CPU seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm  # noqa: E402
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a command in a persistent bash shell.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "finish",
+            "description": "End the task.",
+            "parameters": {
+                "type": "object",
+                "properties": {"message": {"type": "string"}},
+                "required": ["message"],
+            },
+        },
+    },
+]
+
+
+class Shell:
+    """One bash process; each command's end is found by a marker it prints after it."""
+
+    def __init__(self, cwd: str) -> None:
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+        )
+        self.marker = f"__bench_{uuid.uuid4().hex}__"
+
+    def run(self, command: str) -> tuple[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        line = f"{command}\nprintf '\\n{self.marker} %d\\n' $?\n"
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+        fd, buf = self.proc.stdout.fileno(), b""
+        token = self.marker.encode()
+        while token not in buf or not buf.endswith(b"\n"):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("the shell exited")
+            buf += chunk
+        out, _, tail = buf.partition(b"\n" + token + b" ")
+        return out.decode(errors="replace"), int(tail.split()[0])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
+    """One model call and its tool calls; False once the model is done."""
+    response = litellm.completion(
+        model=cfg["model"],
+        api_base=cfg["url"],
+        api_key="x",
+        messages=messages,
+        tools=TOOLS,
+        num_retries=0,
+        timeout=60,
+    )
+    message = response.choices[0].message
+    calls = message.tool_calls or []
+    messages.append(
+        {
+            "role": "assistant",
+            "content": message.content,
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in calls
+            ]
+            or None,
+        }
+    )
+    more = bool(calls)
+    for call in calls:
+        args = json.loads(call.function.arguments or "{}")
+        if call.function.name == "finish":
+            content, more = "ok", False
+        else:
+            output, code = shell.run(args["command"])
+            content = f"{output}\n[exit code {code}]"
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+    return more
+
+
+def run(cfg: dict) -> dict:
+    shell = Shell(cfg["workspace"])
+    messages = [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": "bench: append the numbers to out.txt"},
+    ]
+    started, before, calls = time.time(), os.times(), 0
+    try:
+        while calls < cfg["steps"] + 5:
+            more = step(cfg, messages, shell)
+            calls += 1
+            if calls == 1:  # CPU is counted from here: the first call warms litellm up
+                before = os.times()
+            if not more:
+                break
+    finally:
+        shell.close()
+    ended, after = time.time(), os.times()
+    out = os.path.join(cfg["workspace"], "out.txt")
+    lines = open(out).read().split() if os.path.exists(out) else []
+    cpu_s = sum(after[i] - before[i] for i in range(4))  # user, system, and the shell's
+    return {
+        "started_s": started,
+        "ended_s": ended,
+        "lines": lines,
+        "cpu_s": cpu_s,
+        "cpu_steps": calls - 1,
+    }
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    sys.stdout.write(json.dumps(run(cfg)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The three contenders of the step-overhead workload, each running one K-step session.
+
+Every run gets its own ``FakeLLMServer`` (in this process) and its own workspace, and
+returns the arrival times of its model requests: the step times come from those, the
+same way for all three. A run is ``ok`` only when ``out.txt`` holds 0..K-1 once each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import (
+    BENCH_DIR,
+    MODEL,
+    chat_requests,
+    echo_script,
+    expected_lines,
+    read_lines,
+)
+from procs import cpu_s
+
+from trouper import AgentState, Trouper
+from trouper.testing import FakeLLMServer, check_log
+
+TASK = "bench: append the numbers to out.txt"
+
+
+@dataclass
+class Run:
+    """One contender's K-step session."""
+
+    contender: str
+    k: int
+    request_times_s: list[float] = field(default_factory=list)
+    ok: bool = False
+    note: str = ""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds used per process role over the measured steps."""
+    cpu_steps: int = 0
+    """How many steps ``cpu_s`` covers."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def llm_config(server: FakeLLMServer) -> dict[str, str]:
+    return {"model": MODEL, "base_url": server.url, "api_key": "x"}
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.002) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def _check_out(run: Run, workspace: Path) -> None:
+    lines = read_lines(workspace / "out.txt")
+    if lines != expected_lines(run.k):
+        run.ok = False
+        run.note += f" out.txt has {len(lines)} lines, wanted 0..{run.k - 1}"
+
+
+def _worker(python: Path | str, script: str, cfg: dict[str, Any], timeout_s: float) -> dict:
+    proc = subprocess.run(
+        [str(python), str(BENCH_DIR / script), json.dumps(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        tail = proc.stderr.strip().splitlines()[-5:]
+        raise RuntimeError(f"{script} exited {proc.returncode}: {' | '.join(tail)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_bare(k: int, workdir: Path, latency_s: float = 0.0) -> Run:
+    """The bare loop, in a process of its own (this interpreter, litellm, one bash)."""
+    run = Run("bare", k)
+    workspace = workdir / f"bare-{k}-{time.monotonic_ns()}"
+    workspace.mkdir(parents=True)
+    with FakeLLMServer(echo_script(k), latency_s=latency_s) as server:
+        cfg = {"url": server.url, "model": MODEL, "workspace": str(workspace), "steps": k}
+        try:
+            result = _worker(sys.executable, "bare_worker.py", cfg, 60 + k * 2.0)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            run.note = str(exc)
+            return run
+        run.request_times_s = [r.time_s for r in chat_requests(server)]
+    run.ok = True
+    run.cpu_s, run.cpu_steps = {"bare loop + bash": result["cpu_s"]}, max(1, k - 1)
+    _check_out(run, workspace)
+    return run
+
+
+def run_openhands(python: Path, k: int, workdir: Path, latency_s: float = 0.0) -> Run:
+    """The OpenHands SDK in its own venv: terminal tool, persistence on, no visualizer."""
+    run = Run("openhands", k)
+    workspace = workdir / f"openhands-{k}-{time.monotonic_ns()}"
+    workspace.mkdir(parents=True)
+    persistence = workdir / f"openhands-conversations-{time.monotonic_ns()}"
+    script = echo_script(k, tool="terminal", finish="finish")
+    with FakeLLMServer(script, latency_s=latency_s) as server:
+        cfg = {
+            "url": server.url,
+            "model": MODEL,
+            "workspace": str(workspace),
+            "persistence_dir": str(persistence),
+            "steps": k,
+        }
+        try:
+            result = _worker(python, "openhands_worker.py", cfg, 120 + k * 3.0)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            run.note = str(exc)
+            return run
+        requests = chat_requests(server)
+    run.request_times_s = [r.time_s for r in requests]
+    run.ok = "FINISHED" in result["status"]
+    run.note = "" if run.ok else f"status {result['status']}"
+    run.cpu_s, run.cpu_steps = {"openhands process": result["cpu_s"]}, max(1, k - 1)
+    run.extra = {
+        "start_to_first_request_ms": (requests[0].time_s - result["started_s"]) * 1000
+        if requests
+        else None,
+        "python": result["python"],
+        "versions": result["versions"],
+        "terminal": result["terminal"],
+    }
+    _check_out(run, workspace)
+    return run
+
+
+def run_trouper(t: Trouper, admin_port: int, k: int, workdir: Path, latency_s: float = 0.0) -> Run:
+    """One trouper session (local runtime, multiprocTCPBase, durable log) in ``t``."""
+    run = Run("trouper", k)
+    workspace = workdir / f"trouper-{k}-{time.monotonic_ns()}"
+    with FakeLLMServer(echo_script(k), latency_s=latency_s) as server:
+        session = t.start_session(
+            TASK, llm=llm_config(server), workspace=workspace, max_iterations=k + 5
+        )
+        started = wait_until(lambda: len(chat_requests(server)) >= 2, 60.0)
+        roles = session_roles(admin_port, t.home.root, session.id) if started else {}
+        before = {role: cpu_s(pid) for role, pid in roles.items()}
+        bench_before = time.process_time()
+        state = session.wait(timeout=60 + k * 2.0)
+        run.cpu_s = {role: cpu_s(pid) - before[role] for role, pid in roles.items()}
+        run.cpu_s["bench process (LLM server, wait)"] = time.process_time() - bench_before
+        run.request_times_s = [r.time_s for r in chat_requests(server)]
+        run.cpu_steps = max(1, k - 1)
+    problems = check_log(list(session.events()))
+    run.ok = state == AgentState.FINISHED and not problems
+    run.note = "" if run.ok else f"state {state.value}; {problems[:3]}"
+    run.extra = {"session_id": session.id}
+    _check_out(run, workspace)
+    return run
+
+
+def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int]:
+    """Pid of each process serving one session: broker, supervisor, controller, proxy..."""
+    from procs import children_map, listening_pid, parent, sandbox_server_of
+
+    server = sandbox_server_of(home, session_id)
+    if server is None:
+        return {}
+    children = children_map()
+    proxy = parent(server)
+    supervisor = parent(proxy) if proxy else None
+    root = parent(supervisor) if supervisor else None
+    roles = {
+        "sandbox server": server,
+        "runtime proxy": proxy,
+        "session supervisor": supervisor,
+        "root supervisor": root,
+    }
+    shells = children.get(server, [])
+    controllers = [c for c in children.get(supervisor, []) if c != proxy]
+    brokers = [c for c in children.get(root, []) if not children.get(c)]  # a childless actor
+    for role, found in (("bash", shells), ("controller", controllers), ("llm broker", brokers)):
+        if found:
+            roles[role] = found[0]
+    roles["thespian admin"] = listening_pid(admin_port)
+    return {role: pid for role, pid in roles.items() if pid}

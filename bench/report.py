@@ -1,0 +1,265 @@
+"""The bench's printed table and its check against the issue's targets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import fmt
+
+TARGETS = {
+    "trouper/bare per step at K=200": ("<=", 1.5),
+    "openhands/trouper per step at K=200": (">=", 3.0),
+    "PSS per session at N=100 (MB)": ("<=", 40.0),
+    "RuntimeProxy recovery, median ms to RUNNING": ("<=", 500.0),
+}
+
+
+def targets(workloads: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each target with the measured value (None when not measured) and whether it is met."""
+    results = workloads
+    step = results.get("step_overhead", {}).get("by_k", {})
+    k = "200" if "200" in step else (max(step, key=int) if step else None)
+    ratios = step.get(k, {}).get("ratios", {}) if k else {}
+    by_n = results.get("concurrency", {}).get("by_n", [])
+    n100 = next((r for r in by_n if r.get("n") == 100), None)
+    runtime = results.get("recovery", {}).get("by_role", {}).get("runtime", {})
+    values = {
+        "trouper/bare per step at K=200": ratios.get("trouper/bare") if k == "200" else None,
+        "openhands/trouper per step at K=200": ratios.get("openhands/trouper")
+        if k == "200"
+        else None,
+        "PSS per session at N=100 (MB)": n100.get("pss_per_session_mb") if n100 else None,
+        "RuntimeProxy recovery, median ms to RUNNING": runtime.get("median_running_ms"),
+    }
+    out = {}
+    for name, (op, limit) in TARGETS.items():
+        value = values[name]
+        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
+        out[name] = {"target": f"{op} {limit:g}", "value": value, "met": met}
+    return out
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  " + "  ".join(
+        c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+    )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [_line(header, widths), *(_line(r, widths) for r in rows)]
+
+
+def _step_cell(s: dict[str, Any] | None) -> str:
+    if not s or s.get("median_ms") is None:
+        return "-"
+    return (
+        f"{s['median_ms']:.1f} ({s['first_tenth_median_ms']:.1f}->"
+        f"{s['last_tenth_median_ms']:.1f}) cpu {fmt(s.get('cpu_ms_per_step_total'))}"
+    )
+
+
+def step_lines(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for k, by in r["by_k"].items():
+        ratios = by["ratios"]
+        rows.append(
+            [
+                k,
+                _step_cell(by.get("bare")),
+                _step_cell(by.get("trouper")),
+                _step_cell(by.get("openhands")),
+                fmt(ratios["trouper/bare"], 2, "x"),
+                fmt(ratios["openhands/trouper"], 1, "x"),
+            ]
+        )
+    head = ["K", "bare", "trouper", "openhands", "trouper/bare", "openhands/trouper"]
+    lines = [
+        f"1. Step overhead: median ms per step (first tenth -> last tenth), CPU ms per "
+        f"step; {r['rounds']} round(s), model latency {r['latency_s'] * 1000:g} ms"
+    ]
+    lines += _table(head, rows)
+    trouper = r["by_k"][max(r["by_k"], key=int)].get("trouper", {})
+    if trouper.get("cpu_ms_per_step"):
+        parts = [
+            f"{role} {ms:.2f}"
+            for role, ms in sorted(trouper["cpu_ms_per_step"].items(), key=lambda kv: -kv[1])
+            if ms > 0
+        ]
+        lines.append("  trouper CPU ms per step by process: " + ", ".join(parts))
+    for by in r["by_k"].values():
+        for name in ("bare", "trouper", "openhands"):
+            for note in (by.get(name) or {}).get("notes", []):
+                lines.append(f"  note ({name}): {note}")
+    return lines
+
+
+def start_lines(r: dict[str, Any], openhands_start_ms: float | None) -> list[str]:
+    lines = ["2. Session start, local runtime (median ms)"]
+    rows = [
+        ["Trouper() open", fmt(r["open_ms"])],
+        [
+            "first session: start_session() -> first model request",
+            fmt(r["first_session_to_first_request_ms"]),
+        ],
+        [
+            "later sessions: start_session() -> first model request",
+            fmt(r["warm_to_first_request_ms"]),
+        ],
+        ["  p90", fmt(r["warm_to_first_request_p90_ms"])],
+        ["start_session() returns", fmt(r["start_session_returns_ms"])],
+        ["Trouper.close()", fmt(r["close_ms"])],
+    ]
+    if openhands_start_ms is not None:
+        rows.append(["openhands: Conversation() -> first model request", fmt(openhands_start_ms)])
+    return lines + _table(["", "ms"], rows)
+
+
+def concurrency_lines(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"3. Concurrency: N sessions x {r['steps']} steps, model latency "
+        f"{r['latency_ms']:g} ms; steps/s over the whole run and once all were started; "
+        "PSS summed over actors + sandbox servers + shells (fixed: with no session)"
+    ]
+    head = [
+        "N",
+        "finished",
+        "steps/s",
+        "after start",
+        "p50 ms",
+        "p99 ms",
+        "PSS/session MB",
+        "marginal MB",
+        "fixed MB",
+        "procs",
+        "start all s",
+        "wall s",
+        "CPU ms/step",
+    ]
+    rows = []
+    for n in r["by_n"]:
+        if "error" in n:
+            rows.append([str(n["n"]), n["error"][:60]] + [""] * (len(head) - 2))
+            continue
+        rows.append(
+            [
+                str(n["n"]),
+                f"{n['finished']}/{n['n']}",
+                fmt(n["steps_per_s"]),
+                fmt(n["steps_per_s_after_start"]),
+                fmt(n["step_p50_ms"]),
+                fmt(n["step_p99_ms"]),
+                fmt(n["pss_per_session_mb"]),
+                fmt(n["pss_marginal_per_session_mb"]),
+                fmt(n["pss_idle_mb"]),
+                str(n["processes"]),
+                fmt(n["start_all_s"], 2),
+                fmt(n["wall_s"], 2),
+                fmt(sum(n["cpu_ms_per_step"].values())),
+            ]
+        )
+    return lines + _table(head, rows)
+
+
+def recovery_lines(r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"4. Recovery: SIGKILL {r['kill_after_s']:g} s into a {r['command_s']:g} s "
+        f"command; median ms from the kill ({r['trials']} trial(s) per role)"
+    ]
+    head = ["killed", "ok", "-> RUNNING", "-> first event", "-> outcome", "-> next request"]
+    rows = [
+        [
+            role,
+            f"{by['ok_trials']}/{r['trials']}",
+            fmt(by["median_running_ms"]),
+            fmt(by["median_first_event_ms"]),
+            fmt(by["median_outcome_ms"]),
+            fmt(by["median_next_request_ms"]),
+        ]
+        for role, by in r["by_role"].items()
+    ]
+    how = {
+        t.get("how", "").split(" pid")[0]
+        for by in r["by_role"].values()
+        for t in by["trials"]
+        if t.get("how")
+    }
+    errors = [t["error"] for by in r["by_role"].values() for t in by["trials"] if "error" in t]
+    return (
+        lines
+        + _table(head, rows)
+        + [f"  killed with: {', '.join(sorted(how))}"]
+        + [f"  error: {e}" for e in errors[:3]]
+    )
+
+
+def event_log_lines(r: dict[str, Any]) -> list[str]:
+    lines = ["5. Event log (SQLite, WAL)"]
+    rows = [
+        [
+            f"appends/s, synchronous={s.upper()}, {b} event(s)/tx",
+            fmt(r[f"{s}_batch{b}_events_per_s"], 0),
+        ]
+        for s in ("normal", "full")
+        for b in (1, 10)
+    ]
+    n = r["read_events"]
+    rows += [
+        [f"read {n:,} events, rows only (ms)", fmt(r["read_rows_ms"])],
+        [f"read {n:,} events into typed events (ms, 3rd call)", fmt(r["read_parsed_ms"][-1])],
+    ]
+    restore = r.get("restore", {})
+    rows.append(
+        [
+            f"restore a {restore.get('events', 0):,}-event session -> first model request (ms)",
+            fmt(restore.get("median_ms")),
+        ]
+    )
+    return lines + _table(["", ""], rows)
+
+
+def target_lines(t: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["Targets"]
+    for name, row in t.items():
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[row["met"]]
+        lines.append(f"  {name}: {fmt(row['value'], 2)} (target {row['target']}): {verdict}")
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    oh = results["openhands_env"]
+    lines = [
+        f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}",
+        f"machine: {m['cpu_count']} x {m['cpu_model']}, {m['mem_total_gib']} GiB, {m['os']}",
+        f"python {m['python']}, " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
+        f"openhands: {oh['note']}" + (f" ({oh['versions']})" if oh.get("versions") else ""),
+        "",
+    ]
+    w = results["workloads"]
+    step = w.get("step_overhead")
+    if step and "by_k" in step:
+        lines += step_lines(step) + [""]
+    oh_start = None
+    if step and "by_k" in step:
+        oh_start = next(
+            (
+                by["openhands"]["extra"].get("start_to_first_request_ms")
+                for by in step["by_k"].values()
+                if by.get("openhands", {}).get("extra")
+            ),
+            None,
+        )
+    sections = [
+        ("session_start", lambda r: start_lines(r, oh_start)),
+        ("concurrency", concurrency_lines),
+        ("recovery", recovery_lines),
+        ("event_log", event_log_lines),
+    ]
+    for name, render_section in sections:
+        if name in w and "error" not in w[name]:
+            lines += render_section(w[name]) + [""]
+    for name, r in w.items():
+        if "error" in r:
+            lines += [f"{name}: FAILED: {r['error']}", ""]
+    return "\n".join(lines + target_lines(results["targets"]))

@@ -1,0 +1,215 @@
+"""Run trouper's benchmark suite: print a table, write the figures as JSON.
+
+    .venv/bin/python bench/run.py            # the full suite (builds the OpenHands venv once)
+    .venv/bin/python bench/run.py --quick    # tiny K and N: a smoke run, well under a minute
+
+Workloads (``--only`` picks some): ``step`` (K-step sessions: bare loop, trouper,
+OpenHands SDK), ``start`` (start_session to the first model request), ``concurrency``
+(N sessions at once, 50 ms model latency), ``recovery`` (SIGKILL an actor mid-command),
+``eventlog`` (durable appends, restoring a 10,000-event session). Every workload uses
+the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
+``bench/results/bench-<time>.json`` and ``bench/results/latest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import concurrency  # noqa: E402
+import event_log  # noqa: E402
+import recovery  # noqa: E402
+import session_start  # noqa: E402
+import step_overhead  # noqa: E402
+import venvs  # noqa: E402
+from common import RESULTS_DIR, machine  # noqa: E402
+from procs import sandbox_servers  # noqa: E402
+from report import render, targets  # noqa: E402
+
+WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny K and N (a smoke run)")
+    parser.add_argument(
+        "--only",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated workloads among {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--openhands",
+        choices=("auto", "skip"),
+        default="auto",
+        help="auto: build its venv if missing (never with --quick); skip",
+    )
+    parser.add_argument("--ks", help="step counts for the step workload, e.g. 20,200")
+    parser.add_argument("--rounds", type=int, help="rounds of the step workload")
+    parser.add_argument("--ns", help="session counts for the concurrency workload")
+    parser.add_argument("--conc-steps", type=int, help="steps per session (concurrency)")
+    parser.add_argument(
+        "--conc-latency-ms",
+        type=float,
+        default=50.0,
+        help="model latency for the concurrency workload (default 50)",
+    )
+    parser.add_argument("--trials", type=int, help="recovery trials per killed role")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="model latency for the step workload (default 0)",
+    )
+    parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
+    args = parser.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    return {
+        "ks": [int(k) for k in (args.ks or ("3" if quick else "20,200")).split(",")],
+        "rounds": args.rounds or (1 if quick else 3),
+        "ns": [int(n) for n in (args.ns or ("1,3" if quick else "1,10,50,100")).split(",")],
+        "concurrency_steps": args.conc_steps or (3 if quick else 20),
+        "concurrency_latency_s": args.conc_latency_ms / 1000,
+        "start_samples": 1 if quick else 3,
+        "start_warm": 2 if quick else 5,
+        "trials": args.trials or (1 if quick else 5),
+        "append_seconds": 0.1 if quick else 1.0,
+        "log_events": 1000 if quick else 10_000,
+        "restore_samples": 1 if quick else 3,
+    }
+
+
+def openhands_env(args: argparse.Namespace) -> dict[str, Any]:
+    if args.openhands == "skip" or "step" not in args.only.split(","):
+        return {"python": None, "note": "skipped"}
+    env = venvs.openhands(create=not args.quick)
+    return {"python": str(env.python) if env.python else None, "note": env.note}
+
+
+def run_workloads(
+    args: argparse.Namespace, cfg: dict[str, Any], oh: dict[str, Any], workdir: Path
+) -> dict[str, Any]:
+    oh_python = Path(oh["python"]) if oh["python"] else None
+    jobs: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+        "step": (
+            "step_overhead",
+            lambda: step_overhead.run(
+                cfg["ks"], cfg["rounds"], workdir, oh_python, args.latency_ms / 1000
+            ),
+        ),
+        "start": (
+            "session_start",
+            lambda: session_start.run(cfg["start_samples"], cfg["start_warm"], workdir),
+        ),
+        "concurrency": (
+            "concurrency",
+            lambda: concurrency.run(
+                cfg["ns"], cfg["concurrency_steps"], cfg["concurrency_latency_s"], workdir
+            ),
+        ),
+        "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
+        "eventlog": (
+            "event_log",
+            lambda: event_log.run(
+                cfg["append_seconds"], cfg["log_events"], cfg["restore_samples"], workdir
+            ),
+        ),
+    }
+    results: dict[str, Any] = {}
+    for key in args.only.split(","):
+        name, job = jobs[key]
+        print(f"{name} ...", flush=True)
+        began = time.monotonic()
+        try:
+            results[name] = job()
+        except Exception as exc:  # noqa: BLE001 - one broken workload must not hide the rest
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["elapsed_s"] = time.monotonic() - began
+    return results
+
+
+def reap(workdir: Path) -> list[int]:
+    """Kill sandbox servers this run left behind (there should be none); their pids."""
+    left = sandbox_servers(workdir)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def write(results: dict[str, Any], out: Path | None) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = results["started_at"].replace(":", "").replace("-", "")[:15]
+    path = out or RESULTS_DIR / f"bench-{stamp}{'-quick' if results['quick'] else ''}.json"
+    text = json.dumps(results, indent=1, default=str)
+    path.write_text(text)
+    (RESULTS_DIR / ("latest-quick.json" if results["quick"] else "latest.json")).write_text(text)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = settings(args)
+    results: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "settings": cfg,
+        "machine": machine(),
+    }
+    began = time.monotonic()
+    oh = openhands_env(args)
+    with tempfile.TemporaryDirectory(prefix="trouper-bench-") as tmp:
+        workdir = Path(tmp)
+        results["workloads"] = run_workloads(args, cfg, oh, workdir)
+        results["leftover_sandbox_pids"] = reap(workdir)
+    results["openhands_env"] = _openhands_versions(oh, results["workloads"])
+    results["targets"] = targets(results["workloads"])
+    results["elapsed_s"] = time.monotonic() - began
+    path = write(results, args.out)
+    print()
+    print(render(results))
+    if results["leftover_sandbox_pids"]:
+        print(f"\nWARNING: killed leftover sandbox servers {results['leftover_sandbox_pids']}")
+    print(f"\n{results['elapsed_s']:.0f} s; figures written to {path}")
+    failed = [name for name, r in results["workloads"].items() if "error" in r]
+    return 1 if failed else 0
+
+
+def _openhands_versions(oh: dict[str, Any], workloads: dict[str, Any]) -> dict[str, Any]:
+    step = workloads.get("step_overhead", {}).get("by_k", {})
+    extra = next(
+        (by["openhands"]["extra"] for by in step.values() if by.get("openhands", {}).get("extra")),
+        {},
+    )
+    return {
+        **oh,
+        "versions": extra.get("versions"),
+        "python_version": extra.get("python"),
+        "terminal": extra.get("terminal"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

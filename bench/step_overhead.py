@@ -1,0 +1,81 @@
+"""Workload 1: step overhead. K-step sessions, bare loop vs trouper vs OpenHands.
+
+Rounds alternate the contenders (rotating who goes first) so that a noisy machine
+hits all of them alike. Per contender and K: the median step time over every step of
+every round, the median of the first and last tenth of the steps (how a step's cost
+grows with the session's length), the worst step, and CPU milliseconds per step by
+process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from common import median, percentile, ratio, step_intervals_ms
+from contenders import Run, run_bare, run_openhands, run_trouper
+
+from trouper import Trouper
+from trouper.actor_system import free_port
+
+
+def summarize(runs: list[Run]) -> dict[str, Any]:
+    """Pooled figures of one contender's runs at one K."""
+    ok = [r for r in runs if r.ok]
+    steps = [step_intervals_ms(r.request_times_s)[: r.k] for r in ok]
+    pooled = [ms for s in steps for ms in s]
+    tenth = max(1, (ok[0].k if ok else 1) // 10)
+    cpu: dict[str, float] = {}
+    for r in ok:
+        for role, seconds in r.cpu_s.items():
+            cpu[role] = cpu.get(role, 0.0) + seconds * 1000 / r.cpu_steps / len(ok)
+    return {
+        "runs": len(runs),
+        "ok_runs": len(ok),
+        "notes": [r.note.strip() for r in runs if r.note.strip()],
+        "median_ms": median(pooled),
+        "p90_ms": percentile(pooled, 90),
+        "max_ms": max(pooled, default=None),
+        "first_tenth_median_ms": median(ms for s in steps for ms in s[:tenth]),
+        "last_tenth_median_ms": median(ms for s in steps for ms in s[-tenth:]),
+        "round_medians_ms": [median(s) for s in steps],
+        "cpu_ms_per_step": {role: round(ms, 2) for role, ms in cpu.items()},
+        "cpu_ms_per_step_total": round(sum(cpu.values()), 2) if cpu else None,
+        "extra": ok[0].extra if ok else {},
+    }
+
+
+def run(
+    ks: list[int],
+    rounds: int,
+    workdir: Path,
+    openhands_python: Path | None,
+    latency_s: float = 0.0,
+) -> dict[str, Any]:
+    """Every contender at every K, ``rounds`` times; summaries and ratios by K."""
+    port = free_port()
+    results: dict[str, Any] = {"ks": ks, "rounds": rounds, "latency_s": latency_s, "by_k": {}}
+    with Trouper(home=workdir / "step-home", admin_port=port) as t:
+        contenders = {
+            "bare": lambda k: run_bare(k, workdir, latency_s),
+            "trouper": lambda k: run_trouper(t, port, k, workdir, latency_s),
+        }
+        if openhands_python is not None:
+            contenders["openhands"] = lambda k: run_openhands(
+                openhands_python, k, workdir, latency_s
+            )
+        for k in ks:
+            runs: dict[str, list[Run]] = {name: [] for name in contenders}
+            names = list(contenders)
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    print(f"  step overhead: K={k} round {r + 1}/{rounds} {name}", flush=True)
+                    runs[name].append(contenders[name](k))
+            summary = {name: summarize(rs) for name, rs in runs.items()}
+            med = {name: s["median_ms"] for name, s in summary.items()}
+            summary["ratios"] = {
+                "trouper/bare": ratio(med.get("trouper"), med.get("bare")),
+                "openhands/trouper": ratio(med.get("openhands"), med.get("trouper")),
+            }
+            results["by_k"][str(k)] = summary
+    return results

@@ -1,0 +1,81 @@
+"""The ``trouper`` command, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+
+def trouper_cmd(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TROUPER_HOME": str(home), "COLUMNS": "200"}
+    env.pop("TROUPER_MODEL", None)
+    return subprocess.run([sys.executable, "-m", "trouper", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_demo_runs_with_no_model_and_makes_files(tmp_path):
+    workspace = tmp_path / "ws"
+    result = trouper_cmd("run", "--workspace", str(workspace), home=tmp_path / "home")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "state → finished" in result.stdout
+    assert "run: mkdir -p wordcount" in result.stdout
+    assert (workspace / "wordcount" / "wordcount.py").is_file()
+    tests = subprocess.run([sys.executable, "-m", "unittest", "-q", "test_wordcount"],
+                           cwd=workspace / "wordcount", capture_output=True, text=True)
+    assert tests.returncode == 0, tests.stderr
+
+
+def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"tool": "run", "args": {"command": "echo hello > out.txt"}},
+        {"say": "I need to ask you something."},
+    ]))
+    home = tmp_path / "home"
+    result = trouper_cmd("run", "say hello", "--script", str(script),
+                         "--workspace", str(tmp_path / "ws"), home=home)
+    assert result.returncode == 1
+    assert "awaiting_user_input" in result.stdout
+    assert (tmp_path / "ws" / "out.txt").read_text() == "hello\n"
+
+    listed = trouper_cmd("sessions", home=home)
+    assert listed.returncode == 0 and "awaiting_user_input" in listed.stdout
+    session_id = listed.stdout.split()[0]
+    dumped = trouper_cmd("events", session_id, "--json", home=home)
+    kinds = [json.loads(line)["kind"] for line in dumped.stdout.splitlines()]
+    assert kinds[0] == "message" and "action" in kinds and "observation" in kinds
+    missing = trouper_cmd("events", "s-missing", home=home)
+    assert missing.returncode != 0 and "s-missing" in missing.stderr
+
+
+def test_fake_llm_command_serves_a_script(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"say": "hello from the script"}]))
+    proc = subprocess.Popen([sys.executable, "-m", "trouper", "fake-llm", "--script",
+                             str(script), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        url = first.split(" at ")[-1].strip()
+        assert url.startswith("http://127.0.0.1:"), first
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        request = urllib.request.Request(f"{url}/chat/completions", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = json.loads(response.read())
+        assert answer["choices"][0]["message"]["content"] == "hello from the script"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("args", [["run", "--runtime", "nope"], ["run", "--script", "/nope"]])
+def test_bad_options_are_usage_errors(tmp_path, args):
+    result = trouper_cmd(*args, home=tmp_path)
+    assert result.returncode == 2
