@@ -65,9 +65,11 @@ class ActorSystemHandle:
         ask_timeout_s: float,
         system_base: str,
         admin_port: int | None,
+        detached: bool = False,
     ) -> None:
         self.home, self.policy, self.ask_timeout_s = home, policy, ask_timeout_s
         self.system_base, self.admin_port = system_base, admin_port
+        self.detached = detached
         self._asys: ActorSystem | None = None
         self._root: Any = None
         self._lock = threading.Lock()
@@ -81,7 +83,9 @@ class ActorSystemHandle:
         from .supervisor import RootSupervisor
 
         self._root = self._asys.createActor(RootSupervisor)
-        self.request(BootRoot(home=str(self.home.root), policy=self.policy), "boot")
+        boot = BootRoot(home=str(self.home.root), policy=self.policy,
+                        owner_pid=0 if self.detached else os.getpid())
+        self.request(boot, "boot")
 
     def request(self, msg: Any, request_id: str | None = None) -> Accepted:
         """Ask the root and wait for the matching answer. Raises the refusal as an error."""

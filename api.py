@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from .actor_system import ActorSystemHandle
 from .config import LLMConfig, SessionConfig
@@ -153,7 +153,7 @@ class Trouper:
         config = record.config
         if api_key is not None:
             config = config.model_copy(
-                update={"llm": config.llm.model_copy(update={"api_key": api_key})})
+                update={"llm": config.llm.model_copy(update={"api_key": SecretStr(api_key)})})
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), restore=True))

@@ -64,6 +64,9 @@ class SessionConfig(Config):
     """Soft limit: after this long with no new output the agent gets control back."""
     max_consecutive_timeouts: int = 3
     """Timeouts in a row after which the session is PAUSED (the breaker)."""
+    resume_after_runtime_restart: bool = True
+    """After the sandbox was restarted and in-flight actions resolved, go back to RUNNING by
+    itself; False leaves the session in ERROR until the user resumes it."""
     max_output_chars: int = 10_000
     """Output longer than this keeps its head and tail; the full text goes to a file."""
     secret_names: tuple[str, ...] = ()

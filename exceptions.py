@@ -6,6 +6,7 @@
     ├── InvalidRequest         a request that cannot apply (wrong state, bad argument)
     ├── RequestTimeout         an actor did not answer in time (names the operation)
     ├── StoreError             the event store failed or holds something unexpected
+    │   └── LeaseLost          another Controller now owns the session's log
     └── RuntimeUnavailable     the sandbox is gone or does not answer (a supervisor acts)
         └── StaleEpoch         the sandbox serves a newer proxy; this one must stop
 
@@ -38,6 +39,10 @@ class RequestTimeout(TrouperError):
 
 class StoreError(TrouperError):
     """The event store failed or holds something unexpected."""
+
+
+class LeaseLost(StoreError):
+    """Another Controller has claimed the session; this one must stop writing."""
 
 
 class RuntimeUnavailable(TrouperError):

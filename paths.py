@@ -5,6 +5,9 @@
     <home>/sessions/<id>/workspace/        the default workspace
     <home>/sessions/<id>/runtime/          the local sandbox: socket, pid, journal
     <home>/sessions/<id>/secrets.json      the session's secrets and API key (mode 0600)
+    <home>/sessions/<id>/actors/<role>.pid the pid of the session's live actors
+    <home>/actors/<role>.pid               the pid of the shared actors (root, broker)
+    <home>/logs/                           trouper.log (actors), thespian.log
 """
 
 from __future__ import annotations
@@ -49,3 +52,8 @@ class Home:
 
     def secrets_path(self, session_id: str) -> Path:
         return self.session_dir(session_id) / "secrets.json"
+
+    def actor_pid_path(self, role: str, session_id: str | None = None) -> Path:
+        """Where a live actor publishes its pid (for the harness's ``kill_actor``)."""
+        folder = self.session_dir(session_id) / "actors" if session_id else self.root / "actors"
+        return folder / f"{role}.pid"

@@ -15,6 +15,8 @@ object that created it checks it is alive and recreates the tree when it is not.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 from thespian.actors import ActorAddress
 
@@ -28,14 +30,17 @@ from .actors.wiring import (
     Relay,
     Shutdown,
     ShutdownDone,
+    Superseded,
 )
 from .messages.protocol import Accepted, Ping, Pong, Refused, StartSession, UserCommand
+from .paths import Home
 from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
 
 BROKER = "broker"
 SHUTDOWN_DEADLINE_S = 15.0
+OWNER_CHECK_S = 0.5
 
 
 def session_role(session_id: str) -> str:
@@ -48,17 +53,35 @@ class RootSupervisor(Supervisor):
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
+        self.owner_pid = 0
         self.pending_shutdown: dict[str, tuple[ActorAddress, set[str], list[str]]] = {}
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
         self.home, self.policy = msg.home, msg.policy
+        self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
             self.supervise(ChildSpec(BROKER, LLMBroker, lambda n: BootBroker(home=msg.home)))
+        self.owner_pid = msg.owner_pid
+        if self.owner_pid:
+            self.after(OWNER_CHECK_S, "owner")
         self.send(sender, Accepted(request_id="boot", session_id=""))
 
-    def on_ping(self, msg: Ping, sender: ActorAddress) -> None:
-        import os
+    def on_timer_owner(self, _token: object) -> None:
+        """Thespian daemonizes its admin; an embedded system must not outlive its program."""
+        try:
+            os.kill(self.owner_pid, 0)
+        except ProcessLookupError:
+            logger.warning("root: the program (pid %d) that embeds this actor system is gone; "
+                           "taking the system down with it", self.owner_pid)
+            # Thespian's admin made a session of its own: its group is the admin, its
+            # logger and every actor (sandboxes have sessions of their own and stay).
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+            return
+        except PermissionError:
+            pass
+        self.after(OWNER_CHECK_S, "owner")
 
+    def on_ping(self, msg: Ping, sender: ActorAddress) -> None:
         self.send(sender, Pong(request_id=msg.request_id, pid=os.getpid(), role=self.role))
 
     # -- requests --------------------------------------------------------------
@@ -96,6 +119,9 @@ class RootSupervisor(Supervisor):
                     message=f"no live session {cmd.session_id!r} in this actor system"))
             return
         self.send(session, msg)
+
+    def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
+        self.stop_child(session_role(msg.session_id))
 
     # -- supervision hooks ---------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from thespian.actors import (
@@ -249,6 +250,16 @@ class TrouperActor(Actor):
     def set_parent(self, parent: ActorAddress) -> None:
         """Remember the supervisor, to tell it why before exiting on purpose."""
         self._parent_address = parent
+
+    def publish_pid(self, path: Path) -> None:
+        """Write this process's pid where tools can find the live incarnation."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.warning("%s could not publish its pid to %s: %s", self.role, path, exc)
 
     def after(self, delay_s: float, name: str, token: Any = None) -> None:
         """Call ``on_timer_<name>(token)`` after ``delay_s`` seconds (a timer, not a sleep)."""

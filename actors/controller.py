@@ -20,6 +20,7 @@ from thespian.actors import ActorAddress
 from ..agent.parse import parse_response
 from ..agent.prompt import PromptBuilder, load_workspace_instructions
 from ..agent.tools import tool_specs
+from ..exceptions import LeaseLost
 from ..fold import SessionView
 from ..masking import SecretMasker
 from ..messages.actions import RUNTIME_KINDS, Finish, Think
@@ -52,7 +53,7 @@ from ..paths import Home
 from ..store import EventStore, open_store
 from .base import TrouperActor
 from .controller_commands import CommandsMixin
-from .wiring import BootController, Rewire, RuntimeGaveUp
+from .wiring import BootController, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Controller(CommandsMixin, TrouperActor):
         self.resolve_first: set[str] = set()
         self.masker = SecretMasker({})
         self.prompt: PromptBuilder | None = None
+        self.owner: int | None = None
 
     @property
     def session_id(self) -> str:
@@ -86,7 +88,10 @@ class Controller(CommandsMixin, TrouperActor):
         self.start, self.broker, self.runtime = msg.start, msg.broker, msg.runtime
         config = msg.start.config
         self.masker = SecretMasker(self._secrets_to_mask(msg.start))
-        self.store = open_store(Home.at(msg.start.home))
+        home = Home.at(msg.start.home)
+        self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
+        self.store = open_store(home)
+        self.owner = self.store.claim_owner(self.session_id)
         instructions = load_workspace_instructions(Path(config.workspace))
         self.prompt = PromptBuilder(
             system_prompt=config.system_prompt, workspace_instructions=instructions
@@ -123,10 +128,19 @@ class Controller(CommandsMixin, TrouperActor):
         self.resolve_pending()
         phase = "attached" if msg.attached else "started"
         self.append(RuntimeEvent(phase=phase, epoch=msg.epoch))
-        if self.view.state in (AgentState.LOADING,) or (
-            self.view.state == AgentState.ERROR and self.view.resumes_at is not None
-        ):
+        if self.view.state == AgentState.LOADING:
             self.transition(AgentState.RUNNING, "runtime ready")
+        self.recovered()
+
+    def recovered(self) -> None:
+        """Back to RUNNING once the runtime is up and every in-flight action is resolved."""
+        assert self.start is not None
+        recovering = self.view.state == AgentState.ERROR and self.view.resumes_at is not None
+        if recovering and self.runtime_ready and not self.resolve_first:
+            if self.start.config.resume_after_runtime_restart:
+                self.transition(AgentState.RUNNING, "the sandbox is back; carrying on")
+            else:
+                self.transition(AgentState.ERROR, "the sandbox is back; resume to carry on")
         self.advance()
 
     def on_runtime_failed(self, msg: RuntimeFailed, sender: ActorAddress) -> None:
@@ -165,7 +179,13 @@ class Controller(CommandsMixin, TrouperActor):
     def append(self, *events: Event) -> int:
         """Mask secrets, append durably, fold in; returns the last seq."""
         assert self.store is not None
-        stored = self.store.append(self.session_id, [self.masker.mask_event(e) for e in events])
+        masked = [self.masker.mask_event(e) for e in events]
+        try:
+            stored = self.store.append(self.session_id, masked, owner=self.owner)
+        except LeaseLost as exc:
+            self.send(self._parent_address, Superseded(session_id=self.session_id,
+                                                       reason=str(exc)))
+            raise
         for event in stored:
             self._fold(event)
         return self.view.last_seq
@@ -336,13 +356,15 @@ class Controller(CommandsMixin, TrouperActor):
             return
         self.resolve_first.discard(msg.action_id)
         if msg.state == "finished" and msg.outcome is not None:
-            self.record(msg.action_id, msg.outcome)
+            self.record(msg.action_id, msg.outcome, advance=False)
         elif msg.state == "absent":
-            self.advance()  # it never started: now it runs, for the first time
+            pass  # it never started: advance() runs it now, for the first time
         else:
             self.record(msg.action_id, Outcome(status="lost", content=(
                 "This action's result is unknown: the sandbox that ran it was lost before it "
-                "reported back. It was not run again. Check its effects before repeating it.")))
+                "reported back. It was not run again. Check its effects before repeating it.")),
+                advance=False)
+        self.recovered()
 
 
 def _new_action_id() -> str:

@@ -24,6 +24,7 @@ from ..messages.protocol import (
     CompletionFailed,
     RetryScheduled,
 )
+from ..paths import Home
 from .base import TrouperActor
 from .wiring import BootBroker
 
@@ -49,6 +50,7 @@ class LLMBroker(TrouperActor):
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
+        self.publish_pid(Home.at(msg.home).actor_pid_path("broker"))
 
     def on_complete(self, msg: Complete, sender: ActorAddress) -> None:
         if msg.request_id in self._calls:

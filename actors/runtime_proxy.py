@@ -29,7 +29,7 @@ from ..paths import Home
 from ..runtimes import load_sandbox
 from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
 from .base import TrouperActor
-from .wiring import BootRuntime
+from .wiring import BootRuntime, Superseded
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class RuntimeProxy(TrouperActor):
         start = msg.start
         self._session_id, self._epoch = start.session_id, msg.epoch
         home = Home.at(start.home)
+        self.publish_pid(home.actor_pid_path("runtime", start.session_id))
         self._sandbox = load_sandbox(
             start.config.runtime,
             session_id=start.session_id,
@@ -94,8 +95,13 @@ class RuntimeProxy(TrouperActor):
 
     def _report_failure(self, cause: str, error: BaseException | None, detail: str = "") -> None:
         """Tell the supervisor what failed, then exit so it restarts a clean proxy."""
-        if isinstance(error, StaleEpoch):
-            self.fail(f"superseded by a newer runtime proxy: {error}", error)
+        if isinstance(error, StaleEpoch) or cause == "superseded":
+            # Another proxy owns the sandbox: if it is not our supervisor's, another
+            # Trouper restored this session; the supervisor decides (it checks the sender).
+            self.send(self._parent_address, Superseded(
+                session_id=self._session_id, reason=f"the sandbox serves a newer proxy: "
+                f"{detail or error}"))
+            self.fail(f"superseded by a newer runtime proxy: {detail or error}", error)
             return
         text = detail or (f"{type(error).__name__}: {error}" if error else cause)
         self.send(self._parent_address, RuntimeFailed(

@@ -13,13 +13,17 @@ from typing import Any
 
 from thespian.actors import ActorAddress
 
+from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import CloseSandbox as CloseSandboxMsg
 from ..messages.protocol import (
+    Refused,
     RuntimeFailed,
     RuntimeReady,
     SandboxClosed,
     StartSession,
 )
+from ..paths import Home
+from ..store import open_store
 from ..supervision import ChildSpec, Supervisor
 from .controller import Controller
 from .runtime_proxy import RuntimeProxy
@@ -34,6 +38,7 @@ from .wiring import (
     RuntimeGaveUp,
     Shutdown,
     ShutdownDone,
+    Superseded,
 )
 
 logger = logging.getLogger(__name__)
@@ -59,17 +64,19 @@ class SessionSupervisor(Supervisor):
         self.ready: RuntimeReady | None = None
         self.held: list[Relay] = []
         self.shutdown: tuple[Shutdown, ActorAddress] | None = None
+        self.first_reply: ActorAddress | None = None
 
     def on_boot_session(self, msg: BootSession, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.policy, self.start, self.broker = msg.policy, msg.start, msg.broker
         start = msg.start
+        self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
         runtime = self.supervise(ChildSpec(
             RUNTIME, RuntimeProxy, lambda n: BootRuntime(start=start, epoch=next_epoch())))
-        first_reply = [msg.reply_to]
+        self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:
-            reply_to, first_reply[0] = first_reply[0], None
+            reply_to = self.first_reply if n == 1 else None
             again = start if n == 1 else start.model_copy(update={"restore": True})
             return BootController(start=again, broker=self.broker,  # type: ignore[arg-type]
                                   runtime=self.child(RUNTIME), reply_to=reply_to)
@@ -117,11 +124,41 @@ class SessionSupervisor(Supervisor):
                 reason=f"the sandbox failed {tries + 1} times within {self.policy.period_s:g} s "
                 f"(last: {reason})"))
         else:
-            logger.error("session %s: %s gave up after %d restarts: %s",
-                         self.start.session_id if self.start else "?", role, tries, reason)
+            self._controller_gave_up(reason)
+
+    def _controller_gave_up(self, reason: str) -> None:
+        """Nobody drives the session now: record ERROR for it and answer who waits."""
+        assert self.start is not None
+        session_id = self.start.session_id
+        text = (f"the agent loop failed {self.policy.intensity + 1} times within "
+                f"{self.policy.period_s:g} s (last: {reason}); resume to try again")
+        logger.error("session %s: %s", session_id, text)
+        store = open_store(Home.at(self.start.home))
+        try:
+            store.append(session_id, [StateChanged(state=AgentState.ERROR, reason=text)],
+                         owner=store.claim_owner(session_id))
+        finally:
+            store.close()
+        waiting = [(self.first_reply, self.start.request_id)]
+        waiting += [(h.reply_to, getattr(h.msg, "request_id", "")) for h in self.held]
+        self.held, self.first_reply = [], None
+        for reply_to, request_id in waiting:
+            if reply_to is not None:
+                self.send(reply_to, Refused(request_id=request_id, session_id=session_id,
+                                            error="InvalidRequest", message=text))
+        self.send(self._parent_address, Superseded(session_id=session_id, reason=text))
 
     def on_restart_runtime(self, msg: RestartRuntime, sender: ActorAddress) -> None:
         self.restart_child(RUNTIME, msg.reason)
+
+    def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
+        """Another Trouper restored this session and owns its log now: stand down."""
+        if sender not in (self.child(CONTROLLER), self.child(RUNTIME)):
+            return  # a replaced incarnation of our own: its successor is in charge
+        logger.warning("session %s: %s; standing down", msg.session_id, msg.reason)
+        self.stop_child(CONTROLLER)
+        self.stop_child(RUNTIME)  # the sandbox stays: the new owner uses it
+        self.send(self._parent_address, msg)
 
     # -- relays --------------------------------------------------------------------
 

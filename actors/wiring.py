@@ -29,6 +29,9 @@ class BootRoot:
     kind: ClassVar[str] = "boot_root"
     home: str
     policy: RestartPolicy
+    owner_pid: int = 0
+    """The process that embeds this actor system; when it dies, the system goes with it.
+    0 means the system outlives its creator (a daemon)."""
 
 
 @dataclass(frozen=True)
@@ -112,4 +115,13 @@ class RestartRuntime:
     """Controller -> SessionSupervisor: a user's resume; start a fresh runtime proxy."""
 
     kind: ClassVar[str] = "restart_runtime"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A newer Controller owns the session's log (another Trouper restored it): stand down."""
+
+    kind: ClassVar[str] = "superseded"
+    session_id: str
     reason: str

@@ -2,8 +2,10 @@
 
     python bench/bare_worker.py '{"url": ..., "model": ..., "workspace": ..., "steps": K}'
 
-Each step is one ``litellm.completion`` (the same route as trouper's, with a one-tool
-spec and the whole history), then the tool call runs in one persistent bash (cd and
+Each step is one ``litellm.completion`` (the same route as trouper's, with the whole
+history; the system prompt and tool specs come in the config, so the bench sends
+trouper's own and the requests are the same size), then the tool call runs in one
+persistent bash (cd and
 variables persist, as in trouper's shell). Nothing is written anywhere but the shell's
 own files. Prints one JSON line: start and end times, the lines of ``out.txt``, the
 process's CPU seconds.
@@ -90,7 +92,7 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
         api_base=cfg["url"],
         api_key="x",
         messages=messages,
-        tools=TOOLS,
+        tools=cfg.get("tools") or TOOLS,
         num_retries=0,
         timeout=60,
     )
@@ -126,7 +128,7 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
 def run(cfg: dict) -> dict:
     shell = Shell(cfg["workspace"])
     messages = [
-        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "system", "content": cfg.get("system") or "You are a coding agent."},
         {"role": "user", "content": "bench: append the numbers to out.txt"},
     ]
     started, before, calls = time.time(), os.times(), 0

@@ -27,6 +27,9 @@ from common import (
 from procs import cpu_s
 
 from trouper import AgentState, Trouper
+from trouper.agent.prompt import PromptBuilder
+from trouper.agent.tools import tool_specs
+from trouper.messages.events import ActionEvent, LLMCompleted, ObservationEvent
 from trouper.testing import FakeLLMServer, check_log
 
 TASK = "bench: append the numbers to out.txt"
@@ -87,7 +90,14 @@ def run_bare(k: int, workdir: Path, latency_s: float = 0.0) -> Run:
     workspace = workdir / f"bare-{k}-{time.monotonic_ns()}"
     workspace.mkdir(parents=True)
     with FakeLLMServer(echo_script(k), latency_s=latency_s) as server:
-        cfg = {"url": server.url, "model": MODEL, "workspace": str(workspace), "steps": k}
+        cfg = {
+            "url": server.url,
+            "model": MODEL,
+            "workspace": str(workspace),
+            "steps": k,
+            "system": PromptBuilder().messages()[0]["content"],
+            "tools": tool_specs(),
+        }
         try:
             result = _worker(sys.executable, "bare_worker.py", cfg, 60 + k * 2.0)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -100,9 +110,15 @@ def run_bare(k: int, workdir: Path, latency_s: float = 0.0) -> Run:
     return run
 
 
-def run_openhands(python: Path, k: int, workdir: Path, latency_s: float = 0.0) -> Run:
-    """The OpenHands SDK in its own venv: terminal tool, persistence on, no visualizer."""
-    run = Run("openhands", k)
+def run_openhands(
+    python: Path, k: int, workdir: Path, latency_s: float = 0.0, terminal: str | None = None
+) -> Run:
+    """The OpenHands SDK in its own venv: terminal tool, persistence on, no visualizer.
+
+    ``terminal`` forces the terminal tool's backend ("tmux" or "subprocess"); None lets
+    the SDK choose, as a user gets it (tmux when it is installed).
+    """
+    run = Run("openhands" + (f"-{terminal}" if terminal else ""), k)
     workspace = workdir / f"openhands-{k}-{time.monotonic_ns()}"
     workspace.mkdir(parents=True)
     persistence = workdir / f"openhands-conversations-{time.monotonic_ns()}"
@@ -114,6 +130,7 @@ def run_openhands(python: Path, k: int, workdir: Path, latency_s: float = 0.0) -
             "workspace": str(workspace),
             "persistence_dir": str(persistence),
             "steps": k,
+            "terminal": terminal,
         }
         try:
             result = _worker(python, "openhands_worker.py", cfg, 120 + k * 3.0)
@@ -154,12 +171,37 @@ def run_trouper(t: Trouper, admin_port: int, k: int, workdir: Path, latency_s: f
         run.cpu_s["bench process (LLM server, wait)"] = time.process_time() - bench_before
         run.request_times_s = [r.time_s for r in chat_requests(server)]
         run.cpu_steps = max(1, k - 1)
-    problems = check_log(list(session.events()))
+    events = list(session.events())
+    problems = check_log(events)
     run.ok = state == AgentState.FINISHED and not problems
     run.note = "" if run.ok else f"state {state.value}; {problems[:3]}"
-    run.extra = {"session_id": session.id}
+    run.extra = {"session_id": session.id, "segments": segments(run.request_times_s, events)}
     _check_out(run, workspace)
     return run
+
+
+SEGMENTS = {
+    "request -> completion recorded": "the model's answer, litellm, broker -> controller",
+    "action recorded -> outcome recorded": "controller -> proxy -> sandbox -> bash and back",
+    "outcome recorded -> next request": "log, prompt, controller -> broker, litellm, HTTP",
+}
+
+
+def segments(request_times_s: list[float], events: list[Any]) -> dict[str, list[float]]:
+    """Each step cut in three at the Controller's event timestamps, in ms (steps 1..K-1).
+
+    An event's ``ts`` is taken when the Controller makes it, before it is appended.
+    """
+    completed = [e.ts.timestamp() for e in events if isinstance(e, LLMCompleted)]
+    actions = [e.ts.timestamp() for e in events if isinstance(e, ActionEvent)]
+    outcomes = [e.ts.timestamp() for e in events if isinstance(e, ObservationEvent)]
+    steps = range(1, min(len(actions), len(outcomes), len(request_times_s) - 1))
+    a, b, c = SEGMENTS
+    return {
+        a: [(completed[i] - request_times_s[i]) * 1000 for i in steps],
+        b: [(outcomes[i] - actions[i]) * 1000 for i in steps],
+        c: [(request_times_s[i + 1] - outcomes[i]) * 1000 for i in steps],
+    }
 
 
 def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int]:

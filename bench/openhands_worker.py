@@ -39,7 +39,8 @@ def run(cfg: dict) -> dict:
         api_key=SecretStr("x"),
         num_retries=0,
     )
-    agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name)])
+    params = {"terminal_type": cfg["terminal"]} if cfg.get("terminal") else {}
+    agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name, params=params)])
     workspace = cfg["workspace"]
     started = time.time()
     cpu = {"before": os.times(), "steps": 0}
@@ -78,7 +79,7 @@ def run(cfg: dict) -> dict:
         "cpu_steps": cpu["steps"],
         "python": sys.version.split()[0],
         "versions": {p: version(p) for p in ("openhands-sdk", "openhands-tools", "litellm")},
-        "terminal": _terminal_backend(),
+        "terminal": cfg.get("terminal") or _terminal_backend(),
     }
 
 

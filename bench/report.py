@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import fmt
+from common import fmt, median
 
 TARGETS = {
     "trouper/bare per step at K=200": ("<=", 1.5),
     "openhands/trouper per step at K=200": (">=", 3.0),
+    "openhands (subprocess terminal)/trouper per step at K=200": (">=", 3.0),
     "PSS per session at N=100 (MB)": ("<=", 40.0),
     "RuntimeProxy recovery, median ms to RUNNING": ("<=", 500.0),
 }
@@ -26,6 +27,11 @@ def targets(workloads: dict[str, Any]) -> dict[str, dict[str, Any]]:
     values = {
         "trouper/bare per step at K=200": ratios.get("trouper/bare") if k == "200" else None,
         "openhands/trouper per step at K=200": ratios.get("openhands/trouper")
+        if k == "200"
+        else None,
+        "openhands (subprocess terminal)/trouper per step at K=200": ratios.get(
+            "openhands-subprocess/trouper"
+        )
         if k == "200"
         else None,
         "PSS per session at N=100 (MB)": n100.get("pss_per_session_mb") if n100 else None,
@@ -50,36 +56,50 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [_line(header, widths), *(_line(r, widths) for r in rows)]
 
 
-def _step_cell(s: dict[str, Any] | None) -> str:
-    if not s or s.get("median_ms") is None:
-        return "-"
-    return (
-        f"{s['median_ms']:.1f} ({s['first_tenth_median_ms']:.1f}->"
-        f"{s['last_tenth_median_ms']:.1f}) cpu {fmt(s.get('cpu_ms_per_step_total'))}"
-    )
+CONTENDERS = ("bare", "trouper", "openhands", "openhands-subprocess")
 
 
 def step_lines(r: dict[str, Any]) -> list[str]:
+    head = [
+        "K",
+        "contender",
+        "median ms",
+        "first->last tenth",
+        "p90 ms",
+        "max ms",
+        "CPU ms/step",
+        "x trouper",
+    ]
     rows = []
     for k, by in r["by_k"].items():
-        ratios = by["ratios"]
-        rows.append(
-            [
-                k,
-                _step_cell(by.get("bare")),
-                _step_cell(by.get("trouper")),
-                _step_cell(by.get("openhands")),
-                fmt(ratios["trouper/bare"], 2, "x"),
-                fmt(ratios["openhands/trouper"], 1, "x"),
-            ]
-        )
-    head = ["K", "bare", "trouper", "openhands", "trouper/bare", "openhands/trouper"]
+        base = (by.get("trouper") or {}).get("median_ms")
+        for name in CONTENDERS:
+            s = by.get(name)
+            if not s or s.get("median_ms") is None:
+                continue
+            rows.append(
+                [
+                    k,
+                    name,
+                    fmt(s["median_ms"]),
+                    f"{s['first_tenth_median_ms']:.1f} -> {s['last_tenth_median_ms']:.1f}",
+                    fmt(s["p90_ms"]),
+                    fmt(s["max_ms"]),
+                    fmt(s.get("cpu_ms_per_step_total")),
+                    fmt(s["median_ms"] / base if base else None, 2, "x"),
+                ]
+            )
     lines = [
-        f"1. Step overhead: median ms per step (first tenth -> last tenth), CPU ms per "
-        f"step; {r['rounds']} round(s), model latency {r['latency_s'] * 1000:g} ms"
+        f"1. Step overhead: ms per step (between two model requests at the server), "
+        f"{r['rounds']} round(s), model latency {r['latency_s'] * 1000:g} ms"
     ]
     lines += _table(head, rows)
     trouper = r["by_k"][max(r["by_k"], key=int)].get("trouper", {})
+    for name, seg in trouper.get("segments_ms", {}).items():
+        lines.append(
+            f"  trouper {name}: {fmt(seg['median_ms'], 2)} ms "
+            f"({fmt(seg['first_tenth_ms'], 2)} -> {fmt(seg['last_tenth_ms'], 2)})"
+        )
     if trouper.get("cpu_ms_per_step"):
         parts = [
             f"{role} {ms:.2f}"
@@ -88,7 +108,7 @@ def step_lines(r: dict[str, Any]) -> list[str]:
         ]
         lines.append("  trouper CPU ms per step by process: " + ", ".join(parts))
     for by in r["by_k"].values():
-        for name in ("bare", "trouper", "openhands"):
+        for name in CONTENDERS:
             for note in (by.get(name) or {}).get("notes", []):
                 lines.append(f"  note ({name}): {note}")
     return lines
@@ -206,7 +226,10 @@ def event_log_lines(r: dict[str, Any]) -> list[str]:
     n = r["read_events"]
     rows += [
         [f"read {n:,} events, rows only (ms)", fmt(r["read_rows_ms"])],
-        [f"read {n:,} events into typed events (ms, 3rd call)", fmt(r["read_parsed_ms"][-1])],
+        [
+            f"read {n:,} events into typed events (ms, median of 3)",
+            fmt(median(r["read_parsed_ms"])),
+        ],
     ]
     restore = r.get("restore", {})
     rows.append(

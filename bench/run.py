@@ -112,7 +112,12 @@ def run_workloads(
         "step": (
             "step_overhead",
             lambda: step_overhead.run(
-                cfg["ks"], cfg["rounds"], workdir, oh_python, args.latency_ms / 1000
+                cfg["ks"],
+                cfg["rounds"],
+                workdir,
+                oh_python,
+                args.latency_ms / 1000,
+                openhands_subprocess=not args.quick,
             ),
         ),
         "start": (

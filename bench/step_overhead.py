@@ -41,8 +41,26 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
         "round_medians_ms": [median(s) for s in steps],
         "cpu_ms_per_step": {role: round(ms, 2) for role, ms in cpu.items()},
         "cpu_ms_per_step_total": round(sum(cpu.values()), 2) if cpu else None,
-        "extra": ok[0].extra if ok else {},
+        "segments_ms": _segments(ok),
+        "extra": {k: v for k, v in ok[0].extra.items() if k != "segments"} if ok else {},
     }
+
+
+def _segments(runs: list[Run]) -> dict[str, dict[str, float | None]]:
+    """Median, first-tenth and last-tenth ms of each part of a step (trouper only)."""
+    pooled: dict[str, list[list[float]]] = {}
+    for r in runs:
+        for name, values in r.extra.get("segments", {}).items():
+            pooled.setdefault(name, []).append(values)
+    out = {}
+    for name, per_run in pooled.items():
+        tenth = max(1, len(per_run[0]) // 10)
+        out[name] = {
+            "median_ms": median(v for vs in per_run for v in vs),
+            "first_tenth_ms": median(v for vs in per_run for v in vs[:tenth]),
+            "last_tenth_ms": median(v for vs in per_run for v in vs[-tenth:]),
+        }
+    return out
 
 
 def run(
@@ -51,6 +69,7 @@ def run(
     workdir: Path,
     openhands_python: Path | None,
     latency_s: float = 0.0,
+    openhands_subprocess: bool = True,
 ) -> dict[str, Any]:
     """Every contender at every K, ``rounds`` times; summaries and ratios by K."""
     port = free_port()
@@ -64,6 +83,10 @@ def run(
             contenders["openhands"] = lambda k: run_openhands(
                 openhands_python, k, workdir, latency_s
             )
+        if openhands_python is not None and openhands_subprocess:
+            contenders["openhands-subprocess"] = lambda k: run_openhands(
+                openhands_python, k, workdir, latency_s, terminal="subprocess"
+            )
         for k in ks:
             runs: dict[str, list[Run]] = {name: [] for name in contenders}
             names = list(contenders)
@@ -76,6 +99,9 @@ def run(
             summary["ratios"] = {
                 "trouper/bare": ratio(med.get("trouper"), med.get("bare")),
                 "openhands/trouper": ratio(med.get("openhands"), med.get("trouper")),
+                "openhands-subprocess/trouper": ratio(
+                    med.get("openhands-subprocess"), med.get("trouper")
+                ),
             }
             results["by_k"][str(k)] = summary
     return results

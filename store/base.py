@@ -60,14 +60,21 @@ class EventStore(Protocol):
         """Every session, newest first."""
         ...
 
-    def append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
+    def append(
+        self, session_id: str, events: Sequence[Event], *, owner: int | None = None
+    ) -> list[Event]:
         """Append ``events`` after the session's last one, all or none, in one transaction.
 
         The events come in with ``seq=0``; the returned copies carry their ``seq``
         (contiguous after the session's last). The same transaction moves the session's
         ``last_seq`` and ``updated_at``, and its ``state``/``state_reason`` when a
-        ``StateChanged`` is among the events (the last one wins).
+        ``StateChanged`` is among the events (the last one wins). With ``owner``, the
+        append fails with LeaseLost unless that token is still the session's owner.
         """
+        ...
+
+    def claim_owner(self, session_id: str) -> int:
+        """Make the caller the session's one writer; returns its owner token."""
         ...
 
     def read(self, session_id: str, since: int = 0, limit: int | None = None) -> list[Event]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import SessionConfig
-from ..exceptions import InvalidRequest, StoreError, UnknownSession
+from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
 from ..messages.events import AgentState, Event, StateChanged, event_from_json
 from .base import SessionRecord
 
@@ -71,6 +71,7 @@ CREATE TABLE IF NOT EXISTS session_meta (
     PRIMARY KEY (session_id, key)
 ) WITHOUT ROWID;
 """
+_OWNER_SQL = "SELECT value FROM session_meta WHERE session_id = ? AND key = 'owner'"
 _SESSION_COLUMNS = "id, config_json, created_at, updated_at, last_seq, state, state_reason"
 
 _STORES: weakref.WeakSet[SQLiteEventStore] = weakref.WeakSet()
@@ -284,12 +285,16 @@ class SQLiteEventStore:
 
     # ---- events ------------------------------------------------------------------
 
-    def append(self, session_id: str, events: Sequence[Event]) -> list[Event]:
+    def append(
+        self, session_id: str, events: Sequence[Event], *, owner: int | None = None
+    ) -> list[Event]:
         """Append ``events`` after the session's last one, all or none (see EventStore)."""
         conn = self._conn()
         try:
             with _immediate(conn):
                 last = self._last_seq(conn, session_id)
+                if owner is not None:
+                    self._check_owner(conn, session_id, owner)
                 stamped = [e.model_copy(update={"seq": last + i}) for i, e in enumerate(events, 1)]
                 conn.executemany(
                     "INSERT INTO events (session_id, seq, kind, source, action_id, ts, body_json)"
@@ -400,6 +405,37 @@ class SQLiteEventStore:
             if conn in self._followers and self._pid == os.getpid():
                 self._followers.discard(conn)
                 conn.close()
+
+    # ---- ownership -----------------------------------------------------------------
+
+    def claim_owner(self, session_id: str) -> int:
+        """Become the session's one writer: a new, higher owner token (promise I3).
+
+        Appends that pass an older token fail with LeaseLost from then on, so a Controller
+        that lives on beside its replacement can never write into the log.
+        """
+        conn = self._conn()
+        try:
+            with _immediate(conn):
+                self._last_seq(conn, session_id)
+                row = self._query_one(_OWNER_SQL, (session_id,), conn)
+                token = (int(row[0]) if row else 0) + 1
+                conn.execute(
+                    "INSERT INTO session_meta (session_id, key, value) VALUES (?, 'owner', ?)"
+                    " ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value",
+                    (session_id, str(token)),
+                )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot claim session {session_id!r}: {e}") from e
+        return token
+
+    def _check_owner(self, conn: sqlite3.Connection, session_id: str, owner: int) -> None:
+        row = self._query_one(_OWNER_SQL, (session_id,), conn)
+        current = int(row[0]) if row else 0
+        if current != owner:
+            raise LeaseLost(
+                f"session {session_id!r} is now written by owner {current}, not {owner}"
+            )
 
     # ---- meta --------------------------------------------------------------------
 

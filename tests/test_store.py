@@ -505,3 +505,20 @@ def test_processes_racing_to_create_a_new_database(db: Path):
         assert all(s.last_seq(sid) == 1 for sid in ids)
     finally:
         s.close()
+
+
+def test_claiming_the_owner_fences_the_previous_writer(tmp_path):
+    from trouper.exceptions import LeaseLost
+    from trouper.messages.events import MessageEvent
+
+    store = SQLiteEventStore(tmp_path / "t.db")
+    store.create_session("s1", make_config())
+    first = store.claim_owner("s1")
+    store.append("s1", [MessageEvent(source="user", text="a")], owner=first)
+    second = store.claim_owner("s1")
+    assert second > first
+    with pytest.raises(LeaseLost):
+        store.append("s1", [MessageEvent(source="user", text="b")], owner=first)
+    store.append("s1", [MessageEvent(source="user", text="c")], owner=second)
+    assert [e.text for e in store.read("s1")] == ["a", "c"]
+    store.close()

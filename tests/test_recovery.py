@@ -1,0 +1,228 @@
+"""Crash recovery with real SIGKILLs: no action runs twice, every action gets one outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trouper import (
+    AgentState,
+    ObservationEvent,
+    RestartPolicy,
+    RuntimeEvent,
+    StateChanged,
+    Trouper,
+)
+from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
+
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
+
+
+def outcomes(session) -> list:
+    return [e.outcome for e in session.events() if isinstance(e, ObservationEvent)]
+
+
+def states(session) -> list[AgentState]:
+    return [e.state for e in session.events() if isinstance(e, StateChanged)]
+
+
+def started(workspace: Path) -> None:
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+
+
+def test_runtime_proxy_killed_mid_command_keeps_its_real_outcome(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": SLOW_LEDGER}},
+        {"tool": "run", "args": {"command": "cat ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    started(tmp_path)
+    kill_actor(session, "runtime")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ledger.txt").read_text() == "one\n"
+    first = outcomes(session)[0]
+    assert (first.status, first.exit_code) == ("ok", 0)
+    seen = states(session)
+    assert AgentState.ERROR in seen and seen[seen.index(AgentState.ERROR) + 1] == (
+        AgentState.RUNNING)
+    phases = [e.phase for e in session.events() if isinstance(e, RuntimeEvent)]
+    assert phases[:3] == ["started", "failed", "attached"]
+    assert check_log(list(session.events())) == []
+
+
+def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 2; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "ls"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    started(tmp_path)
+    kill_sandbox(session)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    first = outcomes(session)[0]
+    assert first.status == "lost" and "not run again" in first.content
+    assert not (tmp_path / "ledger.txt").exists()
+    assert check_log(list(session.events())) == []
+
+
+def test_controller_killed_mid_command_rebuilds_from_the_log(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": SLOW_LEDGER}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    started(tmp_path)
+    kill_actor(session, "controller")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ledger.txt").read_text() == "one\ntwo\n"
+    assert outcomes(session)[0].status == "ok"
+    assert check_log(list(session.events())) == []
+
+
+def test_session_supervisor_killed_is_restarted_by_the_root(trouper, scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": SLOW_LEDGER}},
+        {"tool": "run", "args": {"command": "pwd"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    started(tmp_path)
+    kill_actor(session, "session")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ledger.txt").read_text() == "one\n"
+    assert outcomes(session)[0].status == "ok"
+    assert check_log(list(session.events())) == []
+
+
+def test_broker_killed_mid_call_is_restarted_and_the_call_resent(trouper, scripted, tmp_path):
+    server, llm = scripted([
+        {"tool": "run", "args": {"command": "echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}, "delay_s": 2.0},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    wait_until(lambda: any(r.step == 1 for r in server.requests), 30, "the slow model call")
+    kill_actor(session, "broker")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ledger.txt").read_text() == "one\ntwo\n"
+    assert check_log(list(session.events())) == []
+
+
+def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_path):
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 2; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    policy = RestartPolicy(intensity=2, period_s=60, backoff_initial_s=0.01)
+    with Trouper(home=home, policy=policy) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=workspace)
+        started(workspace)
+        for _ in range(3):
+            kill_actor(session, "runtime")
+        assert session.wait(timeout=60) == AgentState.ERROR
+        reason = session.record.state_reason
+        assert "failed 3 times" in reason and "resume" in reason
+        session.resume()
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        assert check_log(list(session.events())) == []
+    assert (workspace / "ledger.txt").read_text() == "one\ntwo\n"
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    from trouper import Trouper
+    home, url, workspace, out = sys.argv[1:5]
+    t = Trouper(home=home)
+    s = t.start_session("t", llm={"model": "hosted_vllm/x", "base_url": url, "api_key": "k"},
+                        workspace=workspace)
+    open(out, "w").write(s.id)
+    time.sleep(600)
+""")
+
+
+def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
+    home, workspace, out = tmp_path / "home", tmp_path / "ws", tmp_path / "id.txt"
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": SLOW_LEDGER}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out)],
+        start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        started(workspace)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the program and every actor it forked
+        driver.wait(timeout=30)
+    session_id = out.read_text()
+    with Trouper(home=home) as trouper:  # resume=True restores what was still working
+        session = trouper.session(session_id)
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        assert (workspace / "ledger.txt").read_text() == "one\ntwo\n"
+        assert outcomes(session)[0].status == "ok"
+        assert check_log(list(session.events())) == []
+
+
+@pytest.mark.slow
+def test_chaos_many_sessions_random_kills_every_action_once(scripted, tmp_path):
+    import random
+
+    rng = random.Random(7)
+    sessions_n, steps_n = 10, 20
+    steps = [{"tool": "run", "args": {"command": f"sleep 0.05; echo {k} >> ledger.txt"}}
+             for k in range(steps_n)]
+    _, llm = scripted([*steps, FINISH])
+    policy = RestartPolicy(intensity=20, period_s=60, backoff_initial_s=0.02)
+    with Trouper(home=tmp_path / "home", policy=policy) as trouper:
+        sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
+                    for i in range(sessions_n)]
+        kills = 0
+        for _ in range(16):
+            victim = rng.choice(sessions)
+            if victim.state == AgentState.FINISHED:
+                continue
+            try:
+                kill_actor(victim, rng.choice(["runtime", "controller"]), timeout_s=10)
+                kills += 1
+            except TimeoutError:
+                continue
+            wait_until(lambda v=victim: v.view().outcomes > 0, 30, "progress")
+        assert kills >= 8
+        for session in sessions:
+            assert session.wait(timeout=120) == AgentState.FINISHED, session.record.state_reason
+            events = list(session.events())
+            assert check_log(events) == []
+    for i in range(sessions_n):
+        lines = (tmp_path / f"ws{i}" / "ledger.txt").read_text().split()
+        assert lines == [str(k) for k in range(steps_n)], f"session {i}: {lines}"
+
+
+def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
+    """A replaced proxy's epoch is refused by the sandbox (promise I2)."""
+    from trouper.exceptions import StaleEpoch
+    from trouper.messages.actions import RunCommand
+    from trouper.runtimes.client import SandboxClient
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo hi"}}, FINISH])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    info = json.loads((trouper.home.runtime_dir(session.id) / "server.json").read_text())
+    stale = SandboxClient("127.0.0.1", info["port"], info["token"], epoch=1)
+    with pytest.raises(StaleEpoch):
+        stale.execute("a-stale", RunCommand(command="echo no >> ledger.txt"),
+                      timeout_s=5, no_output_timeout_s=5)
+    assert not (tmp_path / "ledger.txt").exists()
