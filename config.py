@@ -63,7 +63,7 @@ class SessionConfig(Config):
     no_output_timeout_s: float = 30.0
     """Soft limit: after this long with no new output the agent gets control back."""
     max_consecutive_timeouts: int = 3
-    """Timeouts in a row after which the session is PAUSED (the breaker)."""
+    """Hard timeouts in a row after which the session is PAUSED (the breaker); 0 never."""
     resume_after_runtime_restart: bool = True
     """After the sandbox was restarted and in-flight actions resolved, go back to RUNNING by
     itself; False leaves the session in ERROR until the user resumes it."""

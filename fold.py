@@ -85,7 +85,7 @@ class SessionView:
     def _apply_outcome(self, event: ObservationEvent) -> None:
         self.outcomes += 1
         self.pending.pop(event.action_id, None)
-        if event.outcome.timed_out is not None:
+        if event.outcome.timed_out == "hard":  # a quiet command still running is no fault
             self.consecutive_timeouts += 1
         else:
             self.consecutive_timeouts = 0

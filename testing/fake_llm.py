@@ -164,6 +164,10 @@ class FakeLLMServer:
         """The API base to give litellm, e.g. ``http://127.0.0.1:PORT/v1``."""
         return f"http://{self.host}:{self.port}/v1"
 
+    def llm(self, model: str = "hosted_vllm/scripted", **options: Any) -> dict[str, Any]:
+        """An LLM config for ``start_session(llm=...)`` that talks to this server."""
+        return {"model": model, "base_url": self.url, "api_key": "scripted", **options}
+
     @property
     def requests(self) -> list[RecordedRequest]:
         """A snapshot of the requests received so far, oldest first."""

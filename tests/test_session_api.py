@@ -178,3 +178,30 @@ def test_workspace_instructions_reach_the_prompt(trouper, scripted, tmp_path: Pa
     assert session.wait(timeout=60) == AgentState.FINISHED
     system = server.requests[0].body["messages"][0]
     assert system["role"] == "system" and "Always answer in haiku." in system["content"]
+
+
+def test_timeouts_in_a_row_trip_the_breaker(trouper, scripted, tmp_path):
+    slow = {"tool": "run", "args": {"command": "sleep 30"}}
+    _, llm = scripted([slow, slow, slow, FINISH])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path, command_timeout_s=0.5,
+                                    max_consecutive_timeouts=3)
+    assert session.wait(timeout=60) == AgentState.PAUSED
+    assert "3 commands in a row timed out" in session.record.state_reason
+    assert [o.timed_out for o in outcomes(session)] == ["hard"] * 3
+    assert all(o.status == "error" for o in outcomes(session))
+
+
+def test_soft_timeout_hands_back_control_while_the_command_runs(trouper, scripted, tmp_path):
+    wait_more = {"tool": "run", "args": {"command": ""}}
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "echo begun; sleep 1.5; echo ended"}},
+        *[wait_more] * 8,
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path, no_output_timeout_s=0.4)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    seen = outcomes(session)
+    assert seen[0].still_running and seen[0].timed_out == "soft" and "begun" in seen[0].content
+    end = next(i for i, o in enumerate(seen) if "ended" in o.content)
+    assert end >= 1 and seen[end].exit_code == 0 and not seen[end].still_running
+    assert all(o.still_running for o in seen[:end])

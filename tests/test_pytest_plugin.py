@@ -1,0 +1,25 @@
+"""The pytest plugin users load to test their own agents (run in a pytest subprocess)."""
+
+from __future__ import annotations
+
+pytest_plugins = ["pytester"]
+
+USER_TEST = '''
+from trouper import AgentState
+from trouper.testing import check_log
+
+
+def test_an_agent_session(trouper, fake_llm, tmp_path):
+    server = fake_llm([{"tool": "run", "args": {"command": "echo built > out.txt"}},
+                       {"tool": "finish", "args": {"message": "built"}}])
+    session = trouper.start_session("build it", llm=server.llm(), workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "out.txt").read_text() == "built\\n"
+    assert check_log(list(session.events())) == []
+'''
+
+
+def test_plugin_fixtures_run_a_session(pytester):
+    pytester.makepyfile(test_user=USER_TEST)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
