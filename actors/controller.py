@@ -10,7 +10,6 @@ outcome through the runtime's journal, never running one twice.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from thespian.actors import ActorAddress
 
 from ..agent.parse import parse_response
 from ..agent.prompt import PromptBuilder, load_workspace_instructions
-from ..agent.tools import tool_specs
 from ..exceptions import LeaseLost
 from ..fold import SessionView
 from ..masking import SecretMasker
@@ -28,22 +26,18 @@ from ..messages.events import (
     ActionEvent,
     AgentState,
     Event,
-    LLMCompleted,
-    LLMRetry,
     MessageEvent,
     ObservationEvent,
+    PromptCondensed,
     RuntimeEvent,
 )
 from ..messages.outcomes import Outcome
 from ..messages.protocol import (
     Complete,
-    Completed,
-    CompletionFailed,
     Execute,
     Executed,
     ResolveAction,
     Resolved,
-    RetryScheduled,
     RuntimeFailed,
     RuntimeReady,
     StartSession,
@@ -53,12 +47,13 @@ from ..paths import Home
 from ..store import EventStore, open_store
 from .base import TrouperActor
 from .controller_commands import CommandsMixin
+from .controller_llm import ModelCallsMixin
 from .wiring import BootController, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
 
 
-class Controller(CommandsMixin, TrouperActor):
+class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
     role = "controller"
 
     def __init__(self) -> None:
@@ -76,6 +71,9 @@ class Controller(CommandsMixin, TrouperActor):
         self.masker = SecretMasker({})
         self.prompt: PromptBuilder | None = None
         self.owner: int | None = None
+        self.cut = 0
+        self.condensed_retry = False
+        self.lift_token = 0
 
     @property
     def session_id(self) -> str:
@@ -102,6 +100,7 @@ class Controller(CommandsMixin, TrouperActor):
         if not events:
             self.append(MessageEvent(source="user", text=config.task))
         self.resolve_first = self._runtime_pending()
+        self.schedule_lift()  # restored while RATE_LIMITED: the timer was lost with the process
         logger.info("session %s: controller up at seq %d, state %s, %d pending",
                     self.session_id, self.view.last_seq, self.view.state.value,
                     len(self.view.pending))
@@ -192,6 +191,8 @@ class Controller(CommandsMixin, TrouperActor):
 
     def _fold(self, event: Event) -> None:
         self.view.apply(event)
+        if isinstance(event, PromptCondensed):
+            self.cut = max(self.cut, event.cut)
         if self.prompt is not None:
             self.prompt.add(event)
 
@@ -227,53 +228,6 @@ class Controller(CommandsMixin, TrouperActor):
             )
             return True
         return False
-
-    def ask_model(self) -> None:
-        assert self.start is not None and self.prompt is not None and self.broker is not None
-        self.llm_request = Complete(
-            request_id=uuid.uuid4().hex, session_id=self.session_id, llm=self.start.config.llm,
-            messages=self.prompt.messages(), tools=tool_specs())
-        self.send(self.broker, self.llm_request)
-
-    def on_completed(self, msg: Completed, sender: ActorAddress) -> None:
-        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
-            return  # the answer to a cancelled or superseded request
-        self.llm_request = None
-        turn_id = uuid.uuid4().hex[:12]
-        parsed = parse_response(turn_id, msg.content, msg.tool_calls, _new_action_id)
-        usage = LLMCompleted(
-            request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
-            completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
-            latency_s=msg.latency_s, attempts=msg.attempts)
-        if not parsed:
-            self.append(usage, MessageEvent(source="agent", text=msg.content))
-            self.transition(AgentState.AWAITING_USER_INPUT, "the agent replied with text")
-            return
-        self.append(usage, *[p.event for p in parsed])  # intents durable before dispatch
-        rejected = [
-            ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
-            for p in parsed
-            if p.rejection is not None
-        ]
-        if rejected:
-            self.append(*rejected)
-        self.advance()
-
-    def on_retry_scheduled(self, msg: RetryScheduled, sender: ActorAddress) -> None:
-        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
-            return
-        self.append(LLMRetry(
-            request_id=msg.request_id, attempt=msg.attempt, max_attempts=msg.max_attempts,
-            wait_s=msg.wait_s, error_class=msg.error_class, message=msg.message))
-
-    def on_completion_failed(self, msg: CompletionFailed, sender: ActorAddress) -> None:
-        if self.llm_request is None or msg.request_id != self.llm_request.request_id:
-            return
-        self.llm_request = None
-        self.transition(
-            AgentState.ERROR,
-            f"model call failed ({msg.error_class}, {msg.attempts} attempt(s)): {msg.message}",
-        )
 
     # -- actions ---------------------------------------------------------------
 
@@ -366,6 +320,3 @@ class Controller(CommandsMixin, TrouperActor):
                 advance=False)
         self.recovered()
 
-
-def _new_action_id() -> str:
-    return uuid.uuid4().hex[:16]

@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True
 
 SESSION_HEADER = "X-Trouper-Session"
+TURN_HEADER = "X-Trouper-Turn"
 
 
 def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, Any]:
@@ -32,7 +33,7 @@ def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, 
         "timeout": cfg.timeout_s,
         "num_retries": 0,
         "max_retries": 0,
-        "extra_headers": {SESSION_HEADER: request.session_id},
+        "extra_headers": {SESSION_HEADER: request.session_id, TURN_HEADER: str(request.turn)},
     }
     if request.tools:
         kwargs["tools"] = request.tools

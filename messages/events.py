@@ -138,6 +138,8 @@ class LLMRetry(EventBase):
     kind: Literal["llm_retry"] = "llm_retry"
     is_status: ClassVar[bool] = True
     request_id: str
+    model: str = ""
+    """The model the next attempt goes to (a fallback model when it changed)."""
     attempt: int
     """The attempt about to be made (2 for the first retry)."""
     max_attempts: int
@@ -156,6 +158,18 @@ class RuntimeEvent(EventBase):
     detail: str = ""
 
 
+class PromptCondensed(EventBase):
+    """The prompt outgrew the context window: messages before ``cut`` are left out of it
+    from now on (the log keeps them all)."""
+
+    kind: Literal["prompt_condensed"] = "prompt_condensed"
+    is_status: ClassVar[bool] = True
+    cut: int
+    """Index into the full prompt's messages; the system message and task are always kept."""
+    dropped: int
+    reason: str = ""
+
+
 Event = Annotated[
     MessageEvent
     | ActionEvent
@@ -163,7 +177,8 @@ Event = Annotated[
     | StateChanged
     | LLMCompleted
     | LLMRetry
-    | RuntimeEvent,
+    | RuntimeEvent
+    | PromptCondensed,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -71,6 +71,8 @@ class Complete(Frozen):
     llm: LLMConfig
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = Field(default_factory=list)
+    turn: int = 0
+    """Model turns the session had before this one (sent as ``X-Trouper-Turn``)."""
 
 
 class ToolCall(Frozen):
@@ -115,6 +117,8 @@ class RetryScheduled(Frozen):
     kind: Literal["retry_scheduled"] = "retry_scheduled"
     request_id: str
     session_id: str
+    model: str = ""
+    """The model of the next attempt."""
     attempt: int
     max_attempts: int
     wait_s: float

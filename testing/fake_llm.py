@@ -2,8 +2,9 @@
 
 Tests, the demo and the benchmarks point litellm at it, so every call takes litellm's
 real HTTP path. Stepping is stateless: step ``k`` answers a conversation whose
-``messages`` already hold ``k`` assistant messages, so concurrent sessions and
-restarted sessions are all served right. Failures (``fail`` in a step) are counted
+``messages`` already hold ``k`` assistant messages (or whose ``X-Trouper-Turn`` header,
+sent by trouper's broker, says ``k``: a condensed prompt holds fewer), so concurrent
+sessions and restarted sessions are all served right. Failures (``fail`` in a step) are counted
 per conversation (the ``X-Trouper-Session`` header, else a hash of the first user
 message) and step.
 
@@ -38,6 +39,7 @@ from .script import Failure, Script, ScriptSource, ToolCallSpec, load_script
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-trouper-session"
+TURN_HEADER = "x-trouper-turn"
 """Request header whose value keys the fail counters, when present."""
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MODEL_PATHS = frozenset({"/v1/models", "/models"})
@@ -198,7 +200,7 @@ class FakeLLMServer:
                 reply = _error(400, str(e))
             else:
                 key = headers.get(SESSION_HEADER) or _conversation_key(body["messages"])
-                step = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+                step = _step_of(headers, body["messages"])
                 reply = self._admit(now) or self._play(key, step, body, len(raw))
         self._record(RecordedRequest(now, "POST", path, body, headers, key, step, reply.status))
         return reply
@@ -265,6 +267,15 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     if body.get("stream"):
         raise _BadRequest("'stream': true is not supported by the fake LLM server")
     return body
+
+
+def _step_of(headers: dict[str, str], messages: list[dict[str, Any]]) -> int:
+    """The ``X-Trouper-Turn`` header (the turns of the whole session, which a condensed
+    prompt no longer shows), else the assistant messages in the request."""
+    turn = headers.get(TURN_HEADER, "")
+    if turn.isdigit():
+        return int(turn)
+    return sum(1 for m in messages if m.get("role") == "assistant")
 
 
 def _conversation_key(messages: list[dict[str, Any]]) -> str:
