@@ -1,14 +1,17 @@
 """Workload 4: recovery. SIGKILL one actor of a session mid-command; time the way back.
 
 Each trial runs a session of ``STEPS`` steps of ``sleep 0.3; echo i >> out.txt`` and
-kills the actor 0.1 s into step 1's command (so about 0.2 s of it is left to run in the
-sandbox, which outlives the proxy). Measured from the kill:
+kills the actor 0.25 s after step 1's action was recorded, while its command runs (about
+50 ms of it is left, in the sandbox, which outlives the proxy). Measured from the kill:
 
-- ``running_ms``: the ``StateChanged(RUNNING)`` the Controller records once the new
-  RuntimeProxy is up (RuntimeProxy kills only; a Controller kill changes no state);
+- ``command_left_ms``: how much of the command was still to run (roughly: it starts a
+  few ms after its action is recorded), a floor under the outcome;
+- ``runtime_back_ms``: the ``RuntimeEvent`` (started or attached) of the new RuntimeProxy;
+- ``running_ms``: the ``StateChanged(RUNNING)`` that ends the recovery (RuntimeProxy kills
+  only; a Controller kill changes no state);
 - ``first_event_ms``: the first event recorded after the kill;
 - ``outcome_ms``: the in-flight action's ``ObservationEvent`` (resolved from the
-  sandbox's journal: never run twice), bounded below by the command's remaining 0.2 s;
+  sandbox's journal: never run twice);
 - ``next_request_ms``: the session's next model request: it is moving on.
 
 Each trial checks the promises: ``out.txt`` holds every line exactly once and
@@ -31,13 +34,13 @@ from procs import children_map, parent, sandbox_server_of
 import trouper.testing
 from trouper import AgentState, Trouper
 from trouper.actor_system import free_port
-from trouper.messages.events import ActionEvent, ObservationEvent, StateChanged
+from trouper.messages.events import ActionEvent, ObservationEvent, RuntimeEvent, StateChanged
 from trouper.testing import FakeLLMServer, check_log
 
 STEPS = 4
 KILL_STEP = 1
 COMMAND_S = 0.3
-KILL_AFTER_S = 0.1
+KILL_AFTER_S = 0.25
 ROLES = ("runtime", "controller")
 
 
@@ -112,6 +115,10 @@ def trial(t: Trouper, role: str, workdir: Path, index: int) -> dict[str, Any]:
         "state": state.value,
         "ok": state == AgentState.FINISHED and lines_ok and not problems,
         "problems": problems[:3] + ([] if lines_ok else ["out.txt is not 0..STEPS-1 once each"]),
+        "command_left_ms": (actions[KILL_STEP].ts.timestamp() + COMMAND_S - killed_at) * 1000,
+        "runtime_back_ms": ms_to(
+            lambda e: isinstance(e, RuntimeEvent) and e.phase in ("started", "attached")
+        ),
         "running_ms": ms_to(
             lambda e: isinstance(e, StateChanged) and e.state == AgentState.RUNNING
         ),
@@ -143,7 +150,14 @@ def run(trials: int, workdir: Path) -> dict[str, Any]:
                 "ok_trials": sum(1 for r in rows if r.get("ok")),
                 **{
                     f"median_{key}": median(r[key] for r in rows if r.get(key) is not None)
-                    for key in ("running_ms", "first_event_ms", "outcome_ms", "next_request_ms")
+                    for key in (
+                        "command_left_ms",
+                        "runtime_back_ms",
+                        "running_ms",
+                        "first_event_ms",
+                        "outcome_ms",
+                        "next_request_ms",
+                    )
                 },
                 "trials": rows,
             }

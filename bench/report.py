@@ -183,14 +183,26 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
 
 def recovery_lines(r: dict[str, Any]) -> list[str]:
     lines = [
-        f"4. Recovery: SIGKILL {r['kill_after_s']:g} s into a {r['command_s']:g} s "
-        f"command; median ms from the kill ({r['trials']} trial(s) per role)"
+        f"4. Recovery: SIGKILL {r['kill_after_s']:g} s after a {r['command_s']:g} s "
+        f"command's action was recorded; median ms from the kill ({r['trials']} trial(s) "
+        "per role)"
     ]
-    head = ["killed", "ok", "-> RUNNING", "-> first event", "-> outcome", "-> next request"]
+    head = [
+        "killed",
+        "ok",
+        "command left",
+        "-> runtime back",
+        "-> RUNNING",
+        "-> first event",
+        "-> outcome",
+        "-> next request",
+    ]
     rows = [
         [
             role,
             f"{by['ok_trials']}/{r['trials']}",
+            fmt(by.get("median_command_left_ms")),
+            fmt(by.get("median_runtime_back_ms")),
             fmt(by["median_running_ms"]),
             fmt(by["median_first_event_ms"]),
             fmt(by["median_outcome_ms"]),
