@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
@@ -36,8 +36,19 @@ class _Call:
     request: Complete
     reply_to: ActorAddress
     attempt: int = 1
+    """Attempts so far, over every model (numbers the LLMRetry events)."""
+    tries_on_model: int = 1
+    model_index: int = 0
+    """0 for the configured model, then its ``fallbacks`` in order."""
     waited_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
+
+    @property
+    def models(self) -> list[str]:
+        return [self.request.llm.model, *self.request.llm.fallbacks]
+
+    @property
+    def model(self) -> str:
+        return self.models[self.model_index]
 
 
 class LLMBroker(TrouperActor):
@@ -63,9 +74,9 @@ class LLMBroker(TrouperActor):
         self._calls.pop(msg.request_id, None)
 
     def _attempt(self, call: _Call) -> None:
-        request, attempt = call.request, call.attempt
+        request, attempt, model = call.request, call.attempt, call.model
         self.background.submit(
-            lambda: complete(request, attempts=attempt),
+            lambda: complete(request, model=model, attempts=attempt),
             lambda result, error: self._answered(request.request_id, result, error),
         )
 
@@ -89,10 +100,16 @@ class LLMBroker(TrouperActor):
         wait_s = self._wait_s(call, error)
         if (
             error_class in RETRYABLE
-            and call.attempt <= cfg.num_retries
+            and call.tries_on_model <= cfg.num_retries
             and call.waited_s + wait_s <= cfg.retry_total_s
         ):
             self._schedule_retry(call, error_class, message, wait_s)
+            return
+        if error_class in RETRYABLE and call.model_index + 1 < len(call.models):
+            call.model_index += 1
+            call.tries_on_model = 0
+            self._schedule_retry(call, error_class, f"falling back to {call.model} after "
+                                 f"{call.models[call.model_index - 1]} failed: {message}", 0.0)
             return
         del self._calls[call.request.request_id]
         self.send(call.reply_to, CompletionFailed(
@@ -110,11 +127,13 @@ class LLMBroker(TrouperActor):
 
     def _schedule_retry(self, call: _Call, error_class: str, message: str, wait_s: float) -> None:
         call.attempt += 1
+        call.tries_on_model += 1
         call.waited_s += wait_s
         cfg = call.request.llm
         self.send(call.reply_to, RetryScheduled(
             request_id=call.request.request_id, session_id=call.request.session_id,
-            attempt=call.attempt, max_attempts=cfg.num_retries + 1, wait_s=wait_s,
+            model=call.model, attempt=call.attempt,
+            max_attempts=(cfg.num_retries + 1) * len(call.models), wait_s=wait_s,
             error_class=error_class, message=message))  # type: ignore[arg-type]
         self.after(wait_s, "retry", call.request.request_id)
 

@@ -273,7 +273,11 @@ class AdmissionGate:
         limits = self.limits
         if limits.max_concurrency is not None and len(self._in_flight) >= limits.max_concurrency:
             return None
-        waits = [0.0, self._rpm_wait_s(limits.rpm, now), self._tpm_wait_s(limits.tpm, est_tokens, now)]
+        waits = [
+            0.0,
+            self._rpm_wait_s(limits.rpm, now),
+            self._tpm_wait_s(limits.tpm, est_tokens, now),
+        ]
         if self._cooldown_until is not None:
             waits.append(self._cooldown_until - now)
         return max(waits)

@@ -106,3 +106,16 @@ def test_context_still_too_long_after_condensing_is_an_error(trouper, scripted, 
     session = trouper.start_session("t", llm=llm, workspace=tmp_path)
     assert session.wait(timeout=60) == AgentState.ERROR
     assert "context_window" in session.record.state_reason
+
+
+def test_fallback_model_after_the_primary_is_spent(trouper, scripted, tmp_path):
+    server, llm = scripted([{**RUN, "fail": [{"status": 503}] * 2}, FINISH])
+    llm = {**llm, "model": "hosted_vllm/primary", "fallbacks": ["hosted_vllm/backup"],
+           "num_retries": 1, "retry_min_wait_s": 0.05, "retry_max_wait_s": 0.05}
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    retries = events_of(session, LLMRetry)
+    assert [r.model for r in retries] == ["hosted_vllm/primary", "hosted_vllm/backup"]
+    assert "falling back to hosted_vllm/backup" in retries[1].message
+    assert [r.body["model"] for r in server.requests if r.step == 0] == [
+        "primary", "primary", "backup"]
