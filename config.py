@@ -33,11 +33,11 @@ class LLMConfig(Config):
     """Cap on one wait between attempts."""
     retry_total_s: float = 300.0
     """Cap on all waits of one call together."""
-    rpm: int | None = None
+    rpm: int | None = Field(default=None, ge=1)
     """Requests per minute allowed on this key and model; ``None`` means no limit."""
-    tpm: int | None = None
+    tpm: int | None = Field(default=None, ge=1)
     """Tokens per minute allowed on this key and model; ``None`` means no limit."""
-    max_concurrency: int | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
     """Calls in flight at once on this key and model; ``None`` means no limit."""
     input_cost_per_token: float | None = None
     """Price used when litellm does not know the model; ``None`` counts it as free."""

@@ -74,6 +74,7 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         self.cut = 0
         self.condensed_retry = False
         self.lift_token = 0
+        self.lift_cooldown = False
 
     @property
     def session_id(self) -> str:

@@ -99,6 +99,7 @@ class CommandsMixin:
             return None
         if state not in _RESUMABLE:
             return f"cannot resume a session that is {state.value}"
+        self.lift_cooldown = state == AgentState.RATE_LIMITED
         if self.runtime_down:
             self.runtime_down = False
             self.send(self._parent_address, RestartRuntime(reason="resumed by the user"))

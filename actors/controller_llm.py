@@ -38,7 +38,8 @@ class ModelCallsMixin:
         self.llm_request = Complete(
             request_id=uuid.uuid4().hex, session_id=self.session_id, llm=self.start.config.llm,
             messages=condensed(self.prompt.messages(), self.cut), tools=tool_specs(),
-            turn=self.view.total_iterations)
+            turn=self.view.total_iterations, lift_cooldown=self.lift_cooldown)
+        self.lift_cooldown = False
         self.send(self.broker, self.llm_request)
 
     def on_completed(self: Controller, msg: Completed, sender: ActorAddress) -> None:

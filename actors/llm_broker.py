@@ -1,22 +1,27 @@
 """LLMBroker: every model call of every session goes through this one actor.
 
-Calls run on worker threads, so the broker keeps serving other sessions while one call
-waits on the network. A failed call that a retry can fix is tried again after a timer
-(exponential backoff with full jitter, ``Retry-After`` honoured, capped per wait and in
-total); each retry is told to the caller as ``RetryScheduled`` so clients see it live.
-A cancelled call's late answer and pending retry are dropped.
+Each call waits for its admission gate (one per API base, key and model: rpm, tpm and
+concurrency shared by every session on the key, served round-robin), then runs on a
+worker thread, so the broker keeps serving other sessions while one call waits on the
+network. A failure that a retry can fix is tried again after a timer (exponential backoff
+with full jitter, ``Retry-After`` honoured, capped per wait and in total); a 429 cools the
+whole gate down. Each retry is told to the caller as ``RetryScheduled`` so clients see it
+live. Spent retries on one model fall back to the next of ``fallbacks``. A cancelled
+call's late answer and pending retry are dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
 from ..llm.client import complete
-from ..llm.errors import RETRYABLE, classify, retry_after_s
+from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
+from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
 from ..messages.protocol import (
     CancelCompletion,
     Complete,
@@ -30,6 +35,11 @@ from .wiring import BootBroker
 
 logger = logging.getLogger(__name__)
 
+WINDOW_MARGIN_S = 1.0
+"""A call admitted at t counts against rpm/tpm until t + 61 s, not 60: it reaches the
+provider a little after its admission, and a late one must not exceed the provider's own
+window (seen here: one 429 in 80 calls at the exact 60 s boundary without the margin)."""
+
 
 @dataclass
 class _Call:
@@ -41,6 +51,7 @@ class _Call:
     model_index: int = 0
     """0 for the configured model, then its ``fallbacks`` in order."""
     waited_s: float = 0.0
+    gate: AdmissionGate | None = None
 
     @property
     def models(self) -> list[str]:
@@ -50,6 +61,12 @@ class _Call:
     def model(self) -> str:
         return self.models[self.model_index]
 
+    @property
+    def key(self) -> GateKey:
+        cfg = self.request.llm
+        api_key = cfg.api_key.get_secret_value() if cfg.api_key else None
+        return GateKey.of(self.model, cfg.base_url, api_key)
+
 
 class LLMBroker(TrouperActor):
     role = "broker"
@@ -58,6 +75,8 @@ class LLMBroker(TrouperActor):
         super().__init__()
         self._calls: dict[str, _Call] = {}
         self._rng = random.Random()
+        self._gates = GateRegistry(margin_s=WINDOW_MARGIN_S)
+        self._pump_due: dict[GateKey, float] = {}
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
@@ -68,36 +87,90 @@ class LLMBroker(TrouperActor):
             return  # a re-sent request already in flight (e.g. after a Controller restart)
         call = _Call(request=msg, reply_to=sender)
         self._calls[msg.request_id] = call
-        self._attempt(call)
+        self._enqueue(call)
 
     def on_cancel_completion(self, msg: CancelCompletion, sender: ActorAddress) -> None:
-        self._calls.pop(msg.request_id, None)
+        call = self._calls.pop(msg.request_id, None)
+        if call is not None and call.gate is not None:
+            call.gate.cancel(msg.request_id)
+            self._pump(call.key)
+
+    # -- admission ---------------------------------------------------------------
+
+    def _enqueue(self, call: _Call) -> None:
+        cfg = call.request.llm
+        limits = GateLimits(rpm=cfg.rpm, tpm=cfg.tpm, max_concurrency=cfg.max_concurrency)
+        call.gate = self._gates.gate(call.key, limits)
+        if call.request.lift_cooldown and call.attempt == 1:
+            call.gate.lift_cooldown()
+        tokens = estimate_tokens(call.request.messages, call.request.tools)
+        call.gate.request(call.request.request_id, call.request.session_id,
+                          tokens + (cfg.max_output_tokens or 0))
+        self._pump(call.key)
+
+    def _pump(self, key: GateKey) -> None:
+        """Start what the gate admits now; set one timer for when it can admit more."""
+        gate = self._gates.gates().get(key)
+        if gate is None:
+            return
+        for ticket in gate.admit():
+            call = self._calls.get(ticket)
+            if call is None:
+                gate.cancel(ticket)
+                continue
+            self._attempt(call)
+        wait_s = gate.next_admission_in_s()
+        if wait_s is None:
+            return
+        due = self._now() + wait_s
+        if key in self._pump_due and self._pump_due[key] <= due:
+            return  # an earlier timer will pump this gate
+        self._pump_due[key] = due
+        self.after(wait_s, "pump", key)
+
+    def on_timer_pump(self, key: GateKey) -> None:
+        self._pump_due.pop(key, None)
+        self._pump(key)
+
+    @staticmethod
+    def _now() -> float:
+        return time.monotonic()
+
+    # -- calls ---------------------------------------------------------------------
 
     def _attempt(self, call: _Call) -> None:
         request, attempt, model = call.request, call.attempt, call.model
         self.background.submit(
             lambda: complete(request, model=model, attempts=attempt),
-            lambda result, error: self._answered(request.request_id, result, error),
+            lambda result, error: self._answered(call, result, error),
         )
 
     def _answered(
-        self, request_id: str, result: Completed | None, error: BaseException | None
+        self, call: _Call, result: tuple[Completed, dict[str, str]] | None,
+        error: BaseException | None,
     ) -> None:
-        call = self._calls.get(request_id)
-        if call is None:
-            return  # cancelled meanwhile
-        if error is None and result is not None:
-            del self._calls[request_id]
-            self.send(call.reply_to, result)
-            return
-        assert error is not None
-        self._failed(call, error)
+        request_id = call.request.request_id
+        key, gate = call.key, call.gate
+        if gate is not None:
+            tokens = None if result is None else (
+                result[0].prompt_tokens + result[0].completion_tokens)
+            gate.release(request_id, tokens)
+            gate.observe_headers(result[1] if result is not None else response_headers(error))
+        if self._calls.get(request_id) is call:  # else cancelled meanwhile
+            if error is None and result is not None:
+                del self._calls[request_id]
+                self.send(call.reply_to, result[0])
+            else:
+                self._failed(call, error or RuntimeError("no answer"))
+        self._pump(key)
 
     def _failed(self, call: _Call, error: BaseException) -> None:
         error_class = classify(error)
         message = f"{type(error).__name__}: {error}"
         cfg = call.request.llm
         wait_s = self._wait_s(call, error)
+        if error_class == "rate_limit" and call.gate is not None:
+            call.gate.cooldown(wait_s)  # every session on this key waits, not just this one
         if (
             error_class in RETRYABLE
             and call.tries_on_model <= cfg.num_retries
@@ -122,7 +195,7 @@ class LLMBroker(TrouperActor):
         asked = retry_after_s(error)
         if asked is not None:
             return min(asked, cfg.retry_max_wait_s)
-        ceiling = min(cfg.retry_max_wait_s, cfg.retry_min_wait_s * 2 ** (call.attempt - 1))
+        ceiling = min(cfg.retry_max_wait_s, cfg.retry_min_wait_s * 2 ** (call.tries_on_model - 1))
         return self._rng.uniform(min(cfg.retry_min_wait_s, ceiling), ceiling)
 
     def _schedule_retry(self, call: _Call, error_class: str, message: str, wait_s: float) -> None:
@@ -140,4 +213,4 @@ class LLMBroker(TrouperActor):
     def on_timer_retry(self, request_id: str) -> None:
         call = self._calls.get(request_id)
         if call is not None:
-            self._attempt(call)
+            self._enqueue(call)

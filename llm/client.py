@@ -48,12 +48,17 @@ def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, 
     return kwargs
 
 
-def complete(request: Complete, model: str | None = None, attempts: int = 1) -> Completed:
-    """Call the model once; raise litellm's exception on failure."""
+def complete(
+    request: Complete, model: str | None = None, attempts: int = 1
+) -> tuple[Completed, dict[str, str]]:
+    """Call the model once; return the answer and the provider's response headers
+    (lower-cased, for the rate-limit gate). Raises litellm's exception on failure."""
     started = time.monotonic()
     response = litellm.completion(**completion_kwargs(request, model))
     latency_s = time.monotonic() - started
-    return to_completed(request, response, latency_s, attempts)
+    headers = getattr(response, "_response_headers", None) or {}
+    lowered = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+    return to_completed(request, response, latency_s, attempts), lowered
 
 
 def to_completed(

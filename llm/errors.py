@@ -13,6 +13,7 @@ from typing import Any
 import litellm
 
 from ..messages.protocol import LLMErrorClass
+from .gate import parse_duration_s
 
 RETRYABLE: frozenset[str] = frozenset({"rate_limit", "transient"})
 
@@ -70,11 +71,23 @@ def retry_after_s(error: BaseException, now: float | None = None) -> float | Non
             pass
     value = headers.get("retry-after")
     if value is None:
-        return None
+        return _reset_s(headers)
     try:
         return max(0.0, float(value))
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
             return None
         return max(0.0, parsed.timestamp() - (now if now is not None else time.time()))
+
+
+def _reset_s(headers: dict[str, str]) -> float | None:
+    """The longest of the ``x-ratelimit-reset-*`` durations, when the provider sent any."""
+    resets = [
+        parse_duration_s(headers[name])
+        for name in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+        if name in headers
+    ]
+    known = [r for r in resets if r is not None]
+    return max(known) if known else None

@@ -114,8 +114,17 @@ class _Admission:
 class AdmissionGate:
     """Decides which queued calls on one key may start now; see the module docstring."""
 
-    def __init__(self, limits: GateLimits, clock: Clock = time.monotonic, name: str = "") -> None:
+    def __init__(
+        self,
+        limits: GateLimits,
+        clock: Clock = time.monotonic,
+        name: str = "",
+        margin_s: float = 0.0,
+    ) -> None:
         self._clock = clock
+        self._margin_s = margin_s
+        """Extra time an admission counts in the window: a request reaches the provider a
+        little after its admission, and must not land in the provider's next window."""
         self._name = name
         self._config = limits
         self._learnt = GateLimits()
@@ -198,6 +207,10 @@ class AdmissionGate:
             self._cooldown_until = until
             logger.info("gate %s cooling down for %.3f s", self._name, duration_s)
 
+    def lift_cooldown(self) -> None:
+        """End a cooldown now: a user asked to try again (resume from RATE_LIMITED)."""
+        self._cooldown_until = None
+
     def observe_headers(self, headers: Mapping[str, str]) -> None:
         """Learn from a provider's ``x-ratelimit-*`` headers; malformed values are ignored.
 
@@ -254,7 +267,8 @@ class AdmissionGate:
         else:
             del self._queues[session_id]
         del self._queued[item.ticket]
-        entry = _Admission(item.ticket, session_id, now + WINDOW_S, item.est_tokens)
+        expires = now + WINDOW_S + self._margin_s
+        entry = _Admission(item.ticket, session_id, expires, item.est_tokens)
         self._window.append(entry)
         self._window_tokens += entry.tokens
         self._in_flight[item.ticket] = entry
@@ -304,8 +318,9 @@ class AdmissionGate:
 class GateRegistry:
     """One ``AdmissionGate`` per ``GateKey``, shared by every session on that key."""
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, margin_s: float = 0.0) -> None:
         self._clock = clock
+        self._margin_s = margin_s
         self._gates: dict[GateKey, AdmissionGate] = {}
 
     def gate(self, key: GateKey, limits: GateLimits) -> AdmissionGate:
@@ -313,7 +328,9 @@ class GateRegistry:
         gate = self._gates.get(key)
         if gate is None:
             name = f"{key.model}@{key.api_base or 'default'}"
-            gate = self._gates[key] = AdmissionGate(limits, self._clock, name=name)
+            gate = self._gates[key] = AdmissionGate(
+                limits, self._clock, name=name, margin_s=self._margin_s
+            )
         else:
             gate.configure(limits)
         return gate

@@ -73,6 +73,8 @@ class Complete(Frozen):
     tools: list[dict[str, Any]] = Field(default_factory=list)
     turn: int = 0
     """Model turns the session had before this one (sent as ``X-Trouper-Turn``)."""
+    lift_cooldown: bool = False
+    """The user resumed a RATE_LIMITED session: try now, ending the key's cooldown."""
 
 
 class ToolCall(Frozen):

@@ -355,7 +355,9 @@ def test_random_traffic_never_exceeds_rpm_and_every_ticket_is_admitted(seed):
     clock = FakeClock()
     gate = AdmissionGate(GateLimits(rpm=60, max_concurrency=rng.choice([None, 3, 8])), clock)
     sessions = [f"s{i}" for i in range(rng.randint(1, 6))]
-    arrivals = sorted((rng.randrange(600 * 8) / 8, f"t{i}") for i in range(rng.randint(100, 500)))
+    bursts = [rng.randrange(600 * 8) for _ in range(rng.randint(5, 30))]  # in 1/8 s
+    times = [min(600 * 8 - 1, rng.choice(bursts) + rng.randrange(80)) for _ in range(900)]
+    arrivals = sorted((t / 8, f"t{i}") for i, t in enumerate(times[: rng.randint(300, 900)]))
     pending = deque(arrivals)
     releases: list[tuple[float, str]] = []
     admitted_at: dict[str, float] = {}
@@ -386,3 +388,13 @@ def test_random_traffic_never_exceeds_rpm_and_every_ticket_is_admitted(seed):
         in_window = sum(1 for t in times[i:] if t < start + 60.0)
         assert in_window <= 60, f"{in_window} admissions in the 60 s from {start}"
     assert gate.in_flight() == 0
+
+
+def test_lift_cooldown_ends_it_now():
+    clock = [0.0]
+    gate = AdmissionGate(GateLimits(), clock=lambda: clock[0])
+    gate.cooldown(60)
+    gate.request("t1", "s", 10)
+    assert gate.admit() == []
+    gate.lift_cooldown()
+    assert gate.admit() == ["t1"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from trouper import AgentState, LLMRetry, StateChanged
 from trouper.messages.events import PromptCondensed
 from trouper.testing import check_log, wait_until
@@ -119,3 +121,31 @@ def test_fallback_model_after_the_primary_is_spent(trouper, scripted, tmp_path):
     assert "falling back to hosted_vllm/backup" in retries[1].message
     assert [r.body["model"] for r in server.requests if r.step == 0] == [
         "primary", "primary", "backup"]
+
+
+def test_a_429_cools_down_every_session_on_the_key(trouper, scripted, tmp_path):
+    server, llm = scripted([{**RUN, "fail": [{"status": 429, "retry_after": 1.5}]}, FINISH])
+    first = trouper.start_session("t", llm=llm, workspace=tmp_path / "a")
+    limited = wait_until(lambda: next((r for r in server.requests if r.status == 429), None),
+                         30, "the 429")
+    second = trouper.start_session("t", llm=llm, workspace=tmp_path / "b")
+    assert first.wait(timeout=60) == second.wait(timeout=60) == AgentState.FINISHED
+    key = server.requests[-1].headers["x-trouper-session"]
+    later = [r for r in server.requests if r.headers["x-trouper-session"] == second.id]
+    assert key and later and later[0].time_s >= limited.time_s + 1.4
+
+
+@pytest.mark.slow
+def test_twenty_sessions_on_one_key_never_exceed_its_rpm(trouper, scripted, tmp_path):
+    rpm = 60
+    server, llm = scripted([RUN, RUN, RUN, FINISH], rpm=rpm)  # the server 429s past its rpm
+    sessions = [trouper.start_session("t", llm={**llm, "rpm": rpm}, workspace=tmp_path / str(i))
+                for i in range(20)]
+    for session in sessions:
+        assert session.wait(timeout=180) == AgentState.FINISHED
+    times = sorted(r.time_s for r in server.requests)
+    statuses = [(r.status, r.step) for r in server.requests if r.status != 200]
+    assert statuses == [] and len(times) == 80
+    for i, start in enumerate(times):
+        in_window = sum(1 for t in times[i:] if t < start + 60)
+        assert in_window <= rpm, f"{in_window} requests in the minute from {start}"
