@@ -240,11 +240,14 @@ class TrouperActor(Actor):
 
     # -- helpers ---------------------------------------------------------------
 
+    max_workers: int = 32
+    """Threads for blocking work; the broker raises it (one per model call in flight)."""
+
     @property
     def background(self) -> Background:
         """The actor's worker pool, made on first use (after the fork, in this process)."""
         if self._background is None:
-            self._background = Background()
+            self._background = Background(self.max_workers)
         return self._background
 
     def set_parent(self, parent: ActorAddress) -> None:

@@ -70,6 +70,7 @@ class _Call:
 
 class LLMBroker(TrouperActor):
     role = "broker"
+    max_workers = 512  # calls in flight are limited by the gates, not by threads
 
     def __init__(self) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
+from ..procs import pid_alive
 from .base import SandboxHealth
 from .client import SandboxClient
 from .sandbox import EXIT_LOCKED
@@ -120,7 +121,7 @@ class LocalSandbox:
         if client is None or info is None:
             return SandboxHealth(alive=False, cause="not_started", detail="start() was not called")
         pid = int(info["pid"])
-        if not self._pid_alive(pid):
+        if not self.pid_alive(pid):
             return SandboxHealth(alive=False, cause="exited", detail=self._exit_detail(pid))
         try:
             answer = client.alive()
@@ -168,7 +169,7 @@ class LocalSandbox:
     def _live_server(self, ping: bool = True) -> dict[str, Any] | None:
         """The ``server.json`` of a server that runs (and answers, when ``ping``)."""
         info = _read_json(self.info_path)
-        if info is None or not self._pid_alive(int(info.get("pid", 0))):
+        if info is None or not self.pid_alive(int(info.get("pid", 0))):
             return None
         if not self._is_our_server(int(info["pid"])):
             return None
@@ -253,10 +254,10 @@ class LocalSandbox:
             self._client.close()
         self._client, self._info = None, None
 
-    def _pid_alive(self, pid: int) -> bool:
+    def pid_alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is None
-        return _pid_alive(pid)
+        return pid_alive(pid)
 
     def _exit_detail(self, pid: int) -> str:
         code = self._proc.poll() if self._proc is not None and self._proc.pid == pid else None
@@ -275,14 +276,14 @@ class LocalSandbox:
 
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while self._pid_alive(pid):
+        while self.pid_alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
         return True
 
     def _kill_server(self, pid: int, shell_pid: int | None) -> None:
-        if self._pid_alive(pid) and self._is_our_server(pid):
+        if self.pid_alive(pid) and self._is_our_server(pid):
             logger.warning("session %s: killing sandbox pid %d", self.session_id, pid)
             _signal(pid, signal.SIGKILL)
         if shell_pid and _is_bash(int(shell_pid)):  # bash leads its own process group
@@ -291,7 +292,7 @@ class LocalSandbox:
 
     def _forget_info(self, pid: int) -> None:
         info = _read_json(self.info_path)
-        if info is not None and info.get("pid") == pid and not self._pid_alive(pid):
+        if info is not None and info.get("pid") == pid and not self.pid_alive(pid):
             self.info_path.unlink(missing_ok=True)
 
 
@@ -302,21 +303,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, dict) else None
 
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _is_bash(pid: int) -> bool:

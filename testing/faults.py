@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from ..procs import children_of, pid_alive
+
 if TYPE_CHECKING:
     from ..session import Session
 
@@ -52,7 +54,7 @@ def actor_pid(session: Session, role: str) -> int | None:
         pid = int(path.read_text())
     except (OSError, ValueError):
         return None
-    return pid if _alive(pid) else None
+    return pid if pid_alive(pid) else None
 
 
 def kill_actor(session: Session, role: str, timeout_s: float = 30.0) -> int:
@@ -63,7 +65,7 @@ def kill_actor(session: Session, role: str, timeout_s: float = 30.0) -> int:
     """
     pid = wait_until(lambda: actor_pid(session, role), timeout_s, f"a live {role} actor")
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not _alive(pid), timeout_s, f"the {role} actor (pid {pid}) to die")
+    wait_until(lambda: not pid_alive(pid), timeout_s, f"the {role} actor (pid {pid}) to die")
     return pid
 
 
@@ -75,47 +77,20 @@ def sandbox_pid(session: Session) -> int | None:
     except (OSError, ValueError):
         return None
     pid = int(info.get("pid", 0))
-    return pid if pid and _alive(pid) else None
+    return pid if pid and pid_alive(pid) else None
 
 
 def kill_sandbox(session: Session, timeout_s: float = 30.0) -> int:
     """SIGKILL the session's sandbox server and its shell (what ran in it is lost)."""
     pid = wait_until(lambda: sandbox_pid(session), timeout_s, "a live sandbox server")
-    groups = {_pgid(child) for child in _children(pid)} | {_pgid(pid)}
+    groups = {_pgid(child) for child in children_of(pid)} | {_pgid(pid)}
     for group in groups - {None, os.getpgid(0)}:
         try:
             os.killpg(group, signal.SIGKILL)  # the server, its shell and the shell's jobs
         except ProcessLookupError:
             pass
-    wait_until(lambda: not _alive(pid), timeout_s, f"the sandbox server (pid {pid}) to die")
+    wait_until(lambda: not pid_alive(pid), timeout_s, f"the sandbox server (pid {pid}) to die")
     return pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    if int(stat.read().split(")")[-1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
 
 
 def _pgid(pid: int) -> int | None:

@@ -18,28 +18,24 @@ import pytest
 
 from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
 from trouper.messages.actions import RunCommand
+from trouper.procs import pid_alive
 from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
+from trouper.testing import wait_until
 
 LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
 
 
+
 def _pid_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (a zombie nobody reaped counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    return not pid_alive(pid)
 
 
 def _wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    try:
+        return bool(wait_until(check, timeout_s, poll_s=0.02))
+    except TimeoutError:
+        return False
 
 
 def _servers_on(state_dir: Path) -> list[int]:

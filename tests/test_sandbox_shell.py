@@ -12,27 +12,23 @@ import pytest
 
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
+from trouper.procs import pid_alive
 from trouper.runtimes.local import LocalSandbox
+from trouper.testing import wait_until
 
 _ids = itertools.count(1)
 
 
+
 def _pid_gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (a zombie nobody reaped counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    return not pid_alive(pid)
 
 
 def _wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    try:
+        return bool(wait_until(check, timeout_s, poll_s=0.02))
+    except TimeoutError:
+        return False
 
 
 @pytest.fixture

@@ -1,0 +1,37 @@
+"""Small facts about local processes, read from the kernel (Linux ``/proc``)."""
+
+from __future__ import annotations
+
+import os
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie nobody reaped yet counts as dead."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[-1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found

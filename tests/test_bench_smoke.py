@@ -1,0 +1,24 @@
+"""The benchmark suite still runs (a tiny smoke run; figures are not asserted: see bench/)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
+
+
+def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["leftover_sandbox_pids"] == []
+    errors = {name: w["error"] for name, w in figures["workloads"].items()
+              if isinstance(w, dict) and w.get("error")}
+    assert errors == {}
+    assert figures["machine"]["cpu_count"] >= 1
