@@ -12,6 +12,7 @@ self-pipe the actor watches (``ThespianWatch``, returned from *every* receive ca
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import queue
@@ -160,6 +161,7 @@ class TrouperActor(Actor):
         self._background: Background | None = None
         self._stopping = False
         die_with_parent()
+        gc.freeze()  # what the fork shared stays shared: the collector never writes to it
 
     # -- dispatch --------------------------------------------------------------
 

@@ -35,7 +35,9 @@ class ModelCallsMixin:
 
     def ask_model(self: Controller) -> None:
         assert self.start is not None and self.prompt is not None and self.broker is not None
-        self.llm_request = Complete(
+        # model_construct: the history is ours and already valid; validating it again
+        # would walk every message of the session on every step
+        self.llm_request = Complete.model_construct(
             request_id=uuid.uuid4().hex, session_id=self.session_id, llm=self.start.config.llm,
             messages=condensed(self.prompt.messages(), self.cut), tools=tool_specs(),
             turn=self.view.total_iterations, lift_cooldown=self.lift_cooldown)

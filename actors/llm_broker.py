@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
-from ..llm.client import complete
+from ..llm.client import complete, warm_up
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
 from ..messages.protocol import (
@@ -82,6 +82,7 @@ class LLMBroker(TrouperActor):
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.publish_pid(Home.at(msg.home).actor_pid_path("broker"))
+        self.background.submit(warm_up, lambda _result, _error: None)
 
     def on_complete(self, msg: Complete, sender: ActorAddress) -> None:
         if msg.request_id in self._calls:

@@ -20,13 +20,21 @@ from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
 logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True
 
-try:  # what litellm imports on the first call with tools (mcp, starlette...): load it now,
-    # before the actor system forks, so the broker shares these pages instead of paying
-    # about a second and 100+ MB on its first call and again after every restart
-    import litellm.responses.mcp.chat_completions_handler  # noqa: F401
-    import litellm.responses.mcp.litellm_proxy_mcp_handler  # noqa: F401
-except ImportError:  # pragma: no cover - another litellm version
-    logger.debug("litellm's MCP handlers moved; the broker will import them on first use")
+
+
+def warm_up() -> None:
+    """Import what litellm loads on its first call with tools (mcp, starlette...).
+
+    The broker calls this on a worker thread when it boots, so its first real call does
+    not pay about a second for it. It is deliberately *not* imported before the actor
+    system forks: every actor process would then carry these modules, and Python's
+    reference counting and GC turn such shared pages private in each process.
+    """
+    try:
+        import litellm.responses.mcp.chat_completions_handler  # noqa: F401
+        import litellm.responses.mcp.litellm_proxy_mcp_handler  # noqa: F401
+    except ImportError:  # pragma: no cover - another litellm version
+        logger.debug("litellm's MCP handlers moved; they load on the first call")
 
 SESSION_HEADER = "X-Trouper-Session"
 TURN_HEADER = "X-Trouper-Turn"
