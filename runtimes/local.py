@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
-from ..procs import pid_alive
+from ..processes import pid_alive
 from .base import SandboxHealth
 from .client import SandboxClient
 from .sandbox import EXIT_LOCKED

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..procs import children_of, pid_alive
+from ..processes import children_of, pid_alive
 
 if TYPE_CHECKING:
     from ..session import Session

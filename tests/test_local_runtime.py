@@ -18,7 +18,7 @@ import pytest
 
 from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
 from trouper.messages.actions import RunCommand
-from trouper.procs import pid_alive
+from trouper.processes import pid_alive
 from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until

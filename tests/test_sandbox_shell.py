@@ -12,7 +12,7 @@ import pytest
 
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
-from trouper.procs import pid_alive
+from trouper.processes import pid_alive
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
 
