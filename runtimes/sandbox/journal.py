@@ -1,7 +1,8 @@
 """The action journal: one JSON record per action id, on disk, written atomically.
 
-A record is written ``started`` (with the epoch, the server's boot id and the time)
-before anything runs, and rewritten ``finished`` with the outcome once the action ends.
+A record is written ``started`` (with the epoch, the server's boot id and the time),
+durably (fsynced), before anything runs, and rewritten ``finished`` with the outcome once
+the action ends (atomically, without fsync: see ``Journal.finish``).
 Reading a record gives one of four states:
 
 - ``absent``: the id was never seen; it is safe to run it now, for the first time;
@@ -59,7 +60,9 @@ class Journal:
         with self._cond:
             record = read_json(self.record_path(action_id)) or {"action_id": action_id}
             record.update(status="finished", finished_at=wall_time(), outcome=outcome)
-            write_json_atomic(self.record_path(action_id), record)
+            # Not fsynced: only a host crash can lose it, and then the action reads as
+            # unknown (recorded lost, never re-run). The started record is what must last.
+            write_json_atomic(self.record_path(action_id), record, durable=False)
             self._cond.notify_all()
 
     def read(self, action_id: str) -> dict[str, Any]:

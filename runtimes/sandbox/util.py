@@ -19,17 +19,20 @@ def safe_name(action_id: str) -> str:
     return "h-" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()[:40]
 
 
-def write_json_atomic(path: str, data: Any, mode: int = 0o644) -> None:
-    """Write ``data`` as JSON to ``path`` atomically: tmp file, fsync, rename, fsync dir."""
+def write_json_atomic(path: str, data: Any, mode: int = 0o644, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` atomically: tmp file, rename; with ``durable``,
+    fsync the file before the rename and the folder after it (survives a host crash)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    if durable:
+        fsync_dir(os.path.dirname(path) or ".")
 
 
 def fsync_dir(path: str) -> None:
