@@ -27,17 +27,6 @@ LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
 
 
 
-def _pid_gone(pid: int) -> bool:
-    return not pid_alive(pid)
-
-
-def _wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    try:
-        return bool(wait_until(check, timeout_s, poll_s=0.02))
-    except TimeoutError:
-        return False
-
-
 def _servers_on(state_dir: Path) -> list[int]:
     """Pids of sandbox servers whose command line names ``state_dir``."""
     found = []
@@ -47,7 +36,7 @@ def _servers_on(state_dir: Path) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if os.fsencode(str(state_dir)) in argv and not _pid_gone(int(entry.name)):
+            if os.fsencode(str(state_dir)) in argv and pid_alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
 
@@ -254,11 +243,11 @@ def test_a_killed_server_is_replaced_and_its_action_is_unknown(
     command = "sh -c 'echo $$ > doomed.pid; exec sleep 3'; echo done >> ledger"
     _post_execute(first.state_dir, "doomed", command, epoch=1)
     pid_file = first.workspace / "doomed.pid"
-    assert _wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
     os.kill(alive_info["pid"], signal.SIGKILL)
-    assert _wait_until(lambda: _pid_gone(alive_info["pid"]))
-    assert _wait_until(lambda: _pid_gone(alive_info["shell_pid"]))  # the shell goes with it
-    assert _wait_until(lambda: _pid_gone(int(pid_file.read_text())))  # and its command
+    wait_until(lambda: not pid_alive(alive_info["pid"]))
+    wait_until(lambda: not pid_alive(alive_info["shell_pid"]))  # the shell goes with it
+    wait_until(lambda: not pid_alive(int(pid_file.read_text())))  # and its command
     health = first.alive()
     assert (health.alive, health.cause) == (False, "exited")
 
@@ -290,8 +279,8 @@ def test_idle_server_exits_with_its_shell(make_sandbox: Callable[..., LocalSandb
     sandbox = make_sandbox(idle_timeout_s=0.5)
     sandbox.start(1)
     answer = sandbox.runtime.alive()
-    assert _wait_until(lambda: _pid_gone(answer["pid"]), timeout_s=5)
-    assert _wait_until(lambda: _pid_gone(answer["shell_pid"]), timeout_s=2)
+    wait_until(lambda: not pid_alive(answer["pid"]), 5)
+    wait_until(lambda: not pid_alive(answer["shell_pid"]), 2)
     assert not sandbox.info_path.exists()
     assert sandbox.alive().cause == "exited"
 
@@ -307,7 +296,7 @@ def test_a_frozen_server_is_unreachable(make_sandbox: Callable[..., LocalSandbox
         os.kill(pid, signal.SIGCONT)
     assert (health.alive, health.cause) == (False, "unreachable")
     assert "alive" in health.detail and "127.0.0.1" in health.detail
-    assert _wait_until(lambda: sandbox.alive().alive)
+    wait_until(lambda: sandbox.alive().alive)
 
 
 def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., LocalSandbox]) -> None:
@@ -319,8 +308,8 @@ def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., Loc
     sandbox.stop()
     sandbox.stop()
     assert time.monotonic() - started < 5
-    assert _pid_gone(answer["pid"])
-    assert _wait_until(lambda: _pid_gone(answer["shell_pid"]), timeout_s=2)
+    assert not pid_alive(answer["pid"])
+    wait_until(lambda: not pid_alive(answer["shell_pid"]), 2)
     assert sandbox.alive().cause == "not_started"
     assert not sandbox.info_path.exists()
 

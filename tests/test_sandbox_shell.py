@@ -20,17 +20,6 @@ _ids = itertools.count(1)
 
 
 
-def _pid_gone(pid: int) -> bool:
-    return not pid_alive(pid)
-
-
-def _wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    try:
-        return bool(wait_until(check, timeout_s, poll_s=0.02))
-    except TimeoutError:
-        return False
-
-
 @pytest.fixture
 def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., LocalSandbox]]:
     """Started LocalSandboxes in tmp_path; every one is stopped at the end."""
@@ -116,7 +105,7 @@ def test_hard_timeout_interrupts_with_ctrl_c(sandbox: LocalSandbox) -> None:
     assert (outcome.status, outcome.timed_out, outcome.exit_code) == ("error", "hard", 130)
     assert "before" in outcome.content and "timed out after 0.5 s" in outcome.content
     pid = int((sandbox.workspace / "sleeper.pid").read_text())
-    assert _wait_until(lambda: _pid_gone(pid))
+    wait_until(lambda: not pid_alive(pid))
     assert run(sandbox, "echo $KEPT").content == "yes\n"
 
 
@@ -139,7 +128,7 @@ def test_hard_timeout_kills_a_group_that_ignores_ctrl_c(sandbox: LocalSandbox) -
     assert (outcome.status, outcome.timed_out, outcome.exit_code) == ("error", "hard", 137)
     assert "killed" in outcome.content
     pid = int((sandbox.workspace / "sleeper.pid").read_text())
-    assert _wait_until(lambda: _pid_gone(pid))
+    wait_until(lambda: not pid_alive(pid))
     assert run(sandbox, "echo alive").content == "alive\n"
 
 
