@@ -80,7 +80,37 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
             sys.exit(1)
 
 
-def _stream(session: Any, timeout_s: float, verbose: bool) -> Any:
+@main.command()
+@click.argument("session_id")
+@click.option("--message", "-m", help="Send this message to the agent instead of resuming.")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+def resume(session_id: str, message: str | None, home: Path | None, timeout_s: float,
+           verbose: bool) -> None:
+    """Carry on a stored session (or give it a message) and stream it until it settles."""
+    from .api import Trouper
+    from .exceptions import TrouperError
+    from .messages.events import AgentState
+
+    with Trouper(home=home, resume=False) as trouper:
+        try:
+            session = trouper.session(session_id)
+            before = session.record.last_seq
+            if message:
+                session.send(message)
+            else:
+                session.resume()
+        except TrouperError as exc:
+            raise click.ClickException(str(exc)) from exc
+        state = _stream(session, timeout_s, verbose, since=before)
+        record = session.record
+    if state != AgentState.FINISHED:
+        console.print(f"[red]session {session_id} is {state.value}: {record.state_reason}[/red]")
+        sys.exit(1)
+
+
+def _stream(session: Any, timeout_s: float, verbose: bool, since: int = 0) -> Any:
     from .messages.events import ActionEvent, ObservationEvent
     from .render import describe_action, render
 
@@ -88,7 +118,7 @@ def _stream(session: Any, timeout_s: float, verbose: bool) -> Any:
     status = console.status("waiting for the model…")
     status.start()
     try:
-        for event in session.events(follow=True, timeout_s=timeout_s):
+        for event in session.events(since, follow=True, timeout_s=timeout_s):
             line = render(event, verbose=verbose)
             if line is not None:
                 status.stop()

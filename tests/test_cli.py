@@ -52,6 +52,30 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     assert kinds[0] == "message" and "action" in kinds and "observation" in kinds
     missing = trouper_cmd("events", "s-missing", home=home)
     assert missing.returncode != 0 and "s-missing" in missing.stderr
+    unknown = trouper_cmd("resume", "s-missing", home=home)
+    assert unknown.returncode == 1 and "s-missing" in unknown.stderr
+
+
+def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"say": "Which file?"},
+        {"tool": "run", "args": {"command": "echo done > answer.txt"}},
+        {"tool": "finish", "args": {"message": "answered"}},
+    ]))
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    from trouper.testing import FakeLLMServer, load_script
+
+    with FakeLLMServer(load_script(script)) as server:
+        first = trouper_cmd("run", "answer", "--model", "hosted_vllm/x", "--base-url",
+                            server.url, "--api-key", "k", "--workspace", str(workspace),
+                            home=home)
+        assert first.returncode == 1 and "awaiting_user_input" in first.stdout
+        session_id = trouper_cmd("sessions", home=home).stdout.split()[0]
+        again = trouper_cmd("resume", session_id, "-m", "answer.txt", home=home)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "user: answer.txt" in again.stdout and "state → finished" in again.stdout
+    assert (workspace / "answer.txt").read_text() == "done\n"
 
 
 def test_fake_llm_command_serves_a_script(tmp_path):
