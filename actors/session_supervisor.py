@@ -102,7 +102,9 @@ class SessionSupervisor(Supervisor):
         self._to_controller(msg)
 
     def on_child_down(self, role: str, reason: str) -> None:
-        if role == RUNTIME and self.start is not None:
+        # A proxy that reported its failure first already told the Controller; one killed
+        # outright (or before it was ready) did not.
+        if role == RUNTIME and self.start is not None and self.ready is not None:
             self.ready = None
             self._to_controller(RuntimeFailed(
                 session_id=self.start.session_id, epoch=0, cause="exited", detail=reason))

@@ -81,8 +81,10 @@ class SandboxClient:
             "action": action.model_dump(mode="json"),
             "timeout_s": timeout_s,
             "no_output_timeout_s": no_output_timeout_s,
+            "wait_s": min(self.poll_s, hard_s + _STOP_MARGIN_S),
         }
-        record = self._call("POST", "/execute", body, operation=f"execute {action_id}")
+        record = self._call("POST", "/execute", body, operation=f"execute {action_id}",
+                            timeout_s=body["wait_s"] + self.request_timeout_s)
         while record.get("state") == "running":
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:

@@ -216,3 +216,28 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
         stale.execute("a-stale", RunCommand(command="echo no >> ledger.txt"),
                       timeout_s=5, no_output_timeout_s=5)
     assert not (tmp_path / "ledger.txt").exists()
+
+
+def test_a_sandbox_that_dies_while_idle_is_replaced_by_the_health_check(trouper, scripted,
+                                                                       tmp_path):
+    _, llm = scripted([
+        {"say": "Ready when you are."},
+        {"tool": "run", "args": {"command": "echo after > after.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+    killed_at = session.record.last_seq
+    kill_sandbox(session)
+
+    def replaced() -> bool:
+        phases = [e.phase for e in session.events(since=killed_at)
+                  if isinstance(e, RuntimeEvent)]
+        return phases[:2] == ["failed", "started"]
+
+    wait_until(replaced, 30, "the health check to replace the sandbox")
+    assert session.state == AgentState.AWAITING_USER_INPUT  # idle: nothing to recover
+    session.send("go")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "after.txt").read_text() == "after\n"
+    assert check_log(list(session.events())) == []

@@ -4,7 +4,8 @@ Endpoints (JSON in and out; every request carries ``Authorization: Bearer <token
 
     GET  /alive                        -> {pid, boot_id, epoch, shell_pid, protocol}
     POST /claim     {epoch}            -> {epoch}            409 StaleEpoch if older
-    POST /execute   {action_id, epoch, action, timeout_s, no_output_timeout_s}
+    POST /execute   {action_id, epoch, action, timeout_s, no_output_timeout_s[, wait_s]}
+                    -> the journal record, after waiting up to wait_s for the outcome
                                        -> the action's journal record (runs it at most once)
     GET  /actions/<id>?wait_s=N&epoch=E -> the journal record, long-polled while running
     POST /shutdown  {epoch?}           -> {ok}; then kills the shell and exits
@@ -118,7 +119,13 @@ class SandboxServer(ThreadingHTTPServer):
         if method == "POST" and path == "/claim":
             return {"epoch": service.claim(_body(body).get("epoch"))}
         if method == "POST" and path == "/execute":
-            return service.execute(_body(body))
+            request = _body(body)
+            record = service.execute(request)
+            wait_s = min(MAX_WAIT_S, float(request.get("wait_s") or 0.0))
+            if record.get("state") == "running" and wait_s > 0:
+                # answer with the outcome when it comes soon: one request per quick action
+                record = service.journal.wait(record["action_id"], wait_s)
+            return record
         if method == "POST" and path == "/shutdown":
             service.check_epoch(_body(body).get("epoch"))
             self.stop_soon()
