@@ -256,7 +256,9 @@ class LocalSandbox:
 
     def pid_alive(self, pid: int) -> bool:
         if self._proc is not None and self._proc.pid == pid:
-            return self._proc.poll() is None
+            # poll() answers None while another thread holds the Popen's wait lock, so a
+            # zombie or a reaped server could pass for alive: ask the kernel as well.
+            return self._proc.poll() is None and pid_alive(pid)
         return pid_alive(pid)
 
     def _exit_detail(self, pid: int) -> str:
