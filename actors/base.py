@@ -36,6 +36,8 @@ from thespian.actors import (
     WatchMessage,
 )
 
+from ..processes import start_time
+
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -261,7 +263,7 @@ class TrouperActor(Actor):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(str(os.getpid()))
+            tmp.write_text(f"{os.getpid()} {start_time(os.getpid()) or 0}")
             os.replace(tmp, path)
         except OSError as exc:
             logger.warning("%s could not publish its pid to %s: %s", self.role, path, exc)

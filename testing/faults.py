@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..processes import children_of, pid_alive
+from ..processes import children_of, pid_alive, start_time
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -51,9 +51,12 @@ def actor_pid(session: Session, role: str) -> int | None:
     home = session._trouper.home  # noqa: SLF001 - the harness is part of trouper
     path = home.actor_pid_path(role, session.id if role in SESSION_ROLES else None)
     try:
-        pid = int(path.read_text())
+        pid_text, _, started_text = path.read_text().partition(" ")
+        pid, started = int(pid_text), int(started_text or 0)
     except (OSError, ValueError):
         return None
+    if started and start_time(pid) != started:
+        return None  # that incarnation is gone and its pid went to another process
     return pid if pid_alive(pid) else None
 
 
