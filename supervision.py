@@ -20,7 +20,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -108,8 +108,6 @@ class _Child:
     order: int = 0
     last_words: str = ""
     given_up: bool = False
-    pending_restart: bool = False
-    done: bool = field(default=False)
 
 
 class Supervisor(TrouperActor):
@@ -186,7 +184,6 @@ class Supervisor(TrouperActor):
 
     def _start(self, child: _Child) -> ActorAddress:
         child.incarnation += 1
-        child.pending_restart = False
         address = self.createActor(child.spec.actor_class)
         child.address = address
         self.send(address, child.spec.boot(child.incarnation))
@@ -228,7 +225,6 @@ class Supervisor(TrouperActor):
             if other != role:
                 self._stop_for_restart(other)
         self.on_child_down(role, reason)
-        child.pending_restart = True
         self.after(child.budget.backoff_s(), "restart", (tuple(affected), reason))
 
     def _affected(self, role: str) -> list[str]:

@@ -8,8 +8,10 @@ sessions; user requests enter the tree here.
     │   └── Controller[s1]
     └── SessionSupervisor[s2] ...
 
-It is created from outside the actor system, so nobody restarts it; the ``Trouper``
-object that created it checks it is alive and recreates the tree when it is not.
+It is created from outside the actor system, so nobody restarts it: if it dies, its
+subtree dies with it (every actor dies with its parent) and the program must reopen its
+``Trouper``, which restores the sessions from the log. It watches the program that
+embeds it in turn, and takes the actor system down when that program is gone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .actors.wiring import (
     ShutdownDone,
     Superseded,
 )
-from .messages.protocol import Accepted, Ping, Pong, Refused, StartSession, UserCommand
+from .messages.protocol import Accepted, Refused, StartSession, UserCommand
 from .paths import Home
 from .supervision import ChildSpec, Supervisor
 
@@ -80,9 +82,6 @@ class RootSupervisor(Supervisor):
         except PermissionError:
             pass
         self.after(OWNER_CHECK_S, "owner")
-
-    def on_ping(self, msg: Ping, sender: ActorAddress) -> None:
-        self.send(sender, Pong(request_id=msg.request_id, pid=os.getpid(), role=self.role))
 
     # -- requests --------------------------------------------------------------
 

@@ -265,15 +265,18 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         return Outcome(status="rejected", content=f"The call to {event.tool!r} was malformed.")
 
     def finish(self, event: ActionEvent, action: Finish) -> None:
-        self.record(event.action_id, Outcome(status="ok", content=action.message), advance=False)
+        """The finish's outcome, the rest of the turn rejected, and FINISHED: one append, so
+        a restart can never find the finish answered and run the actions after it."""
+        done = ObservationEvent(action_id=event.action_id,
+                                outcome=Outcome(status="ok", content=action.message))
         skipped = [
             ObservationEvent(action_id=other, outcome=Outcome(
                 status="rejected", content="Not run: the agent finished before this action."))
             for other in self.view.pending
+            if other != event.action_id
         ]
-        if skipped:
-            self.append(*skipped)
-        self.transition(AgentState.FINISHED, action.message)
+        self.resolve_first.clear()
+        self.transition(AgentState.FINISHED, action.message, along=[done, *skipped])
 
     def record(self, action_id: str, outcome: Outcome, advance: bool = True) -> None:
         self.resolve_first.discard(action_id)

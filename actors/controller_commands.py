@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from thespian.actors import ActorAddress
 
 from ..fold import RESUMED_BY_USER
-from ..messages.events import AgentState, MessageEvent, ObservationEvent, StateChanged
+from ..messages.events import AgentState, Event, MessageEvent, ObservationEvent, StateChanged
 from ..messages.outcomes import Outcome
 from ..messages.protocol import Accepted, CancelCompletion, Refused, UserCommand
 from .wiring import Relay, RestartRuntime
@@ -35,14 +36,22 @@ class CommandsMixin:
     """User commands for the Controller (mixed into it; ``self`` is a Controller)."""
 
     def transition(
-        self: Controller, state: AgentState, reason: str = "", resumes_at: datetime | None = None
+        self: Controller,
+        state: AgentState,
+        reason: str = "",
+        resumes_at: datetime | None = None,
+        along: Sequence[Event] = (),
     ) -> None:
+        """Move to ``state``; ``along`` are appended in the same transaction, so a crash
+        never leaves their outcomes without the state change they belong to."""
         view = self.view
         if (view.state, view.reason, view.resumes_at) == (state, reason, resumes_at):
+            if along:
+                self.append(*along)
             return
         logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
                     state.value, reason)
-        self.append(StateChanged(state=state, reason=reason, resumes_at=resumes_at))
+        self.append(*along, StateChanged(state=state, reason=reason, resumes_at=resumes_at))
 
     def reply(self: Controller, to: ActorAddress | None, request_id: str, seq: int) -> None:
         if to is not None:
@@ -117,9 +126,7 @@ class CommandsMixin:
             for action_id in self.view.pending
             if action_id != self.dispatched and action_id not in self.resolve_first
         ]
-        if never_run:
-            self.append(*never_run)
-        self.transition(AgentState.STOPPED, "stopped by the user")
+        self.transition(AgentState.STOPPED, "stopped by the user", along=never_run)
         return None
 
     def cancel_model_call(self: Controller) -> None:

@@ -185,36 +185,9 @@ class RuntimeReady(Frozen):
     """True when an existing sandbox was re-attached rather than started anew."""
 
 
-# ---- supervision ----
 
 
-class ChildRestarted(Frozen):
-    """Told to a sibling when a supervisor restarted a child (e.g. the runtime)."""
 
-    kind: Literal["child_restarted"] = "child_restarted"
-    role: str
-    incarnation: int
-    reason: str
-
-
-class ChildGaveUp(Frozen):
-    """Past its restart intensity, a child is no longer restarted."""
-
-    kind: Literal["child_gave_up"] = "child_gave_up"
-    role: str
-    reason: str
-
-
-class Ping(Frozen):
-    kind: Literal["ping"] = "ping"
-    request_id: str
-
-
-class Pong(Frozen):
-    kind: Literal["pong"] = "pong"
-    request_id: str
-    pid: int
-    role: str = ""
 
 
 class Resolved(Frozen):

@@ -131,16 +131,6 @@ def test_requests_without_the_token_are_refused(make_sandbox: Callable[..., Loca
         conn.close()
 
 
-def test_execute_is_idempotent_by_action_id(make_sandbox: Callable[..., LocalSandbox]) -> None:
-    sandbox = make_sandbox()
-    sandbox.start(1)
-    action = RunCommand(command="echo ran >> ledger; wc -l < ledger")
-    first = sandbox.runtime.execute("once", action, **LIMITS)
-    second = sandbox.runtime.execute("once", action, **LIMITS)
-    assert first == second and first.content == "1\n"
-    assert (sandbox.workspace / "ledger").read_text() == "ran\n"
-
-
 def test_concurrent_execute_of_one_id_runs_it_once(
     make_sandbox: Callable[..., LocalSandbox],
 ) -> None:
