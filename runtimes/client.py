@@ -2,8 +2,10 @@
 
 Stdlib ``http.client`` with keep-alive connections (one per concurrent caller) and a
 deadline on every call. Errors map onto trouper's exceptions: 409 -> ``StaleEpoch``,
-400 -> ``InvalidRequest``, anything else that goes wrong -> ``RuntimeUnavailable``
-naming the operation and the address, with the cause chained.
+400/411/413 -> ``InvalidRequest``, anything else that goes wrong -> ``RuntimeUnavailable``
+naming the operation and the address, with the cause chained. An action too large for
+the server's body cap is not sent: it gets a ``rejected`` outcome the agent can act on
+(the server would close the connection unread, and the client would see only a reset).
 
     client = SandboxClient("127.0.0.1", port, token, epoch=3)
     outcome = client.execute("a1", RunCommand(command="ls"), timeout_s=60, no_output_timeout_s=10)
@@ -20,10 +22,11 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch
+from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch, StoreUnavailable
 from ..messages.actions import RuntimeAction
 from ..messages.outcomes import Outcome
 from .base import JournalRecord
+from .sandbox import MAX_BODY_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +86,9 @@ class SandboxClient:
             "no_output_timeout_s": no_output_timeout_s,
             "wait_s": min(self.poll_s, hard_s + _STOP_MARGIN_S),
         }
+        size = len(json.dumps(body).encode("utf-8"))
+        if size > MAX_BODY_BYTES:
+            return _too_large(size)
         record = self._call("POST", "/execute", body, operation=f"execute {action_id}",
                             timeout_s=body["wait_s"] + self.request_timeout_s)
         while record.get("state") == "running":
@@ -222,8 +228,10 @@ class SandboxClient:
         text = f"{operation}: the sandbox at {self.address} answered {status} {error}: {message}"
         if status == 409:
             raise StaleEpoch(text)
-        if status == 400:
+        if status in (400, 411, 413):
             raise InvalidRequest(text)
+        if status == 507:
+            raise StoreUnavailable(message or text, "full")
         exc = RuntimeUnavailable(text)
         exc.remote_traceback = answer.get("traceback", "") if isinstance(answer, dict) else ""  # type: ignore[attr-defined]
         raise exc
@@ -231,6 +239,17 @@ class SandboxClient:
 
 def _outcome(data: dict[str, Any]) -> Outcome:
     return Outcome.model_validate({k: v for k, v in data.items() if k in _OUTCOME_FIELDS})
+
+
+def _too_large(size: int) -> Outcome:
+    return Outcome(
+        status="rejected",
+        content=(
+            f"This action was not run: it is too large to send to the sandbox ({size} bytes "
+            f"as JSON, limit {MAX_BODY_BYTES}). Write a large file in parts (several "
+            "smaller write_file or edit_file calls), or generate it with run."
+        ),
+    )
 
 
 def _lost(record: dict[str, Any]) -> Outcome:

@@ -5,6 +5,11 @@ outlives the actor that started it: a restarted proxy finds it through
 ``<state_dir>/server.json``, attaches, claims a newer epoch and resolves in-flight
 actions from its journal. A server nobody talks to exits after ``idle_timeout_s``.
 
+The state folder is owner-only (0700; server.log and everything the server writes
+0600). The secrets among ``env`` are named to the server (``--secret-env NAME``: names
+in argv, values only in its environment), which masks them in all it writes. The shell
+runs with the umask of the program that started trouper (``shell_umask``).
+
     sandbox = LocalSandbox("s1", Path("/tmp/ws"), Path("/tmp/rt"), env={"MY_TOKEN": "x"})
     attached = sandbox.start(epoch=1)
     outcome = sandbox.runtime.execute("a1", RunCommand(command="pwd"), timeout_s=60,
@@ -22,9 +27,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
+from ..paths import creator_umask, private_dir
 from ..processes import pid_alive
 from .base import SandboxHealth
 from .client import SandboxClient
@@ -57,12 +63,19 @@ class LocalSandbox:
         *,
         start_timeout_s: float = 15.0,
         interrupt_grace_s: float = 2.0,
+        secret_names: tuple[str, ...] | None = None,
+        shell_umask: int | None = None,
     ) -> None:
         self.session_id = session_id
         self.workspace = Path(workspace).resolve()
         self.state_dir = Path(state_dir).resolve()
         self.env = dict(env or {})
         """Extra environment for the shell (the session's secrets among them)."""
+        self.secret_names = tuple(self.env) if secret_names is None else tuple(secret_names)
+        """Names of the variables of ``env`` whose values the server masks in everything
+        it writes; ``None`` (the default) means every one of ``env``."""
+        self.shell_umask = creator_umask() if shell_umask is None else shell_umask
+        """The umask of the agent's shell; default: the program's that started trouper."""
         self.max_output_chars = max_output_chars
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -85,7 +98,8 @@ class LocalSandbox:
         """Attach to the live server or start one; claim ``epoch``. True when attached."""
         self._epoch = epoch
         self.workspace.mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
+        os.chmod(self.state_dir, 0o700)  # made by someone else, or before this was so
         self._close_client()
         info = self._live_server()
         attached = info is not None
@@ -200,10 +214,12 @@ class LocalSandbox:
             "--max-output-chars": self.max_output_chars,
             "--interrupt-grace-s": self.interrupt_grace_s,
             "--epoch": epoch,
+            "--shell-umask": f"{self.shell_umask:03o}",
         }
         command = [sys.executable or "python3", "-I", "-S", "-c", _BOOT, str(RUNTIMES_DIR)]
         command += [str(part) for option in options.items() for part in option]
-        with open(self.state_dir / "server.log", "ab") as log:
+        command += [part for name in self.secret_names for part in ("--secret-env", name)]
+        with _open_log(self.state_dir / "server.log") as log:
             self._proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -298,13 +314,24 @@ class LocalSandbox:
             self.info_path.unlink(missing_ok=True)
 
 
+def _open_log(path: Path) -> BinaryIO:
+    """server.log for appending, owner-only (0600) whatever the umask, never via a symlink."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
 
 
 def _is_bash(pid: int) -> bool:

@@ -108,9 +108,13 @@ def test_start_creates_the_workspace_and_secrets_reach_commands(
     assert sandbox.start(1) is False
     assert sandbox.workspace.is_dir()
     assert isinstance(sandbox, Sandbox) and isinstance(sandbox.runtime, Runtime)
-    command = "echo $MY_SECRET ${TROUPER_NOT_FOR_THE_AGENT:-unset} ${PYTHONPATH:-unset}"
+    command = (
+        '[ "$MY_SECRET" = hunter2 ] && echo reached; '
+        "echo $MY_SECRET ${TROUPER_NOT_FOR_THE_AGENT:-unset} ${PYTHONPATH:-unset}"
+    )
     outcome = sandbox.runtime.execute("a1", RunCommand(command=command), **LIMITS)
-    assert outcome.content == "hunter2 unset unset\n"
+    # the value reaches the command; what the command prints shows only the placeholder
+    assert outcome.content == "reached\n<secret:MY_SECRET> unset unset\n"
     assert sandbox.alive().alive
     info = json.loads(sandbox.info_path.read_text())
     assert sandbox.info_path.stat().st_mode & 0o777 == 0o600

@@ -90,7 +90,7 @@ def test_paths_outside_the_workspace_are_refused(ws: Path, path: str) -> None:
     assert (ws.parent / "outside.txt").read_text() == "secret"
 
 
-def test_symlinks_pointing_outside_are_refused(ws: Path) -> None:
+def test_symlinks_are_refused_even_inside_the_workspace(ws: Path) -> None:
     outside = ws.parent / "outside"
     outside.mkdir()
     (outside / "f.txt").write_text("secret")
@@ -101,9 +101,12 @@ def test_symlinks_pointing_outside_are_refused(ws: Path) -> None:
     with pytest.raises(FileError, match="through a symlink"):
         files.write_file(str(ws), "linkdir/new.txt", "pwned")
     assert not (outside / "new.txt").exists()
+    # Policy: no symlink is followed, not even one that stays inside (simplest and safe).
     (ws / "inner.txt").write_text("fine\n")
     (ws / "ok-link").symlink_to(ws / "inner.txt")
-    assert files.read_file(str(ws), "ok-link") == "     1\tfine"
+    with pytest.raises(FileError, match="even ones that stay inside the workspace"):
+        files.read_file(str(ws), "ok-link")
+    assert files.read_file(str(ws), "inner.txt") == "     1\tfine"
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -202,3 +203,27 @@ def test_shell_env_is_prepared_for_agents(sandbox: LocalSandbox) -> None:
     outcome = run(sandbox, "echo $TERM $PAGER $GIT_PAGER; [ -t 0 ] || echo stdin-not-tty")
     assert outcome.content == "dumb cat cat\nstdin-not-tty\n"
     assert run(sandbox, "yes | head -n 2").content == "y\ny\n"  # SIGPIPE works again
+
+
+def _fd_targets(pid: int) -> dict[int, str]:
+    folder = Path(f"/proc/{pid}/fd")
+    targets = {}
+    for entry in folder.iterdir():
+        try:
+            targets[int(entry.name)] = os.readlink(entry)
+        except OSError:
+            continue  # closed meanwhile
+    return targets
+
+
+def test_commands_inherit_no_descriptor_of_the_server(sandbox: LocalSandbox) -> None:
+    # ls sees its stdin/stdout/stderr and the folder it lists (3), nothing else
+    assert run(sandbox, "ls /proc/self/fd").content.split() == ["0", "1", "2", "3"]
+    answer = sandbox.runtime.alive()
+    server_fds = _fd_targets(answer["pid"])
+    server_sockets = {t for t in server_fds.values() if t.startswith("socket:")}
+    assert server_sockets, "the server listens on a socket"
+    shell_fds = _fd_targets(answer["shell_pid"])
+    assert not set(shell_fds.values()) & server_sockets
+    assert not [t for t in shell_fds.values() if str(sandbox.state_dir) in t]
+    assert all(t.startswith("/dev/pts/") for t in shell_fds.values()), shell_fds

@@ -16,3 +16,5 @@ PROTOCOL_VERSION = 1
 """Bumped when the HTTP API changes incompatibly."""
 EXIT_LOCKED = 3
 """Exit status of a server that found another server holding its state folder."""
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest request body the server reads (413 past it); a client checks before sending."""

@@ -5,6 +5,12 @@ state folder exits with status 3), starts the shell, listens on loopback and the
 ``<state-dir>/server.json`` (``{pid, port, token, boot_id, workspace}``, mode 0600)
 atomically: whoever waits for that file can talk to the server at once. The shell's
 environment is this process's own, less the variables named by ``--scrub-env``.
+
+The server creates everything owner-only (umask 077; the state folder 0700, its files
+0600); the shell gets back the umask the server was started with (or ``--shell-umask``),
+so the agent's files keep their usual modes. The values of the variables named by
+``--secret-env`` (names only in argv, never values) are masked in everything the server
+writes: journal, outputs, outcomes, log.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import signal
 import sys
 import threading
 
-from . import EXIT_LOCKED
-from .server import SandboxServer
+from . import EXIT_LOCKED, files, logs
+from .mask import TextMasker
+from .server import MAX_CONNECTIONS, READ_TIMEOUT_S, SandboxServer
 from .service import Service
-from .util import read_json, wall_time, write_json_atomic
+from .util import open_private, private_dir, read_json, wall_time, write_json_atomic
 
 logger = logging.getLogger("sandbox")
 
@@ -47,19 +54,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME",
         help="an environment variable the shell must not inherit",
     )
+    parser.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an environment variable whose value is masked in everything written",
+    )
+    parser.add_argument(
+        "--shell-umask",
+        type=lambda text: int(text, 8),
+        default=None,
+        help="octal umask of the shell (default: the one this server was started with)",
+    )
+    parser.add_argument("--read-timeout-s", type=float, default=READ_TIMEOUT_S)
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
+    parser.add_argument("--file-timeout-s", type=float, default=files.FILE_TIMEOUT_S)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the server until it is shut down or idle; returns the exit status."""
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    masker = TextMasker({n: os.environ[n] for n in args.secret_env if n in os.environ})
+    logs.configure(masker)
     state_dir = os.path.abspath(args.state_dir)
     workspace = os.path.abspath(args.workspace)
-    os.makedirs(state_dir, exist_ok=True)
-    os.makedirs(workspace, exist_ok=True)
+    os.makedirs(workspace, exist_ok=True)  # the agent's folder: the caller's umask
+    started_umask = os.umask(0o077)  # everything else the server makes is owner-only
+    private_dir(state_dir)
     lock_fd = _lock(os.path.join(state_dir, "server.lock"))
     if lock_fd is None:
         logger.error("another sandbox server holds %s", state_dir)
@@ -75,10 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         args.epoch,
         args.max_output_chars,
         args.interrupt_grace_s,
+        masker=masker,
+        shell_umask=started_umask if args.shell_umask is None else args.shell_umask,
+        file_timeout_s=args.file_timeout_s,
     )
     service.start()
     server = SandboxServer(
-        (args.host, args.port), service, secrets.token_hex(32), args.idle_timeout_s
+        (args.host, args.port),
+        service,
+        secrets.token_hex(32),
+        args.idle_timeout_s,
+        read_timeout_s=args.read_timeout_s,
+        max_connections=args.max_connections,
     )
     info_path = os.path.join(state_dir, "server.json")
     info = {
@@ -115,7 +146,7 @@ def _serve(server: SandboxServer) -> None:
 
 
 def _lock(path: str) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_private(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

@@ -108,11 +108,13 @@ class PromptParser:
 class BashProcess:
     """An interactive bash on a pty: write lines, read output, interrupt, kill."""
 
-    def __init__(self, workspace: str, env: dict[str, str]) -> None:
+    def __init__(self, workspace: str, env: dict[str, str], umask: int | None = None) -> None:
+        """Start bash in ``workspace`` with ``env``; ``umask`` (default: this process's)
+        is the one its commands create files with."""
         bash = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: never returns
-            _exec_bash(bash, workspace, env)
+            _exec_bash(bash, workspace, env, umask)
         self.apply_modes()
         self.exit_status: int | None = None
         """Set once bash has exited and was reaped (negative: killed by that signal)."""
@@ -207,9 +209,12 @@ class BashProcess:
                 pass
 
 
-def _exec_bash(bash: str, workspace: str, env: dict[str, str]) -> None:
+def _exec_bash(bash: str, workspace: str, env: dict[str, str], umask: int | None) -> None:
     try:
         _default_signals()
+        _close_inherited_fds()
+        if umask is not None:
+            os.umask(umask)  # the server's own is 077; the agent's files get the usual modes
         os.chdir(workspace)
         termios.tcsetattr(0, termios.TCSANOW, _modes(termios.tcgetattr(0)))
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", _WINSIZE[0], _WINSIZE[1], 0, 0))
@@ -230,6 +235,17 @@ def _default_signals() -> None:
             except (OSError, ValueError, RuntimeError):
                 pass
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _close_inherited_fds() -> None:
+    """Close every descriptor but the pty's 0-2: the server's listening socket, journal
+    files and other shells' ptys must never reach the agent's commands (trouper opens
+    them close-on-exec as well; this also covers whatever was not)."""
+    try:
+        highest = max(int(name) for name in os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        highest = 4096
+    os.closerange(3, highest + 1)
 
 
 def _modes(attrs: list) -> list:

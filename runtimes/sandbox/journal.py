@@ -1,5 +1,7 @@
 """The action journal: one JSON record per action id, on disk, written atomically.
 
+Records and output files are owner-only (0600, in a 0700 folder), and hold no secret
+value: the caller masks the action before ``start`` and the outcome before ``finish``.
 A record is written ``started`` (with the epoch, the server's boot id and the time),
 durably (fsynced), before anything runs, and rewritten ``finished`` with the outcome once
 the action ends (atomically, without fsync: see ``Journal.finish``).
@@ -14,12 +16,15 @@ Reading a record gives one of four states:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from typing import Any
 
-from .util import read_json, safe_name, wall_time, write_json_atomic
+from .util import private_dir, read_json, safe_name, wall_time, write_json_atomic
+
+logger = logging.getLogger(__name__)
 
 
 class Journal:
@@ -29,7 +34,9 @@ class Journal:
         self.root = root
         self.boot_id = boot_id
         self._cond = threading.Condition()
-        os.makedirs(root, exist_ok=True)
+        self._unwritten: dict[str, dict[str, Any]] = {}
+        """Finished records the disk could not take yet, by action id."""
+        private_dir(root)
 
     def record_path(self, action_id: str) -> str:
         """Where the record of ``action_id`` lives."""
@@ -56,18 +63,38 @@ class Journal:
             return True
 
     def finish(self, action_id: str, outcome: dict[str, Any]) -> None:
-        """Journal the outcome of a started action and wake whoever waits for it."""
+        """Journal the outcome of a started action and wake whoever waits for it.
+
+        If the record cannot be written (the disk is full), the outcome is kept in memory
+        and served from there, and written by a later ``finish`` or ``read``: a full disk
+        delays the record, it never loses an outcome this server boot knows.
+        """
         with self._cond:
             record = read_json(self.record_path(action_id)) or {"action_id": action_id}
             record.update(status="finished", finished_at=wall_time(), outcome=outcome)
-            # Not fsynced: only a host crash can lose it, and then the action reads as
-            # unknown (recorded lost, never re-run). The started record is what must last.
-            write_json_atomic(self.record_path(action_id), record, durable=False)
+            self._unwritten[action_id] = record
+            self._flush_unwritten()
             self._cond.notify_all()
+
+    def _flush_unwritten(self) -> None:
+        """Write the finished records a full disk held back (called with the lock held)."""
+        for action_id, record in list(self._unwritten.items()):
+            try:
+                # Not fsynced: only a host crash can lose it, and then the action reads as
+                # unknown (recorded lost, never re-run). The started record must last.
+                write_json_atomic(self.record_path(action_id), record, durable=False)
+            except OSError as e:
+                logger.warning("journal: cannot write the outcome of %s yet (%s); keeping "
+                               "it in memory", action_id, e.strerror or e)
+                return
+            del self._unwritten[action_id]
 
     def read(self, action_id: str) -> dict[str, Any]:
         """The state of ``action_id`` as the API reports it."""
-        record = read_json(self.record_path(action_id))
+        with self._cond:
+            if self._unwritten:
+                self._flush_unwritten()
+            record = self._unwritten.get(action_id) or read_json(self.record_path(action_id))
         if record is None or record.get("action_id") != action_id:
             return {"action_id": action_id, "state": "absent", "epoch": 0, "outcome": None}
         if record.get("status") == "finished":

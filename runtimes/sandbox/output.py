@@ -1,25 +1,46 @@
 """Long output keeps its head and tail; the full text goes to a file the agent can read.
 
-``OutputBuffer`` collects the output of one command as it arrives: all of it is appended
-to a file (so it is kept even if nobody listens), and the part not yet shown to the agent
-is kept in memory as a bounded head and tail. ``fit_text`` and ``fit_pending`` turn text
-into an outcome's ``content``, ``elided_chars`` and ``full_output_path``.
+``OutputBuffer`` collects the output of one command as it arrives, secrets masked as it
+comes (a secret split across reads is masked whole): all of it is appended to an
+owner-only file (so it is kept even if nobody listens), and the part not yet shown to the
+agent is kept in memory as a bounded head and tail.
+
+Any bytes in, valid text out, raw bytes kept. The shell decodes a command's output with
+``surrogateescape``: valid UTF-8 becomes its characters and each undecodable byte a lone
+surrogate (U+DC80..U+DCFF) that encodes back to that byte. Secrets are masked on that
+text, and the file gets it encoded back: the command's raw bytes, with every spelling of
+a secret value (its UTF-8 bytes, or an escaped spelling) replaced by ``<secret:NAME>``. A
+value's UTF-8 bytes in the raw stream always decode to the value (a UTF-8 sequence starts
+with a byte no undecodable prefix can swallow), and a U+FFFD in a value also matches the
+undecodable bytes it stands for, so masking the text masks the bytes. The agent is shown
+those masked bytes decoded with ``replace`` (one U+FFFD for each invalid sequence), and
+every character count (shown, cut) is of that text. ``fit_text`` and ``fit_pending`` turn
+text, already masked, into an outcome's ``content``, ``elided_chars`` and
+``full_output_path``. Masking comes first, so a cut can never leave half a secret; and a
+cut never splits a ``<secret:NAME>`` placeholder either.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import BinaryIO, Callable, Optional, Tuple
 
-from .util import safe_name
+from . import safefs
+from .mask import TextMasker
+from .stream import StreamMasker
+from .util import open_private, safe_name
 
 OUTPUTS_DIR = os.path.join(".trouper", "outputs")
-"""Workspace-relative folder of the full outputs of truncated outcomes."""
+"""Workspace-relative folder of the full outputs of truncated outcomes (0700, files 0600)."""
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """Output past this many bytes of one command is counted but no longer written to disk."""
 
 Fitted = Tuple[str, int, Optional[str]]
 """``(content, elided_chars, full_output_path)``."""
+_PLACEHOLDER = re.compile(r"<secret:[^<>\s]{1,200}>")
+_PLACEHOLDER_MAX = 210
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class Pending:
@@ -38,11 +59,15 @@ class Pending:
 class OutputBuffer:
     """The output of one command: the whole in a file, the unseen part's ends in memory."""
 
-    def __init__(self, path: str, keep_chars: int) -> None:
+    def __init__(self, path: str, keep_chars: int, masker: TextMasker | None = None) -> None:
         self.path = path
         self._keep_chars = max(1, keep_chars)
-        self._file = open(path, "ab")
-        self._bytes = self._file.tell()
+        self._stream = StreamMasker(masker or TextMasker({}))
+        fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+        self._file = os.fdopen(fd, "ab")
+        self._bytes = self._file.seek(0, os.SEEK_END)
+        self.write_error: str | None = None
+        """Why the file stopped taking output (a full disk), or None."""
         self._reset(self._bytes)
 
     def _reset(self, start_byte: int) -> None:
@@ -52,13 +77,20 @@ class OutputBuffer:
         self._start_byte = start_byte
 
     def append(self, text: str) -> None:
-        """Add output as it arrives."""
+        """Add output as it arrives (masked; what might start a secret waits for more)."""
+        self._add(self._stream.feed(text))
+
+    def _add(self, text: str) -> None:
         if not text:
             return
-        data = text.encode("utf-8", "replace")
-        if self._bytes < MAX_FILE_BYTES:
-            self._file.write(data[: MAX_FILE_BYTES - self._bytes])
-            self._file.flush()
+        data = _raw(text)
+        text = data.decode("utf-8", "replace") if _SURROGATE.search(text) else text
+        if self._bytes < MAX_FILE_BYTES and self.write_error is None:
+            try:
+                self._file.write(data[: MAX_FILE_BYTES - self._bytes])
+                self._file.flush()
+            except OSError as e:  # a full disk: the command goes on, its ends are in memory
+                self.write_error = f"the output file could not be written ({e.strerror or e})"
         self._bytes += len(data)
         self._chars += len(text)
         room = self._keep_chars - len(self._head)
@@ -80,8 +112,21 @@ class OutputBuffer:
         return pending
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
-        self._file.close()
+        """Add what the masker held back, then close the file (idempotent)."""
+        if not self._file.closed:
+            self._add(self._stream.flush())
+            try:
+                self._file.close()
+            except OSError as e:
+                self.write_error = f"the output file could not be written ({e.strerror or e})"
+
+
+def _raw(text: str) -> bytes:
+    """The bytes ``text`` was decoded from with ``surrogateescape``."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: not from the shell
+        return text.encode("utf-8", "replace")
 
 
 def fit_text(text: str, max_chars: int, workspace: str, action_id: str) -> Fitted:
@@ -89,9 +134,9 @@ def fit_text(text: str, max_chars: int, workspace: str, action_id: str) -> Fitte
     if len(text) <= max_chars:
         return text, 0, None
     rel, error = _save(workspace, action_id, lambda f: f.write(text.encode("utf-8", "replace")))
-    head_chars, tail_chars = _split(max_chars)
-    elided = len(text) - head_chars - tail_chars
-    return _cut(text[:head_chars], text[-tail_chars:], elided, rel, error), elided, rel
+    head, tail = _clean_cut(text, *_split(max_chars))
+    elided = len(text) - len(head) - len(tail)
+    return _cut(head, tail, elided, rel, error), elided, rel
 
 
 def fit_pending(
@@ -101,17 +146,35 @@ def fit_pending(
     whole = pending.head + pending.tail
     if pending.total_chars <= max_chars:
         return whole, 0, None
-    head_chars, tail_chars = _split(max_chars)
-    elided = pending.total_chars - head_chars - tail_chars
+    head, tail = _clean_cut(whole, *_split(max_chars))
+    elided = pending.total_chars - len(head) - len(tail)
     rel, error = _save(workspace, action_id, lambda f: _copy_range(source_path, pending, f))
     if not error and pending.end_byte > MAX_FILE_BYTES:
         error = f"only the first {MAX_FILE_BYTES} bytes of the output were kept"
-    return _cut(whole[:head_chars], whole[-tail_chars:], elided, rel, error), elided, rel
+    return _cut(head, tail, elided, rel, error), elided, rel
 
 
 def _split(max_chars: int) -> tuple[int, int]:
     head_chars = max(1, max_chars // 2)
     return head_chars, max(1, max_chars - head_chars)
+
+
+def _clean_cut(text: str, head_chars: int, tail_chars: int) -> tuple[str, str]:
+    """The first ``head_chars`` and last ``tail_chars`` of ``text``, each shortened so
+    that it does not end (head) or start (tail) inside a ``<secret:NAME>`` placeholder."""
+    head_end, tail_start = head_chars, len(text) - tail_chars
+    window_end = head_end + _PLACEHOLDER_MAX
+    for m in _PLACEHOLDER.finditer(text, max(0, head_end - _PLACEHOLDER_MAX), window_end):
+        if m.start() >= head_end:
+            break
+        if head_end < m.end():
+            head_end = m.start()
+    for m in _PLACEHOLDER.finditer(text, max(0, tail_start - _PLACEHOLDER_MAX)):
+        if m.start() >= tail_start:
+            break
+        if tail_start < m.end():
+            tail_start = m.end()
+    return text[:head_end], text[tail_start:]
 
 
 def _cut(head: str, tail: str, elided: int, rel: str | None, error: str) -> str:
@@ -127,14 +190,22 @@ def _cut(head: str, tail: str, elided: int, rel: str | None, error: str) -> str:
 def _save(
     workspace: str, action_id: str, write: Callable[[BinaryIO], object]
 ) -> tuple[str | None, str]:
-    rel = os.path.join(OUTPUTS_DIR, safe_name(action_id) + ".log")
+    """Write the full output owner-only into the workspace, reached without symlinks (an
+    agent's symlink at ``.trouper/outputs`` cannot redirect it outside)."""
+    name = safe_name(action_id) + ".log"
     try:
-        os.makedirs(os.path.join(workspace, OUTPUTS_DIR), exist_ok=True)
-        with open(os.path.join(workspace, rel), "wb") as f:
-            write(f)
+        root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            dir_fd = safefs.open_dirs(root_fd, OUTPUTS_DIR.split(os.sep), create_mode=0o700)
+        finally:
+            os.close(root_fd)
+        try:
+            safefs.replace_file(dir_fd, name, 0o600, write)
+        finally:
+            os.close(dir_fd)
     except OSError as e:
         return None, f"{type(e).__name__}: {e}"
-    return rel, ""
+    return os.path.join(OUTPUTS_DIR, name), ""
 
 
 def _copy_range(source_path: str, pending: Pending, out: BinaryIO) -> None:

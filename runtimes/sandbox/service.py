@@ -3,10 +3,16 @@
 ``Service.execute`` is idempotent by action id: the action is journaled ``started``
 before anything runs, then performed in a background thread that journals ``finished``
 with the outcome. An id already in the journal is never performed again.
+
+No secret value is written anywhere: the journaled action is masked (the one that runs
+keeps its values), output is masked as it arrives, and every outcome's content is masked
+again before it is journaled (errors and notes included). A file action has a deadline
+(``file_timeout_s``, and never more than the action's own timeout).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -15,6 +21,7 @@ from typing import Any, Callable, Dict
 
 from . import files
 from .journal import Journal
+from .mask import TextMasker
 from .output import fit_pending, fit_text
 from .shell import Shell, ShellResult
 from .util import read_json, write_json_atomic
@@ -42,6 +49,15 @@ class StaleEpoch(Exception):
     """The request carries an older epoch than the one claimed."""
 
 
+class StorageUnavailable(Exception):
+    """The journal cannot be written (disk full, read-only): the action is not run."""
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "read-only",
+                   errno.EACCES: "not writable", errno.EPERM: "not writable",
+                   errno.EIO: "failing (I/O error)"}
+
+
 class BadRequest(Exception):
     """The request is malformed; nothing was journaled or run."""
 
@@ -58,10 +74,27 @@ class Service:
         epoch: int = 0,
         max_output_chars: int = 10_000,
         interrupt_grace_s: float = 2.0,
+        *,
+        masker: TextMasker | None = None,
+        shell_umask: int | None = None,
+        file_timeout_s: float = files.FILE_TIMEOUT_S,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
         self.journal = Journal(os.path.join(state_dir, "journal"), boot_id)
-        self.shell = Shell(self.workspace, env, max_output_chars, interrupt_grace_s)
+        self.masker = masker or TextMasker({})
+        """Masks the session's secret values in everything the server writes."""
+        self.shell_umask = shell_umask
+        """The umask of the agent's shell and of the files write_file creates."""
+        self.file_timeout_s = file_timeout_s
+        """Deadline of one file action, in seconds."""
+        self.shell = Shell(
+            self.workspace,
+            env,
+            max_output_chars,
+            interrupt_grace_s,
+            masker=self.masker,
+            umask=shell_umask,
+        )
         self.max_output_chars = max_output_chars
         self._epoch_path = os.path.join(state_dir, "epoch.json")
         stored = read_json(self._epoch_path) or {}
@@ -108,7 +141,15 @@ class Service:
         """Journal and start an action (once per id); returns its journal record."""
         action_id, action, timeout_s, soft_s = _parse_execute(request)
         epoch = self.claim(request.get("epoch"))
-        if self.journal.start(action_id, epoch, action):
+        try:
+            started = self.journal.start(action_id, epoch, self.mask_data(action))
+        except OSError as e:
+            if e.errno not in _STORAGE_ERRNOS:
+                raise
+            raise StorageUnavailable(
+                f"the disk holding the sandbox's journal is {_STORAGE_ERRNOS[e.errno]} "
+                f"({e.strerror}); the action was not run") from e
+        if started:
             worker = threading.Thread(
                 target=self._perform_and_journal,
                 args=(action_id, action, timeout_s, soft_s),
@@ -127,8 +168,19 @@ class Service:
         except Exception as e:  # noqa: BLE001 - the action must end with an outcome
             logger.exception("action %s failed inside the sandbox", action_id)
             outcome = {"status": "error", "content": f"The sandbox failed: {type(e).__name__}: {e}"}
+        outcome["content"] = self.masker.mask(str(outcome.get("content", "")))
         outcome["duration_s"] = round(time.monotonic() - began, 6)
         self.journal.finish(action_id, outcome)
+
+    def mask_data(self, value: Any) -> Any:
+        """A copy of JSON-like ``value`` with every string in it (keys too) masked."""
+        if isinstance(value, str):
+            return self.masker.mask(value)
+        if isinstance(value, dict):
+            return {self.mask_data(k): self.mask_data(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.mask_data(item) for item in value]
+        return value
 
     def perform(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
@@ -136,30 +188,37 @@ class Service:
         """Do one action and return its outcome (never raises for the agent's mistakes)."""
         if action["kind"] == "run":
             return self._run(action_id, action, timeout_s, soft_s)
-        do: Callable[[], str] = {
-            "read_file": lambda: files.read_file(
-                self.workspace, action["path"], action.get("start_line"), action.get("end_line")
-            ),
-            "write_file": lambda: files.write_file(
-                self.workspace, action["path"], action["content"]
-            ),
-            "edit_file": lambda: files.edit_file(
-                self.workspace, action["path"], action["old"], action["new"]
-            ),
-        }[action["kind"]]
+        do = self._file_action(action)
+
+        def whole() -> Outcome:  # the deadline covers saving the full text too (same disk)
+            content, elided, full_path = fit_text(
+                self.masker.mask(do()), self.max_output_chars, self.workspace, action_id
+            )
+            return {
+                "status": "ok",
+                "content": content,
+                "elided_chars": elided,
+                "full_output_path": full_path,
+            }
+
         try:
-            text = do()
+            return files.call_with_deadline(
+                whole, min(self.file_timeout_s, timeout_s), action["kind"]
+            )
         except files.FileError as e:
             return {"status": "error", "content": str(e)}
-        content, elided, full_path = fit_text(
-            text, self.max_output_chars, self.workspace, action_id
-        )
-        return {
-            "status": "ok",
-            "content": content,
-            "elided_chars": elided,
-            "full_output_path": full_path,
-        }
+
+    def _file_action(self, action: dict[str, Any]) -> Callable[[], str]:
+        kind, workspace = action["kind"], self.workspace
+        if kind == "read_file":
+            return lambda: files.read_file(
+                workspace, action["path"], action.get("start_line"), action.get("end_line")
+            )
+        if kind == "write_file":
+            return lambda: files.write_file(
+                workspace, action["path"], action["content"], self.shell_umask
+            )
+        return lambda: files.edit_file(workspace, action["path"], action["old"], action["new"])
 
     def _run(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float

@@ -24,6 +24,7 @@ from .bash import (
     encode_command,
     prompt_string,
 )
+from .mask import TextMasker
 from .output import OutputBuffer, Pending
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,14 @@ class Shell:
         max_output_chars: int = 10_000,
         interrupt_grace_s: float = 2.0,
         start_timeout_s: float = 10.0,
+        masker: TextMasker | None = None,
+        umask: int | None = None,
     ) -> None:
         self.workspace = workspace
+        self._masker = masker
+        """Masks secret values in the output, as it arrives (before it is written)."""
+        self._umask = umask
+        """The umask commands run with (None: the server's own)."""
         self._max_output_chars = max_output_chars
         self._grace_s = interrupt_grace_s
         self._start_timeout_s = start_timeout_s
@@ -111,7 +118,7 @@ class Shell:
 
     def start(self) -> None:
         """Start bash and wait until it is ready for commands (raises ShellError)."""
-        bash = BashProcess(self.workspace, self._env)
+        bash = BashProcess(self.workspace, self._env, self._umask)
         parser = PromptParser(self._prefix)
         with self._cond:
             self._bash = bash
@@ -161,7 +168,7 @@ class Shell:
             cmd = _Command(
                 self._next_line_id,
                 bash,
-                OutputBuffer(output_path, self._max_output_chars),
+                OutputBuffer(output_path, self._max_output_chars, self._masker),
                 timeout_s,
             )
             self._next_line_id += 1
@@ -312,7 +319,9 @@ class Shell:
     # ---- the reader thread and restarts ----
 
     def _read_loop(self, bash: BashProcess, parser: PromptParser) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # lossless: an undecodable byte becomes a lone surrogate that encodes back to it,
+        # so the output file keeps the raw bytes (OutputBuffer says how it is shown)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
         while True:
             data = bash.read(0.5)
             if data is None:

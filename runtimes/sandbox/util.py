@@ -1,4 +1,5 @@
-"""Small helpers shared by the sandbox modules: safe file names and atomic JSON files."""
+"""Small helpers shared by the sandbox modules: safe file names, owner-only folders and
+atomic JSON files."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from typing import Any
 
+PRIVATE_DIR_MODE = 0o700
+"""Folders of the state folder (and it): the owner only."""
+PRIVATE_FILE_MODE = 0o600
+"""Files of the state folder: journal records, outputs, server.json, lock, log."""
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -19,12 +25,15 @@ def safe_name(action_id: str) -> str:
     return "h-" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()[:40]
 
 
-def write_json_atomic(path: str, data: Any, mode: int = 0o644, durable: bool = True) -> None:
-    """Write ``data`` as JSON to ``path`` atomically: tmp file, rename; with ``durable``,
-    fsync the file before the rename and the folder after it (survives a host crash)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, with exactly ``mode``: tmp file,
+    rename; with ``durable``, fsync the file before the rename and the folder after it
+    (survives a host crash)."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, mode)
     try:
+        os.fchmod(fd, mode)  # a leftover tmp file keeps its old mode; the umask masks a new one
         os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
         if durable:
             os.fsync(fd)
@@ -33,6 +42,25 @@ def write_json_atomic(path: str, data: Any, mode: int = 0o644, durable: bool = T
     os.replace(tmp, path)
     if durable:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (and missing parents) owner-only (0700), or make it so."""
+    os.makedirs(path, mode=PRIVATE_DIR_MODE, exist_ok=True)
+    os.chmod(path, PRIVATE_DIR_MODE)  # makedirs' mode is masked by the umask; be exact
+    return path
+
+
+def open_private(path: str, flags: int) -> int:
+    """``os.open`` of a file of the state folder: created 0600, tightened if looser."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_dir(path: str) -> None:
