@@ -50,6 +50,7 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         max_iterations: int, timeout_s: float, verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED."""
     from .api import Trouper
+    from .masking import mask_known
     from .messages.events import AgentState
 
     with _llm_for(model, base_url, api_key, script) as (llm, demo):
@@ -76,7 +77,7 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         console.print(f"workspace: {record.config.workspace}")
         if state != AgentState.FINISHED:
             console.print(f"[red]session {session.id} ended {state.value}: "
-                          f"{record.state_reason}[/red]")
+                          f"{mask_known(record.state_reason)}[/red]")
             sys.exit(1)
 
 
@@ -89,12 +90,14 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
 def resume(session_id: str, message: str | None, home: Path | None, timeout_s: float,
            verbose: bool) -> None:
     """Carry on a stored session (or give it a message) and stream it until it settles."""
-    from .api import Trouper
+    from .api import Trouper, remember_session_secrets
     from .exceptions import TrouperError
+    from .masking import mask_known
     from .messages.events import AgentState
 
     with Trouper(home=home, resume=False) as trouper:
         try:
+            remember_session_secrets(trouper.home, session_id)  # shown output is masked
             session = trouper.session(session_id)
             before = session.record.last_seq
             if message:
@@ -106,7 +109,8 @@ def resume(session_id: str, message: str | None, home: Path | None, timeout_s: f
         state = _stream(session, timeout_s, verbose, since=before)
         record = session.record
     if state != AgentState.FINISHED:
-        console.print(f"[red]session {session_id} is {state.value}: {record.state_reason}[/red]")
+        console.print(f"[red]session {session_id} is {state.value}: "
+                      f"{mask_known(record.state_reason)}[/red]")
         sys.exit(1)
 
 
@@ -167,6 +171,7 @@ def fake_llm(script: str, port: int, host: str) -> None:
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
 def sessions(home: Path | None) -> None:
     """List the sessions in the store, newest first."""
+    from .masking import mask_known
     from .paths import Home
     from .store import open_store
 
@@ -174,7 +179,8 @@ def sessions(home: Path | None) -> None:
     try:
         for record in store.sessions():
             console.print(f"{record.session_id}  {record.state.value:<22} "
-                          f"{record.updated_at:%Y-%m-%d %H:%M:%S}  {record.config.task[:60]}")
+                          f"{record.updated_at:%Y-%m-%d %H:%M:%S}  "
+                          f"{mask_known(record.config.task)[:60]}")
     finally:
         store.close()
 
@@ -188,16 +194,20 @@ def sessions(home: Path | None) -> None:
 def events(session_id: str, home: Path | None, since: int, as_json: bool,
            verbose: bool) -> None:
     """Print a session's events from the store."""
+    from .api import remember_session_secrets
     from .exceptions import UnknownSession
+    from .masking import known_masker
     from .paths import Home
     from .render import render
     from .store import open_store
 
-    store = open_store(Home.at(home))
+    trouper_home = Home.at(home)
+    store = open_store(trouper_home)
     try:
+        remember_session_secrets(trouper_home, session_id)  # shown output is masked
         for event in store.read(session_id, since=since):
             if as_json:
-                click.echo(event.model_dump_json())
+                click.echo(known_masker().mask_event(event).model_dump_json())
             elif (line := render(event, verbose=verbose)) is not None:
                 console.print(line)
     except UnknownSession as exc:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from .text import storable
 
 
 class Config(BaseModel):
-    """Base for configuration: frozen, and unknown fields are rejected."""
+    """Base for configuration: frozen, and unknown fields are rejected. Its text is
+    storable (lone surrogates become U+FFFD), like every message's."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        return storable(data)
 
 
 class LLMConfig(Config):

@@ -1,4 +1,9 @@
-"""Events as short, readable lines for a terminal (used by the CLI)."""
+"""Events as short, readable lines for a terminal (used by the CLI).
+
+Every event is masked with the secret values this process knows before anything of it is
+shown or clipped, so a clip never leaves half a secret (the store holds masked events
+already; this guards what came another way).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import json
 
 from rich.text import Text
 
+from .masking import known_masker
 from .messages.events import (
     ActionEvent,
     AgentState,
@@ -36,6 +42,7 @@ def _clip(text: str, limit: int) -> str:
 
 def describe_action(event: ActionEvent) -> str:
     """``run: ls -la`` style summary of an action."""
+    event = known_masker().mask_event(event)
     action = event.action
     if action is None:
         return f"{event.tool}({_clip(event.arguments, 80)})  [malformed]"
@@ -53,6 +60,7 @@ def describe_action(event: ActionEvent) -> str:
 
 def render(event: Event, *, verbose: bool = False) -> Text | None:
     """One event as a line (or a few), or None when it is not worth showing."""
+    event = known_masker().mask_event(event)
     seq = Text(f"{event.seq:>4} ", style="dim")
     if isinstance(event, StateChanged):
         line = Text(f"state → {event.state.value}", style=_STATE_STYLE.get(event.state, "cyan"))

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from ..text import storable
 
 
 class Frozen(BaseModel):
-    """An immutable, JSON-serialisable pydantic model that rejects unknown fields."""
+    """An immutable, JSON-serialisable pydantic model that rejects unknown fields.
+
+    Any text it is built from is storable: lone surrogates (which a model's JSON or a
+    command's bytes can carry) become U+FFFD at construction, so no message or event can
+    fail to serialise, be stored or be sent later.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        return storable(data)
 
     def __str__(self) -> str:
         # Thespian formats every message it sends for a debug line, logging or not; the

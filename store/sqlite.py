@@ -8,6 +8,13 @@ referenced, never used and never closed, so closing them cannot disturb the pare
 opens its own. An ``os.register_at_fork`` hook does this right after the fork, and a pid
 check on every call is the fallback for a fork that skipped the hook.
 
+Privacy (I7): the database is created owner-only (0600) before SQLite opens it, whatever
+the umask, and SQLite gives its ``-wal`` and ``-shm`` files the database's mode; an
+existing file with looser modes is tightened, and the log says so. What is written is
+masked once more with every secret value this process knows (``masking.known_masker``):
+the task and the whole config, and every event, so a caller that forgot to mask cannot
+put a known secret on disk.
+
 Durability: every append is one ``BEGIN IMMEDIATE`` transaction (writers queue on the
 database's write lock, so two can never read the same last seq). With
 ``synchronous="normal"`` a commit survives the crash of any process (the case of I3);
@@ -30,8 +37,12 @@ from typing import Any, Literal
 
 from ..config import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
+from ..masking import known_masker
 from ..messages.events import AgentState, Event, StateChanged, event_from_json
+from ..paths import private_dir
 from .base import SessionRecord
+from .faults import storage_fault
+from .files import make_private
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +104,9 @@ def _ts(dt: datetime) -> str:
 
 
 def _public_config_json(config: SessionConfig) -> str:
-    """The config as stored: the API key is excluded explicitly, never masked."""
-    return config.model_dump_json(exclude={"llm": {"api_key"}})
+    """The config as stored: the API key is excluded explicitly; every other field is
+    masked with the values this process knows (the task may quote a secret)."""
+    return known_masker().mask_event(config).model_dump_json(exclude={"llm": {"api_key"}})
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
@@ -136,6 +148,10 @@ class SQLiteEventStore:
         self._synchronous = synchronous.upper()
         self._busy_timeout_s = busy_timeout_s
         self._closed = False
+        try:
+            make_private(self.path)
+        except OSError as e:
+            raise StoreError(f"cannot open the event store {self.path}: {e}") from e
         self._forget_connections()
         _STORES.add(self)
         self._conn()  # create or check the schema now, so a bad file fails here
@@ -173,7 +189,7 @@ class SQLiteEventStore:
     def _open(self) -> sqlite3.Connection:
         """A new connection (autocommit: transactions are explicit) on a checked schema."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
             conn = sqlite3.connect(
                 self.path,
                 timeout=self._busy_timeout_s,
@@ -295,15 +311,20 @@ class SQLiteEventStore:
                 last = self._last_seq(conn, session_id)
                 if owner is not None:
                     self._check_owner(conn, session_id, owner)
-                stamped = [e.model_copy(update={"seq": last + i}) for i, e in enumerate(events, 1)]
+                masker = known_masker()  # a no-op for events their writer masked already
+                stamped = [masker.mask_event(e.model_copy(update={"seq": last + i}))
+                           for i, e in enumerate(events, 1)]
                 conn.executemany(
                     "INSERT INTO events (session_id, seq, kind, source, action_id, ts, body_json)"
                     " VALUES (?,?,?,?,?,?,?)",
                     (_event_row(session_id, e) for e in stamped),
                 )
                 self._move_pointer(conn, session_id, stamped, last)
-        except (sqlite3.Error, ValueError) as e:
+        except (sqlite3.Error, OSError, ValueError) as e:
             # ValueError: an event that cannot be serialised (pydantic's error derives from it)
+            fault = storage_fault(e)
+            if fault is not None:  # where the store lives failed: a state for the session
+                raise fault from e
             raise StoreError(f"cannot append to session {session_id!r}: {e}") from e
         return stamped
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trouper.masking import MIN_SECRET_CHARS, SecretMasker
 from trouper.messages.actions import RunCommand
 from trouper.messages.events import ActionEvent, MessageEvent, ObservationEvent
@@ -135,3 +137,125 @@ def test_reveal_turns_placeholders_back_into_values():
     assert revealed.command == "curl -H 'x: abcd-1234' <secret:UNKNOWN>"
     assert masker.mask_event(revealed) == action
     assert SecretMasker({}).reveal(action) is action
+
+
+# ---- every escaped spelling ----------------------------------------------------------
+
+ODD = 'pa"ss/wö\\rd-𝄞'
+"""A quote, a slash, a non-ASCII letter, a backslash and a character past U+FFFF."""
+
+
+def spelled(value: str, spell) -> str:
+    return "".join(spell(i, c) for i, c in enumerate(value))
+
+
+def u_escape(c: str, upper: bool = False) -> str:
+    units = c.encode("utf-16-be")
+    codes = [int.from_bytes(units[i:i + 2], "big") for i in range(0, len(units), 2)]
+    return "".join(f"\\u{code:04X}" if upper else f"\\u{code:04x}" for code in codes)
+
+
+@pytest.mark.parametrize("spell", [
+    lambda i, c: json.dumps(c)[1:-1],
+    lambda i, c: json.dumps(c, ensure_ascii=False)[1:-1],
+    lambda i, c: "\\/" if c == "/" else json.dumps(c)[1:-1],
+    lambda i, c: u_escape(c, upper=True),
+    lambda i, c: u_escape(c) if i % 2 else json.dumps(c, ensure_ascii=False)[1:-1],
+], ids=["json", "json-utf8", "escaped-slash", "all-upper-hex", "mixed"])
+def test_every_escaped_spelling_is_masked(spell):
+    masker = SecretMasker({"PW": ODD})
+    raw = '{"command": "login ' + spelled(ODD, spell) + ' now"}'
+    assert json.loads(raw)["command"] == f"login {ODD} now"
+    assert masker.mask_text(raw) == '{"command": "login <secret:PW> now"}'
+
+
+def test_python_repr_spellings_are_masked():
+    """As in an exception's text or a ``%r`` log argument."""
+    value = "it's \"both\"\x07\\-zz"
+    masker = SecretMasker({"PW": value})
+    for text in (repr(value), repr([value]), repr(value.encode())):
+        assert "<secret:PW>" in masker.mask_text(text), text
+
+
+def test_json_inside_json_is_masked_at_every_level():
+    masker = SecretMasker({"PW": ODD})
+    twice = json.dumps({"arguments": json.dumps({"command": ODD})})
+    assert "<secret:PW>" in masker.mask_text(twice)
+    assert ODD not in json.loads(json.loads(masker.mask_text(twice))["arguments"])["command"]
+
+
+def test_an_escaped_backslash_is_never_split():
+    masker = SecretMasker({"PW": "abc\\"})
+    raw = json.dumps({"c": "abc\\"})
+    assert json.loads(masker.mask_text(raw)) == {"c": "<secret:PW>"}
+
+
+def test_text_without_backslashes_skips_the_escape_rule():
+    masker = SecretMasker({"PW": "pa/ss-wörd"})
+    assert masker.mask_text("plain pa/ss-wörd") == "plain <secret:PW>"
+    assert not any(rule.compiled for rule in masker._text.rules)  # no regex was built
+
+
+# ---- names -------------------------------------------------------------------------
+
+
+def test_pairs_keep_their_first_name_and_make_names_unique():
+    masker = SecretMasker.of_pairs([("A", "value-one"), ("B", "value-one"), ("A", "value-two")])
+    assert masker.mask_text("value-one value-two") == "<secret:A> <secret:A_2>"
+    assert dict(masker.pairs) == {"A": "value-one", "A_2": "value-two"}
+
+
+# ---- the process's registry and its log records ----------------------------------------
+
+REGISTERED = "registered-secret-8d7c6b"
+
+
+def test_log_records_are_masked_where_they_are_made():
+    import logging
+
+    from trouper.masking import mask_known, remember_secrets
+
+    remember_secrets({"REG": REGISTERED})
+    assert mask_known(f"x {REGISTERED}") == "x <secret:REG>"
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    log = logging.getLogger("any.library.at.all")
+    log.addHandler(handler)
+    try:
+        log.warning("args %s and %r", REGISTERED, {"k": REGISTERED})
+        try:
+            raise ValueError(f"failed with {REGISTERED!r}")
+        except ValueError:
+            log.exception("caught")
+        log.warning(f"in the format {REGISTERED}", stack_info=True)
+    finally:
+        log.removeHandler(handler)
+    rendered = "\n".join(logging.Formatter().format(r) for r in seen)
+    assert REGISTERED not in rendered
+    assert rendered.count("<secret:REG>") >= 4
+    assert seen[1].exc_text and "ValueError" in seen[1].exc_text
+
+
+def test_registry_keeps_two_sessions_values_under_one_name():
+    from trouper.masking import known_masker, remember_secrets
+
+    remember_secrets({"GITHUB_TOKEN": "first-session-token"})
+    remember_secrets({"GITHUB_TOKEN": "second-session-token"})
+    masked = known_masker().mask_text("first-session-token second-session-token")
+    assert "first-session" not in masked and "second-session" not in masked
+
+
+def test_three_levels_deep_is_masked():
+    masker = SecretMasker({"PW": ODD})
+    thrice = json.dumps({"error": json.dumps({"arguments": json.dumps({"command": ODD})})})
+    assert "<secret:PW>" in masker.mask_text(thrice)
+
+
+def test_a_long_run_of_backslashes_costs_linear_time():
+    import time
+
+    masker = SecretMasker({"PW": ODD, "OTHER": "other-value"})
+    started = time.monotonic()
+    masker.mask_text("\\" * 200_000 + "u00")
+    assert time.monotonic() - started < 1.0

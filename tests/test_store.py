@@ -293,6 +293,71 @@ def test_api_key_is_never_stored(store: SQLiteEventStore, db: Path):
     assert API_KEY.encode() not in stored_bytes()
 
 
+STORE_SECRET = 'store-secret-"q/é\\z-41'
+"""Registered in this process by the tests below: a value any store here must mask."""
+
+
+def test_known_secrets_are_masked_in_the_config_and_every_event(db: Path):
+    from trouper.masking import remember_secrets
+
+    remember_secrets({"STORE_SECRET": STORE_SECRET})
+    s = SQLiteEventStore(db)
+    try:
+        config = SessionConfig(task=f"use {STORE_SECRET}", llm=LLMConfig(model="m"),
+                               workspace="/tmp/ws", system_prompt=f"p {STORE_SECRET}")
+        s.create_session("s1", config)
+        [stored] = s.append("s1", [msg(f"again {STORE_SECRET}")])
+        record = s.session("s1")
+    finally:
+        s.close()
+    assert record.config.task == "use <secret:STORE_SECRET>"
+    assert record.config.system_prompt == "p <secret:STORE_SECRET>"
+    assert stored.text == "again <secret:STORE_SECRET>"  # what is returned is what is stored
+    raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
+    assert b"store-secret" not in raw and b"<secret:STORE_SECRET>" in raw
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_database_wal_and_shm_are_owner_only_whatever_the_umask(db: Path):
+    old = os.umask(0)
+    try:
+        s = SQLiteEventStore(db)
+        s.create_session("s1", make_config())
+        s.append("s1", [msg("hello")])
+        files = [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
+        assert all(p.exists() for p in files)
+        assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
+        s.close()
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_loose_database_is_tightened_and_logged(db: Path, caplog):
+    SQLiteEventStore(db).close()
+    wal = Path(f"{db}-wal")
+    wal.touch()
+    for path in (db, wal):
+        path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="trouper.store"):
+        SQLiteEventStore(db).close()
+    assert _mode(db) == 0o600
+    assert not wal.exists() or _mode(wal) == 0o600
+    assert "tightened" in caplog.text and str(db) in caplog.text
+
+
+def test_a_read_only_database_stays_read_only(db: Path):
+    SQLiteEventStore(db).close()
+    db.chmod(0o444)
+    try:
+        SQLiteEventStore(db).close()
+        assert _mode(db) == 0o400
+    finally:
+        db.chmod(0o600)
+
+
 def test_meta_put_and_get(store: SQLiteEventStore):
     store.create_session("s1", make_config())
     store.create_session("s2", make_config())
