@@ -20,14 +20,24 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from thespian.actors import ActorSystem, ActorSystemException  # noqa: E402
 
 from . import supervisor  # noqa: E402, F401 - imported before the fork, on purpose
+from .actors import forking  # noqa: E402
+from .actors.transport import seal  # noqa: E402
 from .actors.wiring import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
 from .messages.protocol import Accepted, Refused  # noqa: E402
-from .paths import Home  # noqa: E402
+from .paths import Home, private_dir, private_file  # noqa: E402
+from .processes import children_of  # noqa: E402
 from .supervision import RestartPolicy  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+_OPENING = threading.Lock()
+"""One actor system opens at a time in a program: the admin fork reads what it was told."""
+
+TRANSPORT_KEY_FILE_ENV = "TROUPER_TRANSPORT_KEY_FILE"
+"""An owner-only file holding the actor transport's key, shared by every host of a
+multi-host system; unset (the default), each program makes a random key of its own."""
 
 _ERRORS: dict[str, type[TrouperError]] = {
     "UnknownSession": UnknownSession,
@@ -43,8 +53,9 @@ def free_port() -> int:
 
 
 def _log_defs(home: Home) -> dict[str, Any]:
-    logs = home.root / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = private_dir(home.root / "logs")
+    private_file(logs / "trouper.log")
+    private_file(logs / "thespian.log")
     return {
         "version": 1,
         "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s "
@@ -73,18 +84,29 @@ class ActorSystemHandle:
         self._asys: ActorSystem | None = None
         self._root: Any = None
         self._lock = threading.Lock()
+        self._forks: list[int] = []
 
     def open(self) -> None:
+        seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
+        forking.install()
+        forking.end_orphans(self.home.root)
+        self.home.tighten()
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
         port = self.admin_port or free_port()
         capabilities = {"Admin Port": port}
-        self._asys = ActorSystem(self.system_base, capabilities,
-                                 logDefs=_log_defs(self.home), transientUnique=True)
+        log_defs = _log_defs(self.home)
+        before = set(children_of(os.getpid()))
+        with _OPENING:
+            forking.prepare_admin(self.home.root, 0 if self.detached else os.getpid())
+            self._asys = ActorSystem(self.system_base, capabilities,
+                                     logDefs=log_defs, transientUnique=True)
+        self._forks = [pid for pid in children_of(os.getpid())
+                       if pid not in before and _is_fork_of_this_program(pid)]
+        self._reap_forks()
         from .supervisor import RootSupervisor
 
         self._root = self._asys.createActor(RootSupervisor)
-        boot = BootRoot(home=str(self.home.root), policy=self.policy,
-                        owner_pid=0 if self.detached else os.getpid())
+        boot = BootRoot(home=str(self.home.root), policy=self.policy)
         self.request(boot, "boot")
 
     def request(self, msg: Any, request_id: str | None = None) -> Accepted:
@@ -96,6 +118,12 @@ class ActorSystemHandle:
         if isinstance(answer, Refused):
             raise _ERRORS.get(answer.error, TrouperError)(answer.message)
         return answer
+
+    def query(self, msg: Any) -> Any:
+        """Ask the root something whose answer is not Accepted/Refused; return the answer."""
+        if self._asys is None:
+            raise InvalidRequest("this Trouper is closed")
+        return self._ask(msg, msg.request_id, self.ask_timeout_s)
 
     def _ask(self, msg: Any, request_id: str, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -130,3 +158,22 @@ class ActorSystemHandle:
         finally:
             self._asys = None
             asys.shutdown()
+            self._reap_forks()
+
+    def _reap_forks(self) -> None:
+        """Reap the admin's first fork: it exits at once, and nobody else waits for it."""
+        for pid in list(self._forks):
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._forks.remove(pid)
+
+
+def _is_fork_of_this_program(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as theirs, open("/proc/self/cmdline", "rb") as ours:
+            return theirs.read() in (b"", ours.read())  # b"": already a zombie
+    except OSError:
+        return False

@@ -45,3 +45,40 @@ def start_time(pid: int) -> int | None:
             return int(stat.read().rsplit(")", 1)[-1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def listening_sockets() -> dict[str, tuple[str, int]]:
+    """Every listening TCP socket on the machine: inode -> (local address hex, port).
+
+    The address is as ``/proc/net/tcp`` spells it (``0100007F`` is 127.0.0.1).
+    """
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                lines = rows.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[3] == "0A":  # LISTEN
+                address, port = cols[1].rsplit(":", 1)
+                found[cols[9]] = (address, int(port, 16))
+    return found
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets ``pid`` holds open (as ``listening_sockets`` keys them)."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes

@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trouper.processes import listening_sockets, socket_inodes
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -70,33 +72,10 @@ def alive(pid: int) -> bool:
 
 def listening_pid(port: int) -> int | None:
     """The process that listens on TCP ``port`` (the first holder of the socket)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{cols[9]}]")
-    holders = {pid for pid in pids() if _holds(pid, inodes)} if inodes else set()
+    inodes = {inode for inode, (_ip, p) in listening_sockets().items() if p == port}
+    holders = {pid for pid in pids() if socket_inodes(pid) & inodes} if inodes else set()
     roots = [pid for pid in holders if parent(pid) not in holders]  # not an inherited copy
     return min(roots or holders, default=None)
-
-
-def _holds(pid: int, inodes: set[str]) -> bool:
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def sandbox_servers(home: Path) -> list[int]:

@@ -1,0 +1,183 @@
+"""What every process Thespian forks for trouper does first, and what a new system cleans up.
+
+Thespian forks its admin from the program that opens an actor system (then the admin
+double-forks and calls ``setsid``), and every actor from its parent. ``install`` wraps
+the two entry points (``multiprocCommon.startAdmin`` and ``startChild``, looked up by name
+when Thespian forks) so that each forked process, before Thespian runs:
+
+- lets go of the descriptors it inherited (``release_inherited_descriptors``): a listening
+  socket of the program, its files, a parent actor's SQLite connection;
+- creates files owner-only from then on (umask 077, ``paths.enter_private_process``).
+
+The admin also publishes ``<home>/actors/admin.pid`` (its pid, start time, and the
+embedding program's) and, in an embedded system, watches that program from its first
+instant: when it is gone, the admin kills its process group (itself, the logger and every
+actor). Without that, a program killed before the root actor booted left the admin and
+logger running for ever. ``end_orphans`` is the second line: a new system on the same home
+ends the group of an admin whose program is dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from thespian.system import multiprocCommon
+
+from ..paths import enter_private_process, write_private
+from ..processes import pid_alive, start_time
+
+logger = logging.getLogger(__name__)
+
+OWNER_CHECK_S = 0.2
+"""How often an embedded system's admin checks that its program still runs."""
+
+_next_admin: dict[str, Any] = {"home": None, "owner_pid": 0}
+"""Read in the forked admin: what the opening ``ActorSystemHandle`` set just before."""
+
+
+def install() -> None:
+    """Wrap Thespian's fork entries (idempotent). Raises RuntimeError if they are gone."""
+    for name in ("startAdmin", "startChild"):
+        entry = getattr(multiprocCommon, name, None)
+        if entry is None:
+            raise RuntimeError(f"thespian.system.multiprocCommon.{name} is missing")
+        if not getattr(entry, "_trouper_entry", False):
+            setattr(multiprocCommon, name, _entry(entry, admin=name == "startAdmin"))
+
+
+def prepare_admin(home: Path, owner_pid: int) -> None:
+    """Say where the next admin forked from this process publishes itself, and whom it
+    watches (0: nobody, the system outlives its program)."""
+    _next_admin["home"], _next_admin["owner_pid"] = home, owner_pid
+
+
+def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        release_inherited_descriptors()
+        enter_private_process()
+        if admin:
+            _become_admin()
+        return target(*args, **kwargs)
+
+    entry._trouper_entry = True  # type: ignore[attr-defined]
+    entry.__wrapped__ = target  # type: ignore[attr-defined]
+    return entry
+
+
+def _become_admin() -> None:
+    """Runs in the admin's first fork; Thespian then calls setsid and forks again, so
+    the watcher starts in the grandchild (the admin proper) through ``os.register_at_fork``."""
+    owner = int(_next_admin["owner_pid"])
+    owner_start = start_time(owner) if owner else None
+    home = _next_admin["home"]
+
+    def in_admin() -> None:
+        if home is not None:
+            publish(Path(home) / "actors" / "admin.pid", owner, owner_start)
+        if owner:
+            threading.Thread(target=_watch_owner, args=(owner, owner_start),
+                             name="trouper-owner-watch", daemon=True).start()
+
+    state = {"forked": False}
+
+    def after_fork_in_child() -> None:
+        if not state["forked"]:  # only the admin proper, not the logger or actors it forks
+            state["forked"] = True
+            in_admin()
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def publish(path: Path, owner_pid: int = 0, owner_start: int | None = None) -> None:
+    """``pid start_time owner_pid owner_start_time`` of this process, owner-only."""
+    pid = os.getpid()
+    try:
+        write_private(path, f"{pid} {start_time(pid) or 0} {owner_pid} {owner_start or 0}")
+    except OSError as exc:
+        logger.warning("could not publish pid %d to %s: %s", pid, path, exc)
+
+
+def _watch_owner(owner: int, owner_start: int | None) -> None:
+    stop = threading.Event()
+    while not stop.wait(OWNER_CHECK_S):
+        if not _same_process(owner, owner_start):
+            logging.getLogger(__name__).warning(
+                "the program (pid %d) that embeds this actor system is gone; taking the "
+                "system down with it", owner)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _same_process(pid: int, started: int | None) -> bool:
+    return pid_alive(pid) and (started is None or start_time(pid) == started)
+
+
+def end_orphans(home: Path) -> list[int]:
+    """Kill the process group of an admin on ``home`` whose program is dead; returns the
+    admin pids ended. A live program's system (another Trouper on the home) is left."""
+    path = home / "actors" / "admin.pid"
+    try:
+        fields = [int(f) for f in path.read_text().split()]
+    except (OSError, ValueError):
+        return []
+    if len(fields) != 4:
+        return []
+    pid, started, owner, owner_started = fields
+    if not owner or not _same_process(pid, started):
+        return []
+    if _same_process(owner, owner_started or None):
+        return []
+    logger.warning("ending the actor system (admin pid %d) of a program (pid %d) that died "
+                   "without closing it", pid, owner)
+    try:
+        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the admin's group: logger and actors
+    except OSError as exc:
+        logger.warning("could not end process group %d: %s", pid, exc)
+        return []
+    return [pid]
+
+
+def release_inherited_descriptors() -> None:
+    """In a freshly forked process: every inherited descriptor but stdout/stderr let go.
+
+    Each fd above 2 (and stdin) is pointed at ``/dev/null`` rather than closed: the
+    forking program's objects that still name those numbers (a logging handler, a socket
+    the collector may finalise later) then write to or close ``/dev/null``, never a file
+    or socket this process opens afterwards under a reused number. What the fds held (a
+    listening socket, a file, a parent actor's SQLite connection) is released. Kept:
+    stdout and stderr (a crashing process's last words), and multiprocessing's sentinel.
+    """
+    keep = {1, 2}
+    sentinel = getattr(multiprocessing.parent_process(), "_sentinel", None)
+    if isinstance(sentinel, int):
+        keep.add(sentinel)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in _open_descriptors():
+        if fd not in keep and fd != devnull:
+            try:
+                os.dup2(devnull, fd)
+            except OSError:
+                pass
+    os.close(devnull)
+
+
+def _open_descriptors() -> list[int]:
+    try:
+        candidates = sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    except OSError:
+        candidates = list(range(1024))
+    return [fd for fd in candidates if _is_open(fd)]
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

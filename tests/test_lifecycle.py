@@ -1,0 +1,117 @@
+"""Start and stop leave nothing behind: early kills, open/close cycles, orphans, zombies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trouper.processes import pid_alive
+from trouper.testing import wait_until
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``TROUPER_TEST_MARK=mark``."""
+    needle = f"TROUPER_TEST_MARK={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _program(home: Path, body: str, mark: str) -> subprocess.Popen[bytes]:
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from trouper import Trouper
+        home = {str(home)!r}
+        {textwrap.indent(textwrap.dedent(body), "        ").strip()}
+    """)
+    env = {**os.environ, "TROUPER_TEST_MARK": mark}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay_ms", [0, 20, 50, 80, 150, 300])
+def test_a_program_killed_while_opening_leaves_no_process(tmp_path, delay_ms):
+    mark = uuid.uuid4().hex
+    ready = tmp_path / "importing-done"
+    program = _program(tmp_path / "home", f"""
+        open({str(ready)!r}, "w").close()
+        Trouper(home=home)
+        time.sleep(60)
+    """, mark)
+    try:
+        wait_until(ready.exists, 60, "the program to import trouper")
+        time.sleep(delay_ms / 1000)  # the instant of the kill is the variable under test
+        program.kill()
+        program.wait(10)
+        wait_until(lambda: _marked(mark) == [], 10,
+                   f"trouper's processes to end after the kill: {_marked(mark)}")
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        program.kill()
+        program.wait(10)
+
+
+def test_a_new_trouper_ends_the_orphaned_system_of_a_dead_program(tmp_path):
+    """The admin's own watch is the first line; a new open on the home is the second."""
+    from trouper.actors import forking
+
+    home = tmp_path / "home"
+    mark = uuid.uuid4().hex
+    program = _program(home, """
+        t = Trouper(home=home)
+        print("open", flush=True)
+        time.sleep(60)
+    """, mark)
+    try:
+        assert program.stdout is not None
+        assert program.stdout.readline().strip() == b"open"
+        admin = int((home / "actors" / "admin.pid").read_text().split()[0])
+        os.kill(program.pid, signal.SIGSTOP)  # frozen but alive: its system is not an orphan
+        assert forking.end_orphans(home) == []
+        os.killpg(os.getpgid(admin), signal.SIGSTOP)  # freeze its own watch: test end_orphans
+        os.kill(program.pid, signal.SIGKILL)
+        program.wait(10)
+        assert forking.end_orphans(home) == [admin]
+        wait_until(lambda: not pid_alive(admin) and _marked(mark) == [], 10,
+                   "every process of the dead program to end")
+        assert forking.end_orphans(home) == []
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        program.kill()
+        program.wait(10)
+
+
+@pytest.mark.slow
+def test_open_close_cycles_leave_no_zombie_and_no_process(tmp_path):
+    mark = uuid.uuid4().hex
+    program = _program(tmp_path / "home", """
+        from trouper.processes import children_of
+        for _ in range(50):
+            Trouper(home=home).close()
+        zombies = [pid for pid in children_of(os.getpid())
+                   if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] == "Z"]
+        print("zombies", len(zombies), "children", len(children_of(os.getpid())), flush=True)
+    """, mark)
+    out, err = program.communicate(timeout=600)
+    assert program.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == ["zombies", "0", "children", "0"]
+    wait_until(lambda: _marked(mark) == [], 10, f"leftover processes: {_marked(mark)}")
