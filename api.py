@@ -23,10 +23,11 @@ from pydantic import SecretStr, ValidationError
 
 from .actor_system import ActorSystemHandle
 from .config import LLMConfig, SessionConfig
-from .exceptions import ConfigError, UnknownSession
+from .exceptions import ConfigError, InvalidRequest, RequestTimeout, UnknownSession
+from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maskers
 from .messages.events import AgentState
-from .messages.protocol import StartSession, UserCommand
-from .paths import Home
+from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
+from .paths import Home, private_dir
 from .session import Session
 from .store import EventStore, SessionRecord, open_store
 from .supervision import RestartPolicy
@@ -106,19 +107,27 @@ class Trouper:
     ) -> Session:
         """Start a session working on ``task`` and return it at once (it runs in the tree).
 
-        ``options`` are the other fields of ``SessionConfig`` (``max_iterations``,
-        ``max_cost_usd``, ``command_timeout_s``, ``no_output_timeout_s``...).
-        Raises ConfigError for an invalid configuration.
+        ``secrets`` (name -> value) are environment variables of the sandbox's shell; the
+        model may use them as ``<secret:NAME>``, and their values (and the LLM key, which
+        it may not use) are masked in everything stored, shown or logged. Only
+        ``<home>/sessions/<id>/secrets.json`` (0600) holds them. ``options`` are the other
+        fields of ``SessionConfig`` (``max_iterations``, ``max_cost_usd``,
+        ``command_timeout_s``, ``no_output_timeout_s``...). Raises ConfigError for an
+        invalid configuration (its message masked too).
         """
         session_id = new_session_id()
         folder = Path(workspace) if workspace is not None else self.home.default_workspace(
             session_id)
         folder = folder.expanduser().resolve()
+        private_dir(self.home.session_dir(session_id))  # mkdir's parents would take the umask
         folder.mkdir(parents=True, exist_ok=True)
         secrets = dict(secrets or {})
         config = _session_config(task, llm, runtime, folder, secrets, options)
+        to_mask, _ = session_maskers(secrets, config.llm)
+        remember_secrets(to_mask.pairs)  # this process's logs and the store's safety net
         self._write_secrets(session_id, secrets, config.llm)
-        self.store.create_session(session_id, config)
+        # the task and every other field stored masked; the key is left out by the store
+        self.store.create_session(session_id, to_mask.mask_event(config))
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root)))
@@ -135,6 +144,20 @@ class Trouper:
 
     # -- used by Session -------------------------------------------------------------
 
+    def fault(self, session_id: str) -> str | None:
+        """Why the session cannot record anything right now (a full disk, a read-only
+        store...), or None. While it lasts the session is in ERROR for its clients,
+        though its log cannot say so yet (it is recorded once the store takes writes)."""
+        if self._closed:
+            return None  # no actor system to ask: only the log speaks
+        try:
+            answer = self._system.query(FaultQuery(request_id=uuid.uuid4().hex,
+                                                   session_id=session_id))
+        except (InvalidRequest, RequestTimeout) as exc:
+            logger.debug("no answer about session %s's faults: %s", session_id, exc)
+            return None
+        return answer.cause if isinstance(answer, FaultStatus) else None
+
     def command(self, session_id: str, command: str, text: str = "") -> int:
         """Send a user command; start the session's actors first if they are not running."""
         msg = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
@@ -149,11 +172,12 @@ class Trouper:
     def restore(self, session_id: str) -> None:
         """Start the actors of a stored session; they carry on from its log."""
         record = self.store.session(session_id)
-        secrets, api_key = self._read_secrets(session_id)
+        secrets, api_key = read_secrets(self.home, session_id)
         config = record.config
         if api_key is not None:
             config = config.model_copy(
                 update={"llm": config.llm.model_copy(update={"api_key": SecretStr(api_key)})})
+        remember_secrets(session_maskers(secrets, config.llm)[0].pairs)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), restore=True))
@@ -167,20 +191,34 @@ class Trouper:
     def _write_secrets(
         self, session_id: str, secrets: dict[str, str], llm: LLMConfig
     ) -> None:
+        """The one file that holds secret values: 0600 in a 0700 folder, whatever the
+        umask (an existing file with looser modes is tightened before it is written)."""
         path = self.home.secrets_path(session_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         data = {"secrets": secrets,
                 "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None}
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as out:
             json.dump(data, out)
 
-    def _read_secrets(self, session_id: str) -> tuple[dict[str, str], str | None]:
-        path = self.home.secrets_path(session_id)
-        if not path.exists():
-            return {}, None
-        data = json.loads(path.read_text())
-        return dict(data.get("secrets") or {}), data.get("llm_api_key")
+
+def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:
+    """A session's sandbox secrets and LLM API key from its secrets file (empty, None
+    when it has none)."""
+    path = home.secrets_path(session_id)
+    if not path.exists():
+        return {}, None
+    data = json.loads(path.read_text())
+    return dict(data.get("secrets") or {}), data.get("llm_api_key")
+
+
+def remember_session_secrets(home: Home, session_id: str) -> None:
+    """Teach this process a stored session's values, so what it shows of the session is
+    masked (e.g. the CLI's ``show``; the log itself was stored masked)."""
+    secrets, api_key = read_secrets(home, session_id)
+    remember_secrets([*sorted(secrets.items()), *([(LLM_KEY_NAME, api_key)] if api_key else [])])
 
 
 def _session_config(
@@ -197,4 +235,8 @@ def _session_config(
             task=task, llm=llm_config, runtime=runtime, workspace=str(workspace),  # type: ignore[arg-type]
             secret_names=tuple(sorted(secrets)), **options)
     except ValidationError as exc:
-        raise ConfigError(f"invalid session configuration: {exc}") from exc
+        # pydantic quotes the input it refused, which may be a secret or the key; not
+        # chained, or a printed traceback would show the refused input unmasked
+        key = llm.get("api_key") if isinstance(llm, Mapping) else None
+        masker = SecretMasker({**secrets, **({LLM_KEY_NAME: key} if isinstance(key, str) else {})})
+        raise ConfigError(masker.mask_text(f"invalid session configuration: {exc}")) from None

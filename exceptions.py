@@ -6,7 +6,9 @@
     ├── InvalidRequest         a request that cannot apply (wrong state, bad argument)
     ├── RequestTimeout         an actor did not answer in time (names the operation)
     ├── StoreError             the event store failed or holds something unexpected
-    │   └── LeaseLost          another Controller now owns the session's log
+    │   ├── LeaseLost          another Controller now owns the session's log
+    │   └── StoreUnavailable   the store cannot be written now (disk full, read-only,
+    │                          locked, corrupt, I/O error): a session state, not a crash
     └── RuntimeUnavailable     the sandbox is gone or does not answer (a supervisor acts)
         └── StaleEpoch         the sandbox serves a newer proxy; this one must stop
 
@@ -43,6 +45,23 @@ class StoreError(TrouperError):
 
 class LeaseLost(StoreError):
     """Another Controller has claimed the session; this one must stop writing."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot take a write now; ``cause`` says why in words for the user.
+
+    Nothing already recorded is lost; the write can be tried again once the cause is
+    gone (space freed, permissions or mount fixed, the lock released).
+    """
+
+    def __init__(self, cause: str, kind: str = "io") -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.kind = kind
+        """``full``, ``read_only``, ``locked``, ``corrupt`` or ``io``."""
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.cause, self.kind)
 
 
 class RuntimeUnavailable(TrouperError):

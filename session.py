@@ -35,7 +35,13 @@ class Session:
 
     @property
     def state(self) -> AgentState:
-        return self.record.state
+        """The state in the log; ERROR while a storage fault keeps it from recording."""
+        return AgentState.ERROR if self.fault else self.record.state
+
+    @property
+    def fault(self) -> str | None:
+        """Why the session cannot record anything right now (a full disk...), or None."""
+        return self._trouper.fault(self.id)
 
     @property
     def workspace(self) -> str:
@@ -110,4 +116,6 @@ class Session:
             view.apply(event)
             if self._caught_up_and_settled(view):
                 break
+        if not view.settled and self.fault:
+            return AgentState.ERROR  # not settled: it carries on once the store is back
         return view.state

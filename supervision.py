@@ -7,7 +7,10 @@ It restarts it under its ``RestartPolicy``:
 - strategy ``one_for_one`` restarts the dead child alone; ``one_for_all`` restarts every
   child; ``rest_for_one`` restarts the dead child and those started after it;
 - at most ``intensity`` restarts of one child in ``period_s`` seconds; past that the
-  supervisor gives up on it (``on_child_gave_up``) and the owner decides (promise I5);
+  supervisor gives up on it (``on_child_gave_up``) for a cooldown that doubles each round
+  (``giveup_cooldown_s`` up to ``giveup_cooldown_max_s``), then starts it again from a
+  clean budget by itself; after ``giveup_rounds`` rounds it stays down until someone
+  calls ``restart_child`` (a user's resume) (promise I5);
 - between tries an exponential backoff with full jitter, as a timer, never a sleep.
 
 Intensity is counted per child, so one flapping session never takes its siblings down.
@@ -23,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from thespian.actors import ActorAddress, ActorExitRequest
 
 from .actors.base import Failing, TrouperActor
@@ -47,6 +50,18 @@ class RestartPolicy(BaseModel):
     """Upper bound of the first wait before a restart."""
     backoff_max_s: float = 5.0
     """Cap on one wait before a restart."""
+    giveup_cooldown_s: float = 30.0
+    """After giving up on a child: wait this long, then try it again from a clean start."""
+    giveup_cooldown_max_s: float = 300.0
+    """Cap on the cooldown, which doubles each round."""
+    giveup_rounds: int = Field(default=3, ge=0)
+    """Cooldown rounds before a child stays down until a user resumes; 0 never retries."""
+
+    def cooldown_s(self, round_no: int) -> float | None:
+        """The wait after give-up round ``round_no`` (1 for the first); None: stay down."""
+        if round_no > self.giveup_rounds:
+            return None
+        return min(self.giveup_cooldown_max_s, self.giveup_cooldown_s * 2 ** (round_no - 1))
 
 
 class RestartBudget:
@@ -85,6 +100,11 @@ class RestartBudget:
     def reset(self) -> None:
         self._restarts.clear()
 
+    def quiet(self) -> bool:
+        """True when no restart counts in the window now: the child had a calm period."""
+        self._trim(self._clock())
+        return not self._restarts
+
 
 @dataclass(frozen=True)
 class ChildSpec:
@@ -108,6 +128,8 @@ class _Child:
     order: int = 0
     last_words: str = ""
     given_up: bool = False
+    rounds: int = 0
+    """Give-up rounds in a row (reset by a calm period or a user's restart)."""
 
 
 class Supervisor(TrouperActor):
@@ -150,13 +172,16 @@ class Supervisor(TrouperActor):
         if forget:
             del self._children[role]
 
-    def restart_child(self, role: str, reason: str) -> ActorAddress | None:
-        """Start a given-up child again from a clean budget (a user's resume)."""
+    def restart_child(self, role: str, reason: str, by_user: bool = True) -> ActorAddress | None:
+        """Start a given-up child again from a clean budget (a user's resume, which also
+        grants the full number of cooldown rounds again, or a cooldown's end)."""
         entry = self._children.get(role)
         if entry is None:
             return None
         entry.given_up = False
         entry.budget.reset()
+        if by_user:
+            entry.rounds = 0
         if entry.address is not None:
             self._expected_exits.add(str(entry.address))
             self.send(entry.address, ActorExitRequest())
@@ -174,8 +199,9 @@ class Supervisor(TrouperActor):
     ) -> None:
         """A child was restarted after ``reason``."""
 
-    def on_child_gave_up(self, role: str, reason: str) -> None:
-        """Past its restart intensity, ``role`` stays down."""
+    def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
+        """Past its restart intensity, ``role`` is down: for ``retry_in_s`` seconds, after
+        which it is started again, or (None) until ``restart_child``."""
 
     def on_child_down(self, role: str, reason: str) -> None:
         """A child died and a restart is scheduled (siblings may want to know at once)."""
@@ -216,9 +242,15 @@ class Supervisor(TrouperActor):
         if child.spec.restart == "temporary":
             del self._children[role]
             return
+        if child.budget.quiet():
+            child.rounds = 0
         if not child.budget.allow():
             child.given_up = True
-            self.on_child_gave_up(role, reason)
+            child.rounds += 1
+            retry_in_s = self.policy.cooldown_s(child.rounds)
+            if retry_in_s is not None:
+                self.after(retry_in_s, "cooldown_over", (role, child.incarnation))
+            self.on_child_gave_up(role, reason, retry_in_s)
             return
         affected = self._affected(role)
         for other in affected:
@@ -242,6 +274,13 @@ class Supervisor(TrouperActor):
             self._expected_exits.add(str(child.address))
             self.send(child.address, ActorExitRequest())
             child.address = None
+
+    def on_timer_cooldown_over(self, token: tuple[str, int]) -> None:
+        role, incarnation = token
+        child = self._children.get(role)
+        if child is not None and child.given_up and child.incarnation == incarnation:
+            self.restart_child(role, f"cooldown over after give-up round {child.rounds}; "
+                               "trying again", by_user=False)
 
     def on_timer_restart(self, token: tuple[tuple[str, ...], str]) -> None:
         roles, reason = token

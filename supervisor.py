@@ -10,15 +10,13 @@ sessions; user requests enter the tree here.
 
 It is created from outside the actor system, so nobody restarts it: if it dies, its
 subtree dies with it (every actor dies with its parent) and the program must reopen its
-``Trouper``, which restores the sessions from the log. It watches the program that
-embeds it in turn, and takes the actor system down when that program is gone.
+``Trouper``, which restores the sessions from the log. When the program that embeds the
+system dies, Thespian's admin takes the whole system down (``actors/forking.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 
 from thespian.actors import ActorAddress
 
@@ -34,7 +32,15 @@ from .actors.wiring import (
     ShutdownDone,
     Superseded,
 )
-from .messages.protocol import Accepted, Refused, StartSession, UserCommand
+from .messages.protocol import (
+    Accepted,
+    FaultQuery,
+    FaultStatus,
+    Refused,
+    StartSession,
+    StoreFault,
+    UserCommand,
+)
 from .paths import Home
 from .supervision import ChildSpec, Supervisor
 
@@ -42,7 +48,6 @@ logger = logging.getLogger(__name__)
 
 BROKER = "broker"
 SHUTDOWN_DEADLINE_S = 15.0
-OWNER_CHECK_S = 0.5
 
 
 def session_role(session_id: str) -> str:
@@ -55,33 +60,16 @@ class RootSupervisor(Supervisor):
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
-        self.owner_pid = 0
         self.pending_shutdown: dict[str, tuple[ActorAddress, set[str], list[str]]] = {}
+        self.faults: dict[str, StoreFault] = {}
+        """Sessions that cannot record anything now, for clients (the log cannot say)."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
         self.home, self.policy = msg.home, msg.policy
         self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
             self.supervise(ChildSpec(BROKER, LLMBroker, lambda n: BootBroker(home=msg.home)))
-        self.owner_pid = msg.owner_pid
-        if self.owner_pid:
-            self.after(OWNER_CHECK_S, "owner")
         self.send(sender, Accepted(request_id="boot", session_id=""))
-
-    def on_timer_owner(self, _token: object) -> None:
-        """Thespian daemonizes its admin; an embedded system must not outlive its program."""
-        try:
-            os.kill(self.owner_pid, 0)
-        except ProcessLookupError:
-            logger.warning("root: the program (pid %d) that embeds this actor system is gone; "
-                           "taking the system down with it", self.owner_pid)
-            # Thespian's admin made a session of its own: its group is the admin, its
-            # logger and every actor (sandboxes have sessions of their own and stay).
-            os.killpg(os.getpgid(0), signal.SIGKILL)
-            return
-        except PermissionError:
-            pass
-        self.after(OWNER_CHECK_S, "owner")
 
     # -- requests --------------------------------------------------------------
 
@@ -120,7 +108,20 @@ class RootSupervisor(Supervisor):
         self.send(session, msg)
 
     def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
+        self.faults.pop(msg.session_id, None)
         self.stop_child(session_role(msg.session_id))
+
+    def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
+        if msg.cause is None:
+            self.faults.pop(msg.session_id, None)
+        else:
+            self.faults[msg.session_id] = msg
+
+    def on_fault_query(self, msg: FaultQuery, sender: ActorAddress) -> None:
+        fault = self.faults.get(msg.session_id)
+        self.send(sender, FaultStatus(
+            request_id=msg.request_id, session_id=msg.session_id,
+            cause=fault.cause if fault else None, since=fault.since if fault else None))
 
     # -- supervision hooks ---------------------------------------------------------
 
@@ -134,8 +135,9 @@ class RootSupervisor(Supervisor):
             if other != BROKER and session is not None:
                 self.send(session, BrokerMoved(broker=address))
 
-    def on_child_gave_up(self, role: str, reason: str) -> None:
-        logger.error("root: %s is down for good: %s", role, reason)
+    def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
+        later = f"trying again in {retry_in_s:g} s" if retry_in_s else "down until restarted"
+        logger.error("root: %s gave up (%s): %s", role, later, reason)
 
     # -- shutdown ------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ from thespian.actors import (
     WatchMessage,
 )
 
+from ..exceptions import StoreUnavailable
+from ..paths import write_private
 from ..processes import start_time
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,26 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _adopt_module_loggers() -> None:
+    """Send the records of loggers made before the fork to Thespian's log forwarder.
+
+    Thespian gives a new actor process a new logging root (forwarding to its logger
+    process, which writes ``logs/trouper.log``) and a new manager, but the module-level
+    ``logging.getLogger(__name__)`` objects made before the fork still hang off the old
+    root: their records would go to the embedding program's handlers, or nowhere.
+    """
+    old = logger.manager
+    if old is logging.Logger.manager:
+        return
+    ours = [lg for name, lg in list(old.loggerDict.items())
+            if isinstance(lg, logging.Logger) and name.split(".")[0] == "trouper"]
+    for existing in ours:  # other libraries' loggers keep their levels and handlers
+        if existing.parent is old.root:
+            existing.parent = logging.root
+        existing.manager = logging.Logger.manager
+        logging.Logger.manager.loggerDict.setdefault(existing.name, existing)
+
+
 class TrouperActor(Actor):
     """Base actor: handlers are ``on_<kind>`` for trouper messages, never raise, never block.
 
@@ -163,6 +185,7 @@ class TrouperActor(Actor):
         self._background: Background | None = None
         self._stopping = False
         die_with_parent()
+        _adopt_module_loggers()
         gc.freeze()  # what the fork shared stays shared: the collector never writes to it
 
     # -- dispatch --------------------------------------------------------------
@@ -170,6 +193,8 @@ class TrouperActor(Actor):
     def receiveMessage(self, msg: Any, sender: ActorAddress) -> ThespianWatch:  # noqa: N802
         try:
             self._dispatch(msg, sender)
+        except StoreUnavailable as exc:  # where the store lives failed: a state, not a crash
+            self.store_failed(exc, msg)
         except Exception as exc:  # noqa: BLE001 - a handler must never raise (see module doc)
             self._handler_failed(msg, exc)
         return ThespianWatch([self._background.fileno] if self._background else [])
@@ -236,6 +261,11 @@ class TrouperActor(Actor):
     def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
         """Last words before the actor stops; subclasses release what they hold."""
 
+    def store_failed(self, fault: StoreUnavailable, msg: Any) -> None:
+        """A write failed because of where the store lives; by default, like any failure.
+        The Controller overrides it: its session waits in ERROR instead (I6)."""
+        self._handler_failed(msg, fault)
+
     def on_poison(self, msg: PoisonMessage, sender: ActorAddress) -> None:
         logger.warning("%s: a message it sent poisoned %s: %s", self.role, sender, msg.details)
 
@@ -261,10 +291,7 @@ class TrouperActor(Actor):
     def publish_pid(self, path: Path) -> None:
         """Write this process's pid where tools can find the live incarnation."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(f"{os.getpid()} {start_time(os.getpid()) or 0}")
-            os.replace(tmp, path)
+            write_private(path, f"{os.getpid()} {start_time(os.getpid()) or 0}")
         except OSError as exc:
             logger.warning("%s could not publish its pid to %s: %s", self.role, path, exc)
 

@@ -20,7 +20,7 @@ from ..agent.parse import parse_response
 from ..agent.prompt import PromptBuilder, load_workspace_instructions
 from ..exceptions import LeaseLost
 from ..fold import SessionView
-from ..masking import SecretMasker
+from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..messages.actions import RUNTIME_KINDS, Finish, Think
 from ..messages.events import (
     ActionEvent,
@@ -48,12 +48,15 @@ from ..store import EventStore, open_store
 from .base import TrouperActor
 from .controller_commands import CommandsMixin
 from .controller_llm import ModelCallsMixin
+from .controller_store import StoreFaultMixin
 from .wiring import BootController, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
 
+BACK_AFTER_SANDBOX = "the sandbox is back; carrying on"
 
-class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
+
+class Controller(StoreFaultMixin, ModelCallsMixin, CommandsMixin, TrouperActor):
     role = "controller"
 
     def __init__(self) -> None:
@@ -69,12 +72,19 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         self.dispatched: str | None = None
         self.resolve_first: set[str] = set()
         self.masker = SecretMasker({})
+        """Every value to keep out of the log, the prompt and the logs: the user's secrets
+        and the credentials trouper holds (the LLM key among them)."""
+        self.revealer = SecretMasker({})
+        """Only the user's sandbox secrets: the placeholders an action may use. Never the
+        masker above, or a model writing ``<secret:LLM_API_KEY>`` would get the key."""
         self.prompt: PromptBuilder | None = None
         self.owner: int | None = None
         self.cut = 0
         self.condensed_retry = False
         self.lift_token = 0
         self.lift_cooldown = False
+        self.back_reason = BACK_AFTER_SANDBOX
+        """Why ``recovered`` moves the session back to RUNNING (what came back)."""
 
     @property
     def session_id(self) -> str:
@@ -86,26 +96,36 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         self.set_parent(sender)
         self.start, self.broker, self.runtime = msg.start, msg.broker, msg.runtime
         config = msg.start.config
-        self.masker = SecretMasker(self._secrets_to_mask(msg.start))
+        self.masker, self.revealer = session_maskers(msg.start.secrets, config.llm)
+        remember_secrets(self.masker.pairs)  # this process's log records are masked too
         home = Home.at(msg.start.home)
         self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
         self.store = open_store(home)
         self.owner = self.store.claim_owner(self.session_id)
-        instructions = load_workspace_instructions(Path(config.workspace))
-        self.prompt = PromptBuilder(
-            system_prompt=config.system_prompt, workspace_instructions=instructions
-        )
-        events = self.store.read(self.session_id)
-        for event in events:
-            self._fold(event)
-        if not events:
+        if not self.reload_from_log():
             self.append(MessageEvent(source="user", text=config.task))
-        self.resolve_first = self._runtime_pending()
         self.schedule_lift()  # restored while RATE_LIMITED: the timer was lost with the process
         logger.info("session %s: controller up at seq %d, state %s, %d pending",
                     self.session_id, self.view.last_seq, self.view.state.value,
                     len(self.view.pending))
         self.reply(msg.reply_to, msg.start.request_id, self.view.last_seq)
+
+    def reload_from_log(self) -> int:
+        """Fold the whole log into a fresh view and prompt; forget what was in flight (its
+        outcome is asked of the journal). Returns how many events the log holds."""
+        assert self.start is not None and self.store is not None
+        config = self.start.config
+        instructions = load_workspace_instructions(Path(config.workspace))
+        self.view, self.cut = SessionView(), 0
+        self.prompt = PromptBuilder(  # the prompt leaves trouper: masked like the log
+            system_prompt=self._masked(config.system_prompt),
+            workspace_instructions=self._masked(instructions))
+        events = self.store.read(self.session_id)
+        for event in events:
+            self._fold(event)
+        self.dispatched, self.llm_request = None, None
+        self.resolve_first = self._runtime_pending()
+        return len(events)
 
     def _runtime_pending(self) -> set[str]:
         return {
@@ -114,13 +134,13 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
             if event.action is not None and event.action.kind in RUNTIME_KINDS
         }
 
-    @staticmethod
-    def _secrets_to_mask(start: StartSession) -> dict[str, str]:
-        secrets = dict(start.secrets)
-        key = start.config.llm.api_key
-        if key is not None:
-            secrets.setdefault("LLM_API_KEY", key.get_secret_value())
-        return secrets
+    def _masked(self, text: str | None) -> str | None:
+        return None if text is None else self.masker.mask_text(text)
+
+    def fail(self, reason: str, exc: BaseException | None = None, tb: str = "") -> None:
+        """Exit on purpose; the reason and traceback go to the supervisor masked (it does
+        not know this session's values, and records the reason in the log)."""
+        super().fail(mask_known(reason), exc, mask_known(tb))
 
     def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
         self.runtime_ready = True
@@ -138,7 +158,8 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         recovering = self.view.state == AgentState.ERROR and self.view.resumes_at is not None
         if recovering and self.runtime_ready and not self.resolve_first:
             if self.start.config.resume_after_runtime_restart:
-                self.transition(AgentState.RUNNING, "the sandbox is back; carrying on")
+                reason, self.back_reason = self.back_reason, BACK_AFTER_SANDBOX
+                self.transition(AgentState.RUNNING, reason)
             else:
                 self.transition(AgentState.ERROR, "the sandbox is back; resume to carry on")
         self.advance()
@@ -158,9 +179,11 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
             )
 
     def on_runtime_gave_up(self, msg: RuntimeGaveUp, sender: ActorAddress) -> None:
+        """Past the restart intensity: ERROR until the supervisor's cooldown ends (a fresh
+        proxy then arrives through ``Rewire``) or, with no ``resumes_at``, a resume."""
         self.runtime_ready = False
         self.runtime_down = True
-        self.transition(AgentState.ERROR, f"{msg.reason}; resume to try again")
+        self.transition(AgentState.ERROR, msg.reason, resumes_at=msg.resumes_at)
 
     def on_rewire(self, msg: Rewire, sender: ActorAddress) -> None:
         if msg.broker is not None:
@@ -168,7 +191,7 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
             if self.llm_request is not None:  # the old broker's answer will never come
                 self.send(self.broker, self.llm_request)
         if msg.runtime is not None:
-            self.runtime, self.runtime_ready = msg.runtime, False
+            self.runtime, self.runtime_ready, self.runtime_down = msg.runtime, False, False
             if self.dispatched is not None:
                 self.resolve_first.add(self.dispatched)
                 self.dispatched = None
@@ -179,6 +202,8 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
     def append(self, *events: Event) -> int:
         """Mask secrets, append durably, fold in; returns the last seq."""
         assert self.store is not None
+        if self.store_fault is not None:
+            raise self.store_fault  # only the probe writes until the store is back
         masked = [self.masker.mask_event(e) for e in events]
         try:
             stored = self.store.append(self.session_id, masked, owner=self.owner)
@@ -203,6 +228,8 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         """Take the next step if the session is RUNNING and nothing is outstanding."""
         if self.view.state != AgentState.RUNNING or not self.runtime_ready:
             return
+        if self.store_fault is not None:
+            return  # nothing may start whose outcome could not be recorded
         if self.dispatched is not None or self.llm_request is not None:
             return
         if self.view.pending:
@@ -253,7 +280,7 @@ class Controller(ModelCallsMixin, CommandsMixin, TrouperActor):
         self.dispatched = event.action_id
         self.send(self.runtime, Execute(
             session_id=self.session_id, action_id=event.action_id,
-            action=self.masker.reveal(action),
+            action=self.revealer.reveal(action),
             timeout_s=timeout_s, no_output_timeout_s=config.no_output_timeout_s))
 
     @staticmethod

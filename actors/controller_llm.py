@@ -3,6 +3,7 @@ and condensing a prompt that outgrew the context window."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from ..messages.protocol import Complete, Completed, CompletionFailed, RetrySche
 if TYPE_CHECKING:
     from .controller import Controller
 
+logger = logging.getLogger(__name__)
+
 
 def new_action_id() -> str:
     return uuid.uuid4().hex[:16]
@@ -34,7 +37,9 @@ class ModelCallsMixin:
     """Model calls for the Controller (mixed into it; ``self`` is a Controller)."""
 
     def ask_model(self: Controller) -> None:
-        assert self.start is not None and self.prompt is not None and self.broker is not None
+        """Ask for the next turn; with no broker yet (it is being restarted), the request
+        waits and ``on_rewire`` sends it to the new one."""
+        assert self.start is not None and self.prompt is not None
         # model_construct: the history is ours and already valid; validating it again
         # would walk every message of the session on every step
         self.llm_request = Complete.model_construct(
@@ -42,12 +47,19 @@ class ModelCallsMixin:
             messages=condensed(self.prompt.messages(), self.cut), tools=tool_specs(),
             turn=self.view.total_iterations, lift_cooldown=self.lift_cooldown)
         self.lift_cooldown = False
-        self.send(self.broker, self.llm_request)
+        if self.broker is not None:
+            self.send(self.broker, self.llm_request)
 
     def on_completed(self: Controller, msg: Completed, sender: ActorAddress) -> None:
         if self.llm_request is None or msg.request_id != self.llm_request.request_id:
             return  # the answer to a cancelled or superseded request
         self.llm_request = None
+        if self.view.state != AgentState.RUNNING:
+            # the session left RUNNING while the model thought: actions recorded now could
+            # not run, and would wait without an outcome (I5); RUNNING again asks anew
+            logger.info("session %s: dropped a model reply that came in %s", self.session_id,
+                        self.view.state.value)
+            return
         self.condensed_retry = False
         turn_id = uuid.uuid4().hex[:12]
         parsed = parse_response(turn_id, msg.content, msg.tool_calls, new_action_id)

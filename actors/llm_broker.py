@@ -22,6 +22,7 @@ from thespian.actors import ActorAddress
 from ..llm.client import complete, warm_up
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
+from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
     CancelCompletion,
     Complete,
@@ -87,6 +88,8 @@ class LLMBroker(TrouperActor):
     def on_complete(self, msg: Complete, sender: ActorAddress) -> None:
         if msg.request_id in self._calls:
             return  # a re-sent request already in flight (e.g. after a Controller restart)
+        if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
+            remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
         call = _Call(request=msg, reply_to=sender)
         self._calls[msg.request_id] = call
         self._enqueue(call)
@@ -168,7 +171,7 @@ class LLMBroker(TrouperActor):
 
     def _failed(self, call: _Call, error: BaseException) -> None:
         error_class = classify(error)
-        message = f"{type(error).__name__}: {error}"
+        message = _masked(call, f"{type(error).__name__}: {error}")
         cfg = call.request.llm
         wait_s = self._wait_s(call, error)
         if error_class == "rate_limit" and call.gate is not None:
@@ -216,3 +219,12 @@ class LLMBroker(TrouperActor):
         call = self._calls.get(request_id)
         if call is not None:
             self._enqueue(call)
+
+
+def _masked(call: _Call, text: str) -> str:
+    """A provider's error text without the key (it may echo it): the call's own key shows
+    as ``<secret:LLM_API_KEY>``, whatever else this process knows as itself."""
+    key = call.request.llm.api_key
+    if key is not None:
+        text = SecretMasker({LLM_KEY_NAME: key.get_secret_value()}).mask_text(text)
+    return mask_known(text)

@@ -14,11 +14,13 @@ from typing import Any
 
 from thespian.actors import ActorAddress
 
-from ..exceptions import RuntimeUnavailable, StaleEpoch, class_path
+from ..exceptions import RuntimeUnavailable, StaleEpoch, StoreUnavailable, class_path
+from ..masking import mask_known, remember_secrets, session_maskers
 from ..messages.protocol import (
     CloseSandbox,
     Execute,
     Executed,
+    JournalFault,
     ResolveAction,
     Resolved,
     RuntimeFailed,
@@ -47,6 +49,8 @@ class RuntimeProxy(TrouperActor):
         self._epoch = 0
         self._ready = False
         self._waiting: list[tuple[Any, ActorAddress]] = []
+        self._blocked: dict[str, float] = {}
+        """Actions the sandbox could not journal, with the wait before the next try."""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -54,6 +58,8 @@ class RuntimeProxy(TrouperActor):
         self.set_parent(sender)
         start = msg.start
         self._session_id, self._epoch = start.session_id, msg.epoch
+        # the sandbox's errors may quote a command or its output: mask reports and logs
+        remember_secrets(session_maskers(start.secrets, start.config.llm)[0].pairs)
         home = Home.at(start.home)
         self.publish_pid(home.actor_pid_path("runtime", start.session_id))
         self._sandbox = load_sandbox(
@@ -62,6 +68,7 @@ class RuntimeProxy(TrouperActor):
             workspace=Path(start.config.workspace),
             state_dir=home.runtime_dir(start.session_id),
             env=dict(start.secrets),
+            secret_names=tuple(sorted(start.secrets)),  # the sandbox masks their values
             max_output_chars=start.config.max_output_chars,
         )
         sandbox, epoch = self._sandbox, msg.epoch
@@ -99,15 +106,19 @@ class RuntimeProxy(TrouperActor):
             # Another proxy owns the sandbox: if it is not our supervisor's, another
             # Trouper restored this session; the supervisor decides (it checks the sender).
             self.send(self._parent_address, Superseded(
-                session_id=self._session_id, reason=f"the sandbox serves a newer proxy: "
-                f"{detail or error}"))
+                session_id=self._session_id, reason=mask_known(
+                    f"the sandbox serves a newer proxy: {detail or error}")))
             self.fail(f"superseded by a newer runtime proxy: {detail or error}", error)
             return
-        text = detail or (f"{type(error).__name__}: {error}" if error else cause)
+        text = mask_known(detail or (f"{type(error).__name__}: {error}" if error else cause))
         self.send(self._parent_address, RuntimeFailed(
             session_id=self._session_id, epoch=self._epoch, cause=cause, detail=text,
             error_class=class_path(error) if error else ""))
         self.fail(f"sandbox {cause}: {text}", error)
+
+    def fail(self, reason: str, exc: BaseException | None = None, tb: str = "") -> None:
+        """Exit on purpose; the reason and traceback go to the supervisor masked."""
+        super().fail(mask_known(reason), exc, mask_known(tb))
 
     def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
         sandbox = self._sandbox
@@ -137,14 +148,34 @@ class RuntimeProxy(TrouperActor):
                 timeout_s=msg.timeout_s, no_output_timeout_s=msg.no_output_timeout_s)
 
         def done(outcome: Any, error: BaseException | None) -> None:
+            if isinstance(error, StoreUnavailable):  # not run: try it again, say why once
+                self._journal_blocked(msg, sender, error)
+                return
             if error is not None:
                 # The action's fate is in the journal; the Controller resolves it from there.
                 self._report_failure(_cause(error), error)
                 return
+            if self._blocked.pop(msg.action_id, None) is not None:
+                self.send(sender, JournalFault(session_id=self._session_id,
+                                               action_id=msg.action_id, cause=None))
             self.send(sender, Executed(
                 session_id=self._session_id, action_id=msg.action_id, outcome=outcome))
 
         self.background.submit(work, done)
+
+    def _journal_blocked(self, msg: Execute, sender: ActorAddress,
+                         error: StoreUnavailable) -> None:
+        delay_s = self._blocked.get(msg.action_id)
+        if delay_s is None:
+            self.send(sender, JournalFault(session_id=self._session_id,
+                                           action_id=msg.action_id, cause=error.cause))
+        delay_s = min(JOURNAL_RETRY_MAX_S, (delay_s or JOURNAL_RETRY_FIRST_S / 2) * 2)
+        self._blocked[msg.action_id] = delay_s
+        self.after(delay_s, "execute_again", (msg, sender))
+
+    def on_timer_execute_again(self, token: tuple[Execute, ActorAddress]) -> None:
+        msg, sender = token
+        self.on_execute(msg, sender)  # safe: an action the journal refused never started
 
     def on_resolve_action(self, msg: ResolveAction, sender: ActorAddress) -> None:
         if self._defer(msg, sender) or self._sandbox is None:
@@ -164,6 +195,10 @@ class RuntimeProxy(TrouperActor):
 
         self.background.submit(
             lambda: runtime.resolve(msg.action_id, wait_s=RESOLVE_WAIT_S), done)
+
+
+JOURNAL_RETRY_FIRST_S = 0.5
+JOURNAL_RETRY_MAX_S = 5.0
 
 
 def _cause(error: BaseException | None) -> str:

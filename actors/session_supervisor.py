@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from thespian.actors import ActorAddress
@@ -21,6 +22,7 @@ from ..messages.protocol import (
     RuntimeReady,
     SandboxClosed,
     StartSession,
+    StoreFault,
 )
 from ..paths import Home
 from ..store import open_store
@@ -119,25 +121,28 @@ class SessionSupervisor(Supervisor):
                 self.send(address, self.ready)
             self._release_held()
 
-    def on_child_gave_up(self, role: str, reason: str) -> None:
-        tries = self.policy.intensity
+    def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
+        what = "the sandbox" if role == RUNTIME else "the agent loop"
+        text = (f"{what} failed {self.policy.intensity + 1} times within "
+                f"{self.policy.period_s:g} s (last: {reason}); "
+                + (f"trying again in {retry_in_s:g} s" if retry_in_s is not None
+                   else "resume to try again"))
+        resumes_at = (datetime.now(UTC) + timedelta(seconds=retry_in_s)
+                      if retry_in_s is not None else None)
         if role == RUNTIME:
-            self._to_controller(RuntimeGaveUp(
-                reason=f"the sandbox failed {tries + 1} times within {self.policy.period_s:g} s "
-                f"(last: {reason})"))
+            self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
         else:
-            self._controller_gave_up(reason)
+            self._controller_gave_up(text, resumes_at)
 
-    def _controller_gave_up(self, reason: str) -> None:
+    def _controller_gave_up(self, text: str, resumes_at: datetime | None) -> None:
         """Nobody drives the session now: record ERROR for it and answer who waits."""
         assert self.start is not None
         session_id = self.start.session_id
-        text = (f"the agent loop failed {self.policy.intensity + 1} times within "
-                f"{self.policy.period_s:g} s (last: {reason}); resume to try again")
         logger.error("session %s: %s", session_id, text)
         store = open_store(Home.at(self.start.home))
         try:
-            store.append(session_id, [StateChanged(state=AgentState.ERROR, reason=text)],
+            store.append(session_id, [StateChanged(state=AgentState.ERROR, reason=text,
+                                                   resumes_at=resumes_at)],
                          owner=store.claim_owner(session_id))
         finally:
             store.close()
@@ -148,7 +153,11 @@ class SessionSupervisor(Supervisor):
             if reply_to is not None:
                 self.send(reply_to, Refused(request_id=request_id, session_id=session_id,
                                             error="InvalidRequest", message=text))
-        self.send(self._parent_address, Superseded(session_id=session_id, reason=text))
+        if resumes_at is None:
+            self.send(self._parent_address, Superseded(session_id=session_id, reason=text))
+
+    def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
+        self.send(self._parent_address, msg)  # the root answers the program's queries
 
     def on_restart_runtime(self, msg: RestartRuntime, sender: ActorAddress) -> None:
         self.restart_child(RUNTIME, msg.reason)

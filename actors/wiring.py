@@ -7,6 +7,7 @@ never leave the actor system and are never stored.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar
 
 from thespian.actors import ActorAddress
@@ -29,9 +30,6 @@ class BootRoot:
     kind: ClassVar[str] = "boot_root"
     home: str
     policy: RestartPolicy
-    owner_pid: int = 0
-    """The process that embeds this actor system; when it dies, the system goes with it.
-    0 means the system outlives its creator (a daemon)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +106,8 @@ class RuntimeGaveUp:
 
     kind: ClassVar[str] = "runtime_gave_up"
     reason: str
+    resumes_at: datetime | None = None
+    """When the supervisor starts a fresh sandbox by itself; None: only on a resume."""
 
 
 @dataclass(frozen=True)

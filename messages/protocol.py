@@ -6,6 +6,7 @@ questions even after restarts or timeouts.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
@@ -211,3 +212,42 @@ class SandboxClosed(Frozen):
     kind: Literal["sandbox_closed"] = "sandbox_closed"
     request_id: str
     session_id: str
+
+
+class StoreFault(Frozen):
+    """Controller -> up the tree: the session cannot record anything now (or, with
+    ``cause`` None, can again). Clients see it while the log cannot say it."""
+
+    kind: Literal["store_fault"] = "store_fault"
+    session_id: str
+    cause: str | None
+    """What failed, for the user ("the disk holding the home is full (...)"); None: over."""
+    since: datetime | None = None
+
+
+class FaultQuery(Frozen):
+    """Program -> root: is this session stopped by a storage fault right now?"""
+
+    kind: Literal["fault_query"] = "fault_query"
+    request_id: str
+    session_id: str
+
+
+class FaultStatus(Frozen):
+    """Root -> program: the answer to ``FaultQuery``."""
+
+    kind: Literal["fault_status"] = "fault_status"
+    request_id: str
+    session_id: str
+    cause: str | None = None
+    since: datetime | None = None
+
+
+class JournalFault(Frozen):
+    """RuntimeProxy -> Controller: the sandbox cannot journal an action now, so it is not
+    run (``cause``), or can again (``cause`` None); the proxy keeps trying it."""
+
+    kind: Literal["journal_fault"] = "journal_fault"
+    session_id: str
+    action_id: str
+    cause: str | None

@@ -116,7 +116,9 @@ def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_p
         {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
         FINISH,
     ])
-    policy = RestartPolicy(intensity=2, period_s=60, backoff_initial_s=0.01)
+    # no cooldown rounds: past the intensity the session waits for the user (see
+    # test_fault_edges.py for the rounds that come back by themselves)
+    policy = RestartPolicy(intensity=2, period_s=60, backoff_initial_s=0.01, giveup_rounds=0)
     with Trouper(home=home, policy=policy) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=workspace)
         started(workspace)

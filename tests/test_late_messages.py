@@ -1,0 +1,145 @@
+"""I5/I6: late, out-of-order and meaningless messages never crash an actor or start an action.
+
+The Controller runs in Thespian's in-process ``simpleSystemBase`` (fine for message
+handling, per DESIGN.md), on a real store in a temp home; its broker and runtime are a
+sink that records what it is sent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+from thespian.actors import Actor, ActorSystem, WakeupMessage
+
+from trouper.actors import base
+from trouper.actors.controller import Controller
+from trouper.actors.wiring import BootController, Relay, Rewire, RuntimeGaveUp
+from trouper.config import LLMConfig, SessionConfig
+from trouper.fold import SessionView
+from trouper.messages.events import AgentState
+from trouper.messages.outcomes import Outcome
+from trouper.messages.protocol import (
+    Accepted,
+    Complete,
+    Completed,
+    Execute,
+    Executed,
+    JournalFault,
+    Resolved,
+    RuntimeFailed,
+    RuntimeReady,
+    StartSession,
+    ToolCall,
+    UserCommand,
+)
+from trouper.paths import Home
+from trouper.store import open_store
+
+
+class Sink(Actor):
+    """Stands in for the broker and the runtime: keeps what it is sent."""
+
+    seen: ClassVar[list[Any]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
+        Sink.seen.append(msg)
+
+
+@pytest.fixture
+def system(monkeypatch):
+    monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
+    Sink.seen = []
+    asys = ActorSystem("simpleSystemBase", transientUnique=True)
+    yield asys
+    asys.shutdown()
+
+
+def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
+    session_id = "s-" + uuid.uuid4().hex[:8]
+    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"), workspace=workspace)
+    open_store(home).create_session(session_id, config)
+    start = StartSession(request_id="boot", session_id=session_id, config=config,
+                         home=str(home.root))
+    sink = asys.createActor(Sink)
+    controller = asys.createActor(Controller)
+    answer = asys.ask(controller, BootController(start=start, broker=sink, runtime=sink,
+                                                 reply_to=None), 5)
+    assert answer is None  # boot answers reply_to only
+    asys.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
+    return controller, session_id
+
+
+def _command(asys: ActorSystem, controller: Any, session_id: str, command: str) -> Any:
+    """Relay a user command; the answer goes to a sink, returned here."""
+    cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id, command=command)
+    answers = asys.createActor(Sink)
+    asys.tell(controller, Relay(msg=cmd, reply_to=answers))
+    replies = [m for m in Sink.seen if getattr(m, "request_id", None) == cmd.request_id]
+    return replies[-1] if replies else None
+
+
+def _view(home: Home, session_id: str) -> SessionView:
+    return SessionView.of(open_store(home).read(session_id))
+
+
+def test_late_and_meaningless_messages_change_nothing(system, tmp_path):
+    home = Home.at(tmp_path / "home")
+    controller, sid = _boot(system, home, str(tmp_path))
+    asked = [m for m in Sink.seen if isinstance(m, Complete)]
+    assert len(asked) == 1  # RUNNING: it asked the model once
+    late = [
+        Completed(request_id="not-ours", session_id=sid, content="stale"),
+        Executed(session_id=sid, action_id="nobody", outcome=Outcome(status="ok", content="late")),
+        Resolved(session_id=sid, action_id="nobody", state="finished",
+                 outcome=Outcome(status="ok", content="late")),
+        JournalFault(session_id=sid, action_id="nobody", cause="full"),
+        RuntimeReady(session_id=sid, epoch=1, attached=True),
+        WakeupMessage(1, payload="no such timer"),
+        {"kind": "nonsense"},
+        "a string",
+        12345,
+    ]
+    for msg in late:
+        system.tell(controller, msg)
+    view = _view(home, sid)
+    assert view.state == AgentState.RUNNING and view.pending == {} and view.actions == 0
+    # the controller still answers, and nothing ran
+    assert isinstance(_command(system, controller, sid, "pause"), Accepted)
+    assert not [m for m in Sink.seen if isinstance(m, Execute)]
+
+
+def test_a_reply_after_the_session_left_running_starts_no_action(system, tmp_path):
+    home = Home.at(tmp_path / "home")
+    controller, sid = _boot(system, home, str(tmp_path))
+    request = [m for m in Sink.seen if isinstance(m, Complete)][-1]
+    system.tell(controller, RuntimeFailed(session_id=sid, epoch=1, cause="exited",
+                                          detail="killed"))
+    system.tell(controller, RuntimeGaveUp(reason="the sandbox failed 6 times; resume"))
+    call = ToolCall(id="c1", name="run", arguments='{"command": "echo late"}')
+    system.tell(controller, Completed(request_id=request.request_id, session_id=sid,
+                                      tool_calls=[call]))
+    view = _view(home, sid)
+    assert view.state == AgentState.ERROR
+    assert view.actions == 0 and view.pending == {}  # I5: no action without an outcome
+    assert not [m for m in Sink.seen if isinstance(m, Execute)]
+
+
+def test_no_broker_yet_is_no_crash(system, tmp_path):
+    """A Controller whose broker is being restarted asks once the new one is wired."""
+    home = Home.at(tmp_path / "home")
+    session_id = "s-" + uuid.uuid4().hex[:8]
+    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
+                           workspace=str(tmp_path))
+    open_store(home).create_session(session_id, config)
+    start = StartSession(request_id="boot", session_id=session_id, config=config,
+                         home=str(home.root))
+    sink = system.createActor(Sink)
+    controller = system.createActor(Controller)
+    system.tell(controller, BootController(start=start, broker=None, runtime=sink))
+    system.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
+    assert not [m for m in Sink.seen if isinstance(m, Complete)]
+    system.tell(controller, Rewire(broker=sink, reason="the broker is back"))
+    assert len([m for m in Sink.seen if isinstance(m, Complete)]) == 1
+    assert isinstance(_command(system, controller, session_id, "pause"), Accepted)

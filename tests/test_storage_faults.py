@@ -1,0 +1,105 @@
+"""I6: a failed write is a session state with its cause, not a crash loop.
+
+The disk test mounts a small tmpfs for the home (we are root in CI; elsewhere it skips
+with the reason), fills it while a command runs, and frees it again.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trouper import AgentState, ObservationEvent, StateChanged, Trouper
+from trouper.store.faults import storage_fault
+from trouper.testing import actor_pid, check_log, wait_until
+
+GATE = "touch waiting; while [ ! -f go ]; do sleep 0.02; done; "
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write zeros until the disk is full; return the file that holds them."""
+    filler = disk / "filler"
+    chunk = b"\0" * (256 * 1024)
+    with open(filler, "wb") as out:
+        try:
+            while True:
+                out.write(chunk)
+                out.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then, shown", [
+    ("echo released", "released"),  # small: the sandbox's journal is the first to fail
+    ("seq 1 30000", "30000"),  # a large outcome: the event store's WAL must grow and fails
+])
+def test_a_full_disk_is_error_naming_it_then_the_session_finishes(scripted, tmp_path,
+                                                                   small_disk, then, shown):
+    _, llm = scripted([{"tool": "run", "args": {"command": GATE + then}},
+                       {"tool": "run", "args": {"command": "echo after"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    workspace = tmp_path / "ws"
+    with Trouper(home=small_disk / "home") as t:
+        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
+        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
+        controller = actor_pid(session, "controller")
+        filler = _fill(small_disk)
+        (workspace / "go").touch()
+        cause = wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        assert "is full" in cause, cause
+        assert actor_pid(session, "controller") == controller  # no restart loop
+        assert session.wait(timeout=2) == AgentState.ERROR  # not settled: it waits on
+        filler.unlink()
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        events = list(session.events())
+    assert check_log(events) == []
+    outcomes = [e.outcome for e in events if isinstance(e, ObservationEvent)]
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok"]
+    assert shown in outcomes[0].content
+    errors = [e.reason for e in events
+              if isinstance(e, StateChanged) and e.state == AgentState.ERROR]
+    assert any("is full" in r for r in errors), errors
+
+
+def _error_cause(session) -> str | None:
+    """The cause clients are shown: the fault overlay, or the ERROR the log holds."""
+    fault = session.fault
+    if fault:
+        return fault
+    record = session.record
+    return record.state_reason if record.state == AgentState.ERROR else None
+
+
+def test_store_errors_are_named_for_the_user():
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorname = "SQLITE_FULL"
+    assert storage_fault(full).kind == "full"
+    read_only = sqlite3.OperationalError("attempt to write a readonly database")
+    read_only.sqlite_errorname = "SQLITE_READONLY_DBMOVED"
+    assert storage_fault(read_only).kind == "read_only"
+    assert storage_fault(OSError(errno.EROFS, "Read-only file system")).kind == "read_only"
+    assert storage_fault(OSError(errno.ENOSPC, "No space")).cause.startswith(
+        "the disk holding the home is full")
+    assert storage_fault(ValueError("not a storage fault")) is None
+    assert storage_fault(sqlite3.IntegrityError("UNIQUE constraint failed")) is None
