@@ -66,13 +66,17 @@ class Trouper:
         admin_port: int | None = None,
     ) -> None:
         self.home = Home.at(home)
-        self.store: EventStore = open_store(self.home)
+        open_store(self.home).close()  # a store that cannot open fails before any process
         self._system = ActorSystemHandle(
             self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port
         )
         self._closed = False
+        self.store: EventStore  # opened once the actor system runs (see below)
         try:
+            # forked first: SQLite's lock table survives a fork, and an actor forked while
+            # this process held a connection would share its locks instead of taking its own
             self._system.open()
+            self.store = open_store(self.home)
             if resume:
                 self._resume_unfinished()
         except BaseException:
@@ -91,7 +95,9 @@ class Trouper:
             return
         self._closed = True
         self._system.close(stop_sandboxes=stop_sandboxes)
-        self.store.close()
+        store = getattr(self, "store", None)  # absent when the actor system failed to open
+        if store is not None:
+            store.close()
 
     # -- sessions ----------------------------------------------------------------
 

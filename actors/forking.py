@@ -5,8 +5,8 @@ double-forks and calls ``setsid``), and every actor from its parent. ``install``
 the two entry points (``multiprocCommon.startAdmin`` and ``startChild``, looked up by name
 when Thespian forks) so that each forked process, before Thespian runs:
 
-- lets go of the descriptors it inherited (``release_inherited_descriptors``): a listening
-  socket of the program, its files, a parent actor's SQLite connection;
+- lets go of the sockets and pipes it inherited (``release_inherited_descriptors``): a
+  listening socket of the program, a pipe it reads to EOF;
 - creates files owner-only from then on (umask 077, ``paths.enter_private_process``).
 
 The admin also publishes ``<home>/actors/admin.pid`` (its pid, start time, and the
@@ -23,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -144,14 +145,17 @@ def end_orphans(home: Path) -> list[int]:
 
 
 def release_inherited_descriptors() -> None:
-    """In a freshly forked process: every inherited descriptor but stdout/stderr let go.
+    """In a freshly forked process: let go of the sockets and pipes it inherited.
 
-    Each fd above 2 (and stdin) is pointed at ``/dev/null`` rather than closed: the
-    forking program's objects that still name those numbers (a logging handler, a socket
-    the collector may finalise later) then write to or close ``/dev/null``, never a file
-    or socket this process opens afterwards under a reused number. What the fds held (a
-    listening socket, a file, a parent actor's SQLite connection) is released. Kept:
-    stdout and stderr (a crashing process's last words), and multiprocessing's sentinel.
+    Each is pointed at ``/dev/null`` rather than closed: the forking program's objects that
+    still name those numbers (a socket the collector may finalise later) then close
+    ``/dev/null``, never a socket this process opens afterwards under a reused number. What
+    they held (a listening socket of the program, a pipe whose reader waits for EOF) is
+    released. Kept: stdout and stderr (a crashing process's last words), multiprocessing's
+    sentinel, and every file, folder and device: SQLite's per-process table of open
+    databases survives the fork, and a connection the child opens later takes its locks
+    through the descriptors it inherited, so pointing those at ``/dev/null`` would make
+    its locks fake and let two writers overwrite each other's commits in the WAL.
     """
     keep = {1, 2}
     sentinel = getattr(multiprocessing.parent_process(), "_sentinel", None)
@@ -159,7 +163,7 @@ def release_inherited_descriptors() -> None:
         keep.add(sentinel)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in _open_descriptors():
-        if fd not in keep and fd != devnull:
+        if fd not in keep and fd != devnull and _is_channel(fd):
             try:
                 os.dup2(devnull, fd)
             except OSError:
@@ -167,17 +171,18 @@ def release_inherited_descriptors() -> None:
     os.close(devnull)
 
 
-def _open_descriptors() -> list[int]:
+def _is_channel(fd: int) -> bool:
+    """A socket or a pipe: what another process may be waiting on or connecting to."""
     try:
-        candidates = sorted(int(name) for name in os.listdir("/proc/self/fd"))
-    except OSError:
-        candidates = list(range(1024))
-    return [fd for fd in candidates if _is_open(fd)]
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
+        mode = os.fstat(fd).st_mode
     except OSError:
         return False
-    return True
+    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
+
+
+def _open_descriptors() -> list[int]:
+    """This process's descriptor numbers (a closed one fails ``_is_channel``'s fstat)."""
+    try:
+        return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    except OSError:
+        return list(range(1024))

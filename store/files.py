@@ -19,35 +19,38 @@ SIDE_FILES = ("-wal", "-shm", "-journal")
 def make_private(path: Path) -> None:
     """Create the database file 0600 if missing (SQLite would use 0644 less the umask, and
     its WAL and SHM files copy the database's mode); tighten it and its side files if an
-    older trouper or a copy left them readable by others."""
+    older trouper or a copy left them readable by others.
+
+    An existing file is never opened here, only stat'ed and chmod'ed by path: closing any
+    descriptor on a file drops every POSIX lock this process holds on it, so a second store
+    opened beside a live one would strip the first of its SQLite locks (and another
+    process's writer could then overwrite its commits in the WAL).
+    """
     if not path.parent.exists():
         private_dir(path.parent)
-    # read-only: a store on a read-only file still opens (its writes fail as a state)
-    flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC
-    fd = os.open(path, flags, PRIVATE_MODE)
     try:
-        _tighten(fd, path)
-    finally:
-        os.close(fd)
-    for suffix in SIDE_FILES:
-        side = path.with_name(path.name + suffix)
-        try:
-            fd = os.open(side, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue  # missing (or not ours to open): SQLite makes it with the db's mode
-        try:
-            _tighten(fd, side)
-        finally:
-            os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.close(fd)  # new: nobody in this process can hold a lock on it yet
+    for side in (path, *(path.with_name(path.name + suffix) for suffix in SIDE_FILES)):
+        _tighten(side)
 
 
-def _tighten(fd: int, path: Path) -> None:
-    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+def _tighten(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return  # missing: SQLite makes it with the database's mode
+    if stat.S_ISLNK(info.st_mode):
+        return  # chmod would follow it; the home is owner-only, so only its owner made it
+    mode = stat.S_IMODE(info.st_mode)
     if not mode & (stat.S_IRWXG | stat.S_IRWXO):
         return
     tight = mode & stat.S_IRWXU  # the owner's bits stay: a read-only store stays read-only
     try:
-        os.fchmod(fd, tight)
+        os.chmod(path, tight)
     except PermissionError:  # another user's file: say so, and open it as before
         logger.warning("event store: %s is readable by others (%04o) and not ours to "
                        "tighten", path, mode)

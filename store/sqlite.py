@@ -8,6 +8,15 @@ referenced, never used and never closed, so closing them cannot disturb the pare
 opens its own. An ``os.register_at_fork`` hook does this right after the fork, and a pid
 check on every call is the fallback for a fork that skipped the hook.
 
+SQLite's locks are POSIX locks, owned by the process: two rules keep them real. Nothing
+in a process opens and closes a descriptor of its own on the database while a connection
+is open (closing any descriptor of a file drops all the process's locks on it; see
+``files.make_private``). And a process should hold no connection when it forks actors:
+SQLite's table of open files survives the fork, so a connection the child opens reuses
+the inherited entry and never takes locks of its own (``Trouper`` opens its actor system
+before its connection; ``tests/test_store_locks.py`` reads the locks in /proc/locks).
+Broken, either rule let a writer overwrite another's commits in the WAL.
+
 Privacy (I7): the database is created owner-only (0600) before SQLite opens it, whatever
 the umask, and SQLite gives its ``-wal`` and ``-shm`` files the database's mode; an
 existing file with looser modes is tightened, and the log says so. What is written is
