@@ -71,8 +71,11 @@ def _listeners(pids: list[int]) -> dict[int, list[tuple[str, int]]]:
 def _send_frame(port: int, frame: bytes, wait: bool = True) -> bytes:
     """Send one frame; return what the listener answered before closing (or b"")."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(frame)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            sock.sendall(frame)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:  # the listener dropped us mid-frame (a refused size): what we want
+            return b""
         answer = b""
         if not wait:
             return answer
