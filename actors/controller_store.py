@@ -1,11 +1,11 @@
 """The Controller when its store cannot take a write: ERROR with the cause, no crash loop.
 
 A failed append raises ``StoreUnavailable`` (disk full, read-only, locked, corrupt). The
-handler stops where it was, so nothing runs whose intent is not durable (I2), and the
-Controller enters *store-fault mode*: it tells the tree (clients show the cause while the
-log cannot hold it), drops what arrives (a model reply is asked again later; a tool's
+effects after it are not performed, so nothing runs whose intent is not durable (I2), and
+the Controller enters *store-fault mode*: it tells the tree (clients show the cause while
+the log cannot hold it), drops what arrives (a model reply is asked again later; a tool's
 outcome stays in the sandbox's journal), and probes the store on a growing timer. When a
-write goes through again it records the fault, rebuilds itself from the log (as a
+write goes through again it records the fault, rebuilds its core from the log (as a
 restarted Controller would) and resolves every action without an outcome from the
 journal: nothing is lost and nothing runs twice.
 """
@@ -16,12 +16,10 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from thespian.actors import ActorAddress
-
 from ..exceptions import StoreUnavailable
 from ..fold import SessionView
 from ..messages.events import AgentState, StateChanged
-from ..messages.protocol import JournalFault, Refused, StoreFault, UserCommand
+from ..messages.protocol import Refused, StoreFault, UserCommand
 from .wiring import Relay
 
 if TYPE_CHECKING:
@@ -44,7 +42,6 @@ class StoreFaultMixin:
         if self.store_fault is not None:
             return  # already waiting for the store; what arrived is dropped (see module doc)
         self.store_fault, self.fault_since = fault, datetime.now(UTC)
-        self.llm_request = None  # its answer would be dropped; RUNNING again asks anew
         logger.error("session %s: cannot record anything: %s; waiting for the store",
                      self.session_id, fault.cause)
         self.send(self._parent_address, StoreFault(
@@ -52,14 +49,17 @@ class StoreFaultMixin:
         self.after(PROBE_FIRST_S, "store_probe", PROBE_FIRST_S)
 
     def _refuse_while_faulted(self: Controller, msg: Any, fault: StoreUnavailable) -> None:
-        if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand) and msg.reply_to:
-            self.send(msg.reply_to, Refused(
-                request_id=msg.msg.request_id, session_id=self.session_id,
-                error="InvalidRequest",
-                message=f"the session cannot record anything now: {fault.cause}"))
+        if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
+            self.replies.pop(msg.msg.request_id, None)
+            if msg.reply_to is not None:
+                self.send(msg.reply_to, Refused(
+                    request_id=msg.msg.request_id, session_id=self.session_id,
+                    error="InvalidRequest",
+                    message=f"the session cannot record anything now: {fault.cause}"))
 
     def on_timer_store_probe(self: Controller, delay_s: float) -> None:
-        assert self.store is not None and self.store_fault is not None
+        if self.store is None or self.store_fault is None:
+            return  # a probe of a fault already over
         before = SessionView.of(self.store.read(self.session_id))
         note = StateChanged(
             state=AgentState.ERROR, resumes_at=datetime.now(UTC),
@@ -75,29 +75,5 @@ class StoreFaultMixin:
                        self.session_id)
         self.store_fault, self.fault_since = None, None
         self.send(self._parent_address, StoreFault(session_id=self.session_id, cause=None))
-        self.reload_from_log()
-        self.carry_on_after_fault(before)
-
-    def on_journal_fault(self: Controller, msg: JournalFault, sender: ActorAddress) -> None:
-        """The sandbox cannot journal the dispatched action, so it did not run; its proxy
-        tries again. The log can say so (the store is elsewhere or still has room)."""
-        if msg.action_id != self.dispatched:
-            return
-        if msg.cause is not None and self.view.state == AgentState.RUNNING:
-            self.transition(AgentState.ERROR, f"{msg.cause}; waiting to run it",
-                            resumes_at=datetime.now(UTC))
-        elif msg.cause is None and self.view.state == AgentState.ERROR:
-            self.transition(AgentState.RUNNING, "the sandbox's journal is writable again")
-
-    def carry_on_after_fault(self: Controller, before: SessionView) -> None:
-        """Back to where the session was: RUNNING through the recovery path (in-flight
-        actions resolved from the journal first), any other state as it was."""
-        if before.state != AgentState.RUNNING:
-            self.transition(before.state, before.reason or "the store is writable again",
-                            resumes_at=before.resumes_at)
-            self.schedule_lift()
-            return
-        self.back_reason = "the store is writable again; carrying on"
-        if self.runtime_ready:
-            self.resolve_pending()
-        self.recovered()
+        self.core = self.fresh_core()  # the core ran ahead of the log when the write failed
+        self.perform(self.core.store_back(before, datetime.now(UTC)))

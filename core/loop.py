@@ -1,0 +1,163 @@
+"""The session's loop: what to do next, and an action from intent to outcome.
+
+``_advance`` takes the next step when the session is RUNNING and nothing is outstanding:
+the first action without an outcome, else a limit, else a question to the model. An
+action's intent is durable before it runs (I2), its outcome recorded once (I1), and an
+action that may have run on a lost sandbox is asked of the journal, never run again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..agent.condense import condensed
+from ..agent.parse import parse_response
+from ..agent.tools import tool_specs
+from ..messages.actions import Finish, Think
+from ..messages.events import (
+    ActionEvent,
+    AgentState,
+    ObservationEvent,
+)
+from ..messages.outcomes import Outcome
+from ..messages.protocol import (
+    Complete,
+    Execute,
+    ToolCall,
+)
+from .effects import (
+    AskJournal,
+    AskModel,
+    CancelModel,
+    RunAction,
+)
+from .machine import BACK_AFTER_SANDBOX, SessionMachine
+from .states import Why
+
+logger = logging.getLogger(__name__)
+
+LOST_CONTENT = ("This action's result is unknown: the sandbox that ran it was lost before it "
+                "reported back. It was not run again. Check its effects before repeating it.")
+
+
+
+class SessionLoop(SessionMachine):
+    """The step rules of a session (see the module doc)."""
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Take the next step if the session is RUNNING and nothing is outstanding."""
+        if self.view.state != AgentState.RUNNING or not self.runtime_ready:
+            return
+        if self.dispatched is not None or self.llm_request is not None:
+            return
+        if self.view.pending:
+            self._handle_action(next(iter(self.view.pending.values())))
+        elif not self._limit_reached():
+            self._ask_model()
+
+    def _limit_reached(self) -> bool:
+        config = self.config
+        if self.view.iterations >= config.max_iterations:
+            return self._transition(
+                Why.MAX_ITERATIONS, AgentState.STOPPED,
+                f"reached max_iterations ({config.max_iterations} model calls); "
+                "resume to allow as many again")
+        if config.max_cost_usd is not None and self.view.cost_usd >= config.max_cost_usd:
+            return self._transition(
+                Why.MAX_COST, AgentState.STOPPED,
+                f"spent ${self.view.cost_usd:.4f} of max_cost_usd ${config.max_cost_usd:.4f}")
+        return False
+
+    def _ask_model(self) -> None:
+        # model_construct: the history is ours and already valid; validating it again
+        # would walk every message of the session on every step
+        self.llm_request = Complete.model_construct(
+            request_id=self.new_id(), session_id=self.session_id, llm=self.config.llm,
+            messages=condensed(self.prompt.messages(), self.cut), tools=tool_specs(),
+            turn=self.view.total_iterations, lift_cooldown=self.lift_cooldown)
+        self.lift_cooldown = False
+        self._out.append(AskModel(self.llm_request))
+
+    def _cancel_model_call(self) -> None:
+        if self.llm_request is not None:
+            self._out.append(CancelModel(self.llm_request.request_id))
+        self.llm_request = None
+
+    # -- actions -------------------------------------------------------------------------
+
+    def _handle_action(self, event: ActionEvent) -> None:
+        action = event.action
+        if action is None:
+            self._record(event.action_id, _rejection_of(event))
+        elif isinstance(action, Think):
+            self._record(event.action_id, Outcome(status="ok", content="Thought recorded."))
+        elif isinstance(action, Finish):
+            self._finish(event, action)
+        elif event.action_id not in self.resolve_first:  # else its journal is being asked
+            self._dispatch(event)
+
+    def _dispatch(self, event: ActionEvent) -> None:
+        action: Any = event.action
+        timeout_s = getattr(action, "timeout_s", None) or self.config.command_timeout_s
+        self.dispatched = event.action_id
+        self._out.append(RunAction(Execute(
+            session_id=self.session_id, action_id=event.action_id,
+            action=self.revealer.reveal(action), timeout_s=timeout_s,
+            no_output_timeout_s=self.config.no_output_timeout_s)))
+
+    def _finish(self, event: ActionEvent, action: Finish) -> None:
+        """The finish's outcome, the rest of the turn rejected, and FINISHED: one append,
+        so a restart can never find the finish answered and run the actions after it."""
+        done = ObservationEvent(action_id=event.action_id,
+                                outcome=Outcome(status="ok", content=action.message))
+        skipped = [
+            ObservationEvent(action_id=other, outcome=Outcome(
+                status="rejected", content="Not run: the agent finished before this action."))
+            for other in self.view.pending if other != event.action_id]
+        self.resolve_first.clear()
+        self._transition(Why.FINISHED, AgentState.FINISHED, action.message,
+                         along=[done, *skipped])
+
+    def _record(self, action_id: str, outcome: Outcome, advance: bool = True) -> None:
+        self.resolve_first.discard(action_id)
+        if action_id not in self.view.pending:
+            return  # already has its outcome (promise I1)
+        self._append(ObservationEvent(action_id=action_id, outcome=outcome))
+        if advance:
+            self._check_breaker()
+            self._advance()
+
+    def _check_breaker(self) -> None:
+        limit = self.config.max_consecutive_timeouts
+        if limit and self.view.consecutive_timeouts >= limit and (
+                self.view.state == AgentState.RUNNING):
+            self._transition(Why.BREAKER, AgentState.PAUSED,
+                             f"{self.view.consecutive_timeouts} commands in a row timed out; "
+                             "check the sandbox, then resume")
+
+    def _ask_journal(self) -> None:
+        for action_id in sorted(self.resolve_first):
+            self._out.append(AskJournal(action_id))
+
+    def _recovered(self) -> None:
+        """Back to RUNNING once the runtime is up and every in-flight action resolved."""
+        recovering = self.view.state == AgentState.ERROR and self.view.resumes_at is not None
+        if recovering and self.runtime_ready and not self.resolve_first:
+            if self.config.resume_after_runtime_restart:
+                reason, self.back_reason = self.back_reason, BACK_AFTER_SANDBOX
+                self._transition(Why.RECOVERED, AgentState.RUNNING, reason)
+            else:
+                self._transition(Why.RECOVERED_HELD, AgentState.ERROR,
+                                 "the sandbox is back; resume to carry on")
+        self._advance()
+
+
+def _rejection_of(event: ActionEvent) -> Outcome:
+    call = ToolCall(id=event.tool_call_id, name=event.tool, arguments=event.arguments)
+    parsed = parse_response(event.turn_id, "", [call], lambda: event.action_id)
+    if parsed and parsed[0].rejection is not None:
+        return parsed[0].rejection
+    return Outcome(status="rejected", content=f"The call to {event.tool!r} was malformed.")

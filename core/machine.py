@@ -1,0 +1,176 @@
+"""The session core's machinery: its state, its log and its transitions.
+
+``SessionMachine`` holds what a session is (the view folded from its log, the prompt,
+what is in flight) and the three ways anything changes: ``_append`` (mask, stamp with
+the seq and time the core was given, fold in, and ask the adapter for an ``Append``),
+``_transition`` (a row of ``core.states.TRANSITIONS``, or nothing) and the effects list
+one input returns. The rules that use them are ``core.loop`` and ``core.session``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+
+from ..agent.prompt import PromptBuilder
+from ..config import SessionConfig
+from ..fold import SessionView
+from ..masking import SecretMasker
+from ..messages.actions import RUNTIME_KINDS
+from ..messages.events import (
+    AgentState,
+    Event,
+    PromptCondensed,
+    StateChanged,
+)
+from ..messages.protocol import (
+    Complete,
+)
+from .effects import (
+    Append,
+    Effect,
+)
+from .states import Why, allowed
+
+logger = logging.getLogger(__name__)
+
+BACK_AFTER_SANDBOX = "the sandbox is back; carrying on"
+
+
+
+
+def random_id() -> str:
+    return uuid.uuid4().hex
+
+
+class SessionMachine:
+    """The state of one session and the means to change it.
+
+    Args:
+        session_id, config: the session.
+        masker: every value to keep out of the log and the prompt (secrets and the
+            credentials trouper holds); revealer: only the placeholders an action may use.
+        instructions: the workspace's AGENTS.md text, read by the adapter.
+        new_id: random ids (request, turn and action ids are cut from it); tests pass a
+            counter.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig,
+        *,
+        masker: SecretMasker | None = None,
+        revealer: SecretMasker | None = None,
+        instructions: str | None = None,
+        new_id: Callable[[], str] = random_id,
+    ) -> None:
+        self.session_id, self.config = session_id, config
+        self.masker = masker or SecretMasker({})
+        self.revealer = revealer or SecretMasker({})
+        self.new_id = new_id
+        self.view = SessionView()
+        self.prompt = PromptBuilder(  # the prompt leaves trouper: masked like the log
+            system_prompt=self._masked(config.system_prompt),
+            workspace_instructions=self._masked(instructions))
+        self.cut = 0
+        self.has_broker = True
+        self.runtime_ready = False
+        self.runtime_down = False
+        self.llm_request: Complete | None = None
+        self.dispatched: str | None = None
+        self.resolve_first: set[str] = set()
+        self.condensed_retry = False
+        self.lift_token = 0
+        self.lift_cooldown = False
+        self.back_reason = BACK_AFTER_SANDBOX
+        self._out: list[Effect] = []
+        self._now: datetime | None = None
+
+    # -- building ------------------------------------------------------------------
+
+    def restore(self, events: Iterable[Event]) -> int:
+        """Fold a stored log in (a fresh core only); what was in flight is forgotten and
+        its outcome asked of the journal first. Returns how many events there were."""
+        count = 0
+        for event in events:
+            self._fold(event)
+            count += 1
+        self.dispatched, self.llm_request = None, None
+        self.resolve_first = self._runtime_pending()
+        return count
+
+
+    def _step(self, now: datetime) -> _Step:
+        return _Step(self, now)
+
+    def _take(self) -> list[Effect]:
+        out, self._out = self._out, []
+        return out
+
+    @property
+    def now(self) -> datetime:
+        assert self._now is not None, "the core runs only inside a step"
+        return self._now
+
+    # -- the log -----------------------------------------------------------------------
+
+    def _append(self, *events: Event) -> None:
+        """Mask, stamp (seq and time) and fold in; the adapter makes it durable."""
+        stamped = []
+        for i, event in enumerate(events, 1):
+            masked = self.masker.mask_event(event)
+            stamped.append(masked.model_copy(update={"seq": self.view.last_seq + i,
+                                                     "ts": self.now}))
+        for event in stamped:
+            self._fold(event)
+        self._out.append(Append(tuple(stamped)))
+
+    def _fold(self, event: Event) -> None:
+        self.view.apply(event)
+        if isinstance(event, PromptCondensed):
+            self.cut = max(self.cut, event.cut)
+        self.prompt.add(event)
+
+    def _transition(self, why: Why, state: AgentState, reason: str = "",
+                    resumes_at: datetime | None = None, along: Sequence[Event] = ()) -> bool:
+        """Move to ``state`` if ``why`` allows it from here; ``along`` goes in the same
+        append, so a crash never leaves their outcomes without the state they belong to."""
+        view = self.view
+        if not allowed(why, view.state, state):
+            logger.warning("session %s: %s cannot move a session from %s to %s; skipped",
+                           self.session_id, why.value, view.state.value, state.value)
+            if along:
+                self._append(*along)
+            return False
+        if (view.state, view.reason, view.resumes_at) == (state, reason, resumes_at):
+            if along:
+                self._append(*along)
+            return True
+        logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
+                    state.value, reason)
+        self._append(*along, StateChanged(state=state, reason=reason, resumes_at=resumes_at))
+        return True
+
+    def _masked(self, text: str | None) -> str | None:
+        return None if text is None else self.masker.mask_text(text)
+
+    def _runtime_pending(self) -> set[str]:
+        return {action_id for action_id, event in self.view.pending.items()
+                if event.action is not None and event.action.kind in RUNTIME_KINDS}
+
+
+class _Step:
+    """Sets the core's ``now`` for one input (the core has no clock of its own)."""
+
+    def __init__(self, core: SessionMachine, now: datetime) -> None:
+        self.core, self.now = core, now
+
+    def __enter__(self) -> None:
+        self.core._now = self.now  # noqa: SLF001
+
+    def __exit__(self, *exc: object) -> None:
+        self.core._now = None  # noqa: SLF001
+

@@ -1,0 +1,345 @@
+"""One session's logic as a plain state machine: no Thespian, no I/O, no clock of its own.
+
+``SessionCore.handle(input, now)`` folds one input (a model's answer, an action's
+outcome, a runtime event, a user's command, a timer) into the session and returns the
+effects to perform, in order (``core.effects``). Everything it records goes through
+``_append``, which folds the events in at once: the core is its log's only writer, so it
+knows the seq each event will get. The Controller actor (``actors/controller.py``)
+performs the effects; a restarted Controller builds a fresh core from the log
+(``restore``), which is the whole of promise I3.
+
+The state transitions are the rows of ``core.states.TRANSITIONS``; a transition its row
+does not allow from the current state is logged and skipped, so a late input cannot move
+a session where it should not go (I5, I6).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..agent.condense import choose_cut
+from ..agent.parse import parse_response
+from ..fold import RESUMED_BY_USER, SessionView
+from ..messages.events import (
+    AgentState,
+    LLMCompleted,
+    LLMRetry,
+    MessageEvent,
+    ObservationEvent,
+    PromptCondensed,
+    RuntimeEvent,
+)
+from ..messages.outcomes import Outcome
+from ..messages.protocol import (
+    Completed,
+    CompletionFailed,
+    Executed,
+    JournalFault,
+    Resolved,
+    RetryScheduled,
+    RuntimeFailed,
+    RuntimeReady,
+    UserCommand,
+)
+from .effects import (
+    Answer,
+    AskModel,
+    BrokerBack,
+    Effect,
+    RestartRuntime,
+    RuntimeDown,
+    RuntimeReplaced,
+    StartTimer,
+    TimerFired,
+)
+from .loop import LOST_CONTENT, SessionLoop
+from .states import RESUMABLE, Why
+
+logger = logging.getLogger(__name__)
+
+
+
+
+class SessionCore(SessionLoop):
+    """One session's rules: every input it takes and what each does (see the module doc)."""
+
+    def begin(self, now: datetime) -> list[Effect]:
+        """A new session's first record (its task), or a restored one's lost timers."""
+        with self._step(now):
+            if self.view.last_seq == 0:
+                self._append(MessageEvent(source="user", text=self.config.task))
+            self._schedule_lift()
+        return self._take()
+
+    # -- the one entry point -----------------------------------------------------------
+
+    def handle(self, msg: Any, now: datetime) -> list[Effect]:
+        """Fold ``msg`` in; the effects to perform, in order. A message the core has no
+        use for changes nothing (and is logged)."""
+        handler = self._HANDLERS.get(type(msg))
+        with self._step(now):
+            if handler is None:
+                logger.warning("session %s: the core has no use for %s", self.session_id,
+                               type(msg).__name__)
+            else:
+                handler(self, msg)
+        return self._take()
+
+    def store_back(self, before: SessionView, now: datetime) -> list[Effect]:
+        """The store takes writes again (this core was restored from the log): go back to
+        where the session was; RUNNING through the recovery path."""
+        with self._step(now):
+            if before.state != AgentState.RUNNING:
+                self._transition(Why.STORE_BACK, before.state,
+                                 before.reason or "the store is writable again",
+                                 resumes_at=before.resumes_at)
+                self._schedule_lift()
+            else:
+                self.back_reason = "the store is writable again; carrying on"
+                if self.runtime_ready:
+                    self._ask_journal()
+                self._recovered()
+        return self._take()
+
+    # -- runtime inputs ------------------------------------------------------------------
+
+    def _on_runtime_ready(self, msg: RuntimeReady) -> None:
+        self.runtime_ready = True
+        self.resolve_first &= set(self.view.pending)
+        self._ask_journal()
+        self._append(RuntimeEvent(phase="attached" if msg.attached else "started",
+                                  epoch=msg.epoch))
+        if self.view.state == AgentState.LOADING:
+            self._transition(Why.RUNTIME_READY, AgentState.RUNNING, "runtime ready")
+        self._recovered()
+
+    def _on_runtime_failed(self, msg: RuntimeFailed) -> None:
+        """The sandbox or its proxy died; the supervisor is restarting it."""
+        self.runtime_ready = False
+        if self.dispatched is not None:
+            self.resolve_first.add(self.dispatched)
+            self.dispatched = None
+        self._append(RuntimeEvent(phase="failed", epoch=msg.epoch, detail=msg.detail))
+        if self.view.state == AgentState.RUNNING:
+            self._transition(Why.RUNTIME_FAILED, AgentState.ERROR,
+                             f"sandbox failed ({msg.cause}): {msg.detail}; restarting it",
+                             resumes_at=self.now)
+
+    def _on_runtime_down(self, msg: RuntimeDown) -> None:
+        self.runtime_ready = False
+        self.runtime_down = True
+        self._transition(Why.RUNTIME_DOWN, AgentState.ERROR, msg.reason,
+                         resumes_at=msg.resumes_at)
+
+    def _on_runtime_replaced(self, msg: RuntimeReplaced) -> None:
+        self.runtime_ready, self.runtime_down = False, False
+        if self.dispatched is not None:
+            self.resolve_first.add(self.dispatched)
+            self.dispatched = None
+        self.resolve_first |= self._runtime_pending()
+
+    def _on_broker_back(self, msg: BrokerBack) -> None:
+        self.has_broker = True
+        if self.llm_request is not None:  # the old broker's answer will never come
+            self._out.append(AskModel(self.llm_request))
+
+    def _on_executed(self, msg: Executed) -> None:
+        if msg.action_id == self.dispatched:
+            self.dispatched = None
+        self._record(msg.action_id, msg.outcome)
+
+    def _on_resolved(self, msg: Resolved) -> None:
+        if msg.action_id not in self.resolve_first:
+            return
+        self.resolve_first.discard(msg.action_id)
+        if msg.state == "finished" and msg.outcome is not None:
+            self._record(msg.action_id, msg.outcome, advance=False)
+        elif msg.state != "absent":  # absent: it never started; _advance runs it now
+            self._record(msg.action_id, Outcome(status="lost", content=LOST_CONTENT),
+                         advance=False)
+        self._recovered()
+
+    def _on_journal_fault(self, msg: JournalFault) -> None:
+        """The sandbox cannot journal the dispatched action, so it did not run; its
+        proxy tries again. The log says so while it waits."""
+        if msg.action_id != self.dispatched:
+            return
+        if msg.cause is not None and self.view.state == AgentState.RUNNING:
+            self._transition(Why.JOURNAL_FAULT, AgentState.ERROR,
+                             f"{msg.cause}; waiting to run it", resumes_at=self.now)
+        elif msg.cause is None and self.view.state == AgentState.ERROR:
+            self._transition(Why.JOURNAL_BACK, AgentState.RUNNING,
+                             "the sandbox's journal is writable again")
+
+    # -- model inputs --------------------------------------------------------------------
+
+    def _ours(self, request_id: str) -> bool:
+        return self.llm_request is not None and request_id == self.llm_request.request_id
+
+    def _on_completed(self, msg: Completed) -> None:
+        if not self._ours(msg.request_id):
+            return  # the answer to a cancelled or superseded request
+        self.llm_request = None
+        if self.view.state != AgentState.RUNNING:
+            # actions recorded now could not run and would wait without an outcome (I5);
+            # RUNNING again asks anew
+            logger.info("session %s: dropped a model reply that came in %s",
+                        self.session_id, self.view.state.value)
+            return
+        self.condensed_retry = False
+        parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
+                                lambda: self.new_id()[:16])
+        usage = LLMCompleted(
+            request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
+            completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
+            latency_s=msg.latency_s, attempts=msg.attempts)
+        if not parsed:
+            self._append(usage, MessageEvent(source="agent", text=msg.content))
+            self._transition(Why.TEXT_REPLY, AgentState.AWAITING_USER_INPUT,
+                             "the agent replied with text")
+            return
+        self._append(usage, *[p.event for p in parsed])  # intents durable before dispatch
+        rejected = [ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
+                    for p in parsed if p.rejection is not None]
+        if rejected:
+            self._append(*rejected)
+        self._advance()
+
+    def _on_retry_scheduled(self, msg: RetryScheduled) -> None:
+        if self._ours(msg.request_id):
+            self._append(LLMRetry(
+                request_id=msg.request_id, model=msg.model, attempt=msg.attempt,
+                max_attempts=msg.max_attempts, wait_s=msg.wait_s,
+                error_class=msg.error_class, message=msg.message))
+
+    def _on_completion_failed(self, msg: CompletionFailed) -> None:
+        if not self._ours(msg.request_id):
+            return
+        self.llm_request = None
+        if self.view.state != AgentState.RUNNING:
+            return  # like a late answer: RUNNING again asks anew
+        if msg.error_class == "rate_limit":
+            self._rate_limited(msg)
+        elif msg.error_class == "context_window" and self._condense():
+            self._advance()
+        else:
+            self.condensed_retry = False
+            self._transition(Why.MODEL_FAILED, AgentState.ERROR,
+                             f"model call failed ({msg.error_class}, {msg.attempts} "
+                             f"attempt(s)): {msg.message}")
+
+    def _rate_limited(self, msg: CompletionFailed) -> None:
+        """Retries are spent on 429s: wait for the limit to lift, by a timer."""
+        wait_s = msg.retry_after_s if msg.retry_after_s is not None else (
+            self.config.llm.retry_max_wait_s)
+        lifts_at = self.now + timedelta(seconds=wait_s)
+        self._transition(
+            Why.RATE_LIMITED, AgentState.RATE_LIMITED,
+            f"the provider kept answering 429 after {msg.attempts} attempt(s); carrying on "
+            f"at {lifts_at:%H:%M:%S} UTC, or at once on resume", resumes_at=lifts_at)
+        self._schedule_lift()
+
+    def _schedule_lift(self) -> None:
+        resumes_at = self.view.resumes_at
+        if self.view.state != AgentState.RATE_LIMITED or resumes_at is None:
+            return
+        self.lift_token += 1
+        self._out.append(StartTimer("lift", (resumes_at - self.now).total_seconds(),
+                                    self.lift_token))
+
+    def _on_timer(self, msg: TimerFired) -> None:
+        if msg.name != "lift":
+            logger.warning("session %s: no timer named %r", self.session_id, msg.name)
+        elif msg.token == self.lift_token and self.view.state == AgentState.RATE_LIMITED:
+            self._transition(Why.LIMIT_LIFTED, AgentState.RUNNING,
+                             "the rate limit should have lifted")
+            self._advance()
+
+    def _condense(self) -> bool:
+        """Drop older messages from the prompt and try once more; False if it cannot."""
+        if self.condensed_retry:
+            self.condensed_retry = False
+            return False
+        cut = choose_cut(self.prompt.messages(), self.cut)
+        if cut is None:
+            return False
+        self._append(PromptCondensed(cut=cut, dropped=cut - 2,
+                                     reason="the prompt exceeded the model's context window"))
+        self.condensed_retry = True
+        return True
+
+    # -- user commands -------------------------------------------------------------------
+
+    def _on_user_command(self, cmd: UserCommand) -> None:
+        error = {
+            "send": self._cmd_send,
+            "pause": self._cmd_pause,
+            "resume": self._cmd_resume,
+            "stop": self._cmd_stop,
+        }[cmd.command](cmd)
+        self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
+
+    def _cmd_send(self, cmd: UserCommand) -> str | None:
+        if not cmd.text.strip():
+            return "send needs a non-empty message"
+        self._append(MessageEvent(source="user", text=cmd.text))
+        if self.view.state not in (AgentState.PAUSED, AgentState.RUNNING, AgentState.LOADING):
+            self._transition(Why.USER_MESSAGE, AgentState.RUNNING, "new message from the user")
+        self._advance()
+        return None
+
+    def _cmd_pause(self, cmd: UserCommand) -> str | None:
+        state = self.view.state
+        if state in (AgentState.FINISHED, AgentState.STOPPED, AgentState.PAUSED):
+            return f"cannot pause a session that is {state.value}"
+        self._cancel_model_call()
+        self._transition(Why.USER_PAUSE, AgentState.PAUSED, "paused by the user")
+        return None
+
+    def _cmd_resume(self, cmd: UserCommand) -> str | None:
+        state = self.view.state
+        if state == AgentState.FINISHED:
+            return "the session is finished; send a message to give it more work"
+        if state in (AgentState.RUNNING, AgentState.LOADING):
+            return None
+        if state not in RESUMABLE:
+            return f"cannot resume a session that is {state.value}"
+        self.lift_cooldown = state == AgentState.RATE_LIMITED
+        if self.runtime_down:
+            self.runtime_down = False
+            self._out.append(RestartRuntime("resumed by the user"))
+        self._transition(Why.USER_RESUME, AgentState.RUNNING, RESUMED_BY_USER)
+        self._advance()
+        return None
+
+    def _cmd_stop(self, cmd: UserCommand) -> str | None:
+        if self.view.state == AgentState.STOPPED:
+            return None
+        self._cancel_model_call()
+        never_run = [
+            ObservationEvent(action_id=action_id, outcome=Outcome(
+                status="rejected", content="Not run: the user stopped the session first."))
+            for action_id in self.view.pending
+            if action_id != self.dispatched and action_id not in self.resolve_first]
+        self._transition(Why.USER_STOP, AgentState.STOPPED, "stopped by the user",
+                         along=never_run)
+        return None
+
+    _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
+        RuntimeReady: _on_runtime_ready,
+        RuntimeFailed: _on_runtime_failed,
+        RuntimeDown: _on_runtime_down,
+        RuntimeReplaced: _on_runtime_replaced,
+        BrokerBack: _on_broker_back,
+        Executed: _on_executed,
+        Resolved: _on_resolved,
+        JournalFault: _on_journal_fault,
+        Completed: _on_completed,
+        RetryScheduled: _on_retry_scheduled,
+        CompletionFailed: _on_completion_failed,
+        TimerFired: _on_timer,
+        UserCommand: _on_user_command,
+    }

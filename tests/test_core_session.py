@@ -1,0 +1,511 @@
+"""The session core's transitions, one input at a time, on a fake clock (no processes).
+
+Each test feeds ``SessionCore.handle`` what an actor would and checks the effects it
+returns and the view it keeps: the rules of a session, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from trouper.config import LLMConfig, SessionConfig
+from trouper.core.effects import (
+    Answer,
+    Append,
+    AskJournal,
+    AskModel,
+    BrokerBack,
+    CancelModel,
+    RestartRuntime,
+    RunAction,
+    RuntimeDown,
+    RuntimeReplaced,
+    StartTimer,
+    TimerFired,
+)
+from trouper.core.loop import LOST_CONTENT
+from trouper.core.session import SessionCore
+from trouper.core.states import TRANSITIONS, Why, allowed, table
+from trouper.fold import SessionView
+from trouper.masking import session_maskers
+from trouper.messages.events import (
+    ActionEvent,
+    AgentState,
+    Event,
+    MessageEvent,
+    ObservationEvent,
+    PromptCondensed,
+    StateChanged,
+)
+from trouper.messages.outcomes import Outcome
+from trouper.messages.protocol import (
+    Completed,
+    CompletionFailed,
+    Executed,
+    JournalFault,
+    Resolved,
+    RetryScheduled,
+    RuntimeFailed,
+    RuntimeReady,
+    ToolCall,
+    UserCommand,
+)
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+S = AgentState
+
+
+class Clock:
+    """The only time the core sees: moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def tick(self, seconds: float = 1.0) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+def ids():
+    n = 0
+
+    def new_id() -> str:
+        nonlocal n
+        n += 1
+        return f"{n:06d}".ljust(32, "x")  # unique in the first 6 of the 12/16 chars cut
+
+    return new_id
+
+
+class RecordingCore(SessionCore):
+    """Keeps every event it asked to append: the log, for the restore tests."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recorded: list[Event] = []
+
+    def _take(self) -> list[Any]:
+        out = super()._take()
+        self.recorded += appended(out)
+        return out
+
+
+def make(secrets: dict[str, str] | None = None, **options: Any) -> tuple[SessionCore, Clock]:
+    config = SessionConfig(task="fix it", llm=LLMConfig(model="hosted_vllm/x", api_key="k" * 12),
+                           workspace="/tmp/ws", **options)
+    masker, revealer = session_maskers(secrets or {}, config.llm)
+    return RecordingCore("s-1", config, masker=masker, revealer=revealer, new_id=ids()), Clock()
+
+
+def running(**options: Any) -> tuple[SessionCore, Clock, AskModel]:
+    core, clock = make(**options)
+    core.begin(clock.now)
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=1, attached=False), clock.tick())
+    assert core.view.state == S.RUNNING
+    return core, clock, only(effects, AskModel)
+
+
+def only(effects: list[Any], kind: type) -> Any:
+    found = [e for e in effects if isinstance(e, kind)]
+    assert len(found) == 1, effects
+    return found[0]
+
+
+def kinds(effects: list[Any]) -> list[str]:
+    return [type(e).__name__ for e in effects]
+
+
+def appended(effects: list[Any]) -> list[Event]:
+    return [event for e in effects if isinstance(e, Append) for event in e.events]
+
+
+def call(name: str, **args: Any) -> ToolCall:
+    return ToolCall(id=f"c-{name}", name=name, arguments=json.dumps(args))
+
+
+def answer(core: SessionCore, ask: AskModel, clock: Clock, *calls: ToolCall,
+           content: str = "", cost: float = 0.0) -> list[Any]:
+    return core.handle(Completed(request_id=ask.request.request_id, session_id="s-1",
+                                 content=content, tool_calls=list(calls), cost_usd=cost),
+                       clock.tick())
+
+
+def executed(core: SessionCore, run: RunAction, clock: Clock, **outcome: Any) -> list[Any]:
+    return core.handle(Executed(session_id="s-1", action_id=run.request.action_id,
+                                outcome=Outcome(**{"status": "ok", "content": "done",
+                                                   **outcome})), clock.tick())
+
+
+def command(core: SessionCore, clock: Clock, name: str, text: str = "") -> tuple[Any, list]:
+    effects = core.handle(UserCommand(request_id=f"r-{name}", session_id="s-1", command=name,
+                                      text=text), clock.tick())
+    return only(effects, Answer), effects
+
+
+# -- a step -------------------------------------------------------------------------------
+
+
+def test_a_new_session_records_its_task_then_asks_the_model_once_the_runtime_is_up():
+    core, clock = make()
+    effects = core.begin(clock.now)
+    assert [type(e) for e in appended(effects)] == [MessageEvent]
+    assert core.view.state == S.LOADING and core.view.last_seq == 1
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=1, attached=False), clock.tick())
+    assert kinds(effects) == ["Append", "Append", "AskModel"]
+    assert core.view.state == S.RUNNING
+    ask = only(effects, AskModel)
+    assert ask.request.messages[-1] == {"role": "user", "content": "fix it"}
+
+
+def test_an_action_is_durable_before_it_runs_and_its_outcome_leads_to_the_next_question():
+    core, clock, ask = running()
+    effects = answer(core, ask, clock, call("run", command="make test"))
+    assert kinds(effects) == ["Append", "RunAction"]  # I2: the intent first
+    intent = [e for e in appended(effects) if isinstance(e, ActionEvent)]
+    run = only(effects, RunAction)
+    assert [e.action_id for e in intent] == [run.request.action_id]
+    effects = executed(core, run, clock)
+    assert kinds(effects) == ["Append", "AskModel"]
+    assert core.view.pending == {} and core.view.outcomes == 1
+
+
+def test_every_event_carries_the_time_and_seq_it_was_given():
+    core, clock, ask = running()
+    now = clock.tick(42)
+    effects = core.handle(Completed(request_id=ask.request.request_id, session_id="s-1",
+                                    tool_calls=[call("think", thought="hm")]), now)
+    events = appended(effects)
+    assert {e.ts for e in events} == {now}
+    assert [e.seq for e in events] == list(range(events[0].seq, events[0].seq + len(events)))
+    assert core.view.last_seq == events[-1].seq
+
+
+def test_the_model_may_use_a_sandbox_secret_but_never_the_llm_key():
+    core, clock = make(secrets={"TOKEN": "s3cr3t-value"})
+    core.begin(clock.now)
+    ask = only(core.handle(RuntimeReady(session_id="s-1", epoch=1, attached=False),
+                           clock.tick()), AskModel)
+    effects = answer(core, ask, clock,
+                     call("run", command="echo <secret:TOKEN> <secret:LLM_API_KEY>"))
+    command_sent = only(effects, RunAction).request.action.command
+    assert command_sent == "echo s3cr3t-value <secret:LLM_API_KEY>"
+    assert "s3cr3t-value" not in str(appended(effects))
+
+
+def test_a_text_reply_awaits_the_user_and_a_message_carries_on():
+    core, clock, ask = running()
+    effects = answer(core, ask, clock, content="Which file?")
+    assert core.view.state == S.AWAITING_USER_INPUT and not [e for e in effects
+                                                              if isinstance(e, AskModel)]
+    reply, effects = command(core, clock, "send", "the parser")
+    assert reply.error is None and core.view.state == S.RUNNING
+    only(effects, AskModel)
+
+
+def test_finish_rejects_the_rest_of_its_turn_in_the_same_append():
+    core, clock, ask = running()
+    effects = answer(core, ask, clock, call("finish", message="all done"),
+                     call("run", command="rm -rf /"))
+    assert kinds(effects) == ["Append", "Append"]
+    last = effects[-1].events
+    assert [type(e) for e in last] == [ObservationEvent, ObservationEvent, StateChanged]
+    assert last[1].outcome.status == "rejected"
+    assert core.view.state == S.FINISHED and core.view.pending == {}
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+
+def test_max_iterations_stops_the_session_and_a_resume_gives_as_many_again():
+    core, clock, ask = running(max_iterations=1)
+    run = only(answer(core, ask, clock, call("run", command="ls")), RunAction)
+    effects = executed(core, run, clock)
+    assert core.view.state == S.STOPPED and "max_iterations" in core.view.reason
+    assert not [e for e in effects if isinstance(e, AskModel)]
+    reply, effects = command(core, clock, "resume")
+    assert reply.error is None and core.view.state == S.RUNNING
+    only(effects, AskModel)
+
+
+def test_max_cost_stops_the_session():
+    core, clock, ask = running(max_cost_usd=0.5)
+    run = only(answer(core, ask, clock, call("run", command="ls"), cost=0.6), RunAction)
+    executed(core, run, clock)
+    assert core.view.state == S.STOPPED and "max_cost_usd" in core.view.reason
+
+
+def test_hard_timeouts_in_a_row_pause_the_session():
+    core, clock, ask = running(max_consecutive_timeouts=2)
+    for _ in range(2):
+        run = only(answer(core, ask, clock, call("run", command="sleep 1000")), RunAction)
+        effects = executed(core, run, clock, status="error", timed_out="hard")
+        ask = next((e for e in effects if isinstance(e, AskModel)), ask)
+    assert core.view.state == S.PAUSED and "timed out" in core.view.reason
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+def test_429s_wait_by_a_timer_that_only_its_own_token_lifts():
+    core, clock, ask = running()
+    effects = core.handle(CompletionFailed(
+        request_id=ask.request.request_id, session_id="s-1", error_class="rate_limit",
+        message="429", retry_after_s=30), clock.tick())
+    timer = only(effects, StartTimer)
+    assert (timer.name, timer.delay_s) == ("lift", 30)
+    assert core.view.state == S.RATE_LIMITED and core.view.resumes_at == clock.now + \
+        timedelta(seconds=30)
+    assert core.handle(TimerFired("lift", timer.token - 1), clock.tick(30)) == []
+    effects = core.handle(TimerFired("lift", timer.token), clock.now)
+    assert core.view.state == S.RUNNING
+    assert only(effects, AskModel).request.lift_cooldown is False
+
+
+def test_a_resume_while_rate_limited_asks_at_once_and_lifts_the_cooldown():
+    core, clock, ask = running()
+    core.handle(CompletionFailed(request_id=ask.request.request_id, session_id="s-1",
+                                 error_class="rate_limit", message="429"), clock.tick())
+    reply, effects = command(core, clock, "resume")
+    assert reply.error is None
+    assert only(effects, AskModel).request.lift_cooldown is True
+
+
+def test_a_retry_is_recorded_and_a_permanent_failure_is_an_error_that_waits_for_the_user():
+    core, clock, ask = running()
+    effects = core.handle(RetryScheduled(
+        request_id=ask.request.request_id, session_id="s-1", attempt=1, max_attempts=3,
+        wait_s=2, error_class="transient", message="502"), clock.tick())
+    assert [e.kind for e in appended(effects)] == ["llm_retry"]
+    core.handle(CompletionFailed(request_id=ask.request.request_id, session_id="s-1",
+                                 error_class="auth", message="401"), clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at is None
+    assert "auth" in core.view.reason
+
+
+def test_a_prompt_too_long_is_condensed_once_then_fails():
+    core, clock, ask = running()
+    for _ in range(3):  # enough history to cut
+        run = only(answer(core, ask, clock, call("run", command="ls")), RunAction)
+        ask = only(executed(core, run, clock), AskModel)
+    effects = core.handle(CompletionFailed(request_id=ask.request.request_id, session_id="s-1",
+                                           error_class="context_window", message="too long"),
+                          clock.tick())
+    assert [type(e) for e in appended(effects)] == [PromptCondensed]
+    again = only(effects, AskModel)
+    assert len(again.request.messages) < len(ask.request.messages)
+    core.handle(CompletionFailed(request_id=again.request.request_id, session_id="s-1",
+                                 error_class="context_window", message="too long"),
+                clock.tick())
+    assert core.view.state == S.ERROR
+
+
+def test_answers_to_other_requests_change_nothing():
+    core, clock, ask = running()
+    before = core.view.last_seq
+    for late in (Completed(request_id="old", session_id="s-1", tool_calls=[call("run",
+                                                                                command="x")]),
+                 CompletionFailed(request_id="old", session_id="s-1", error_class="auth",
+                                  message="no"),
+                 RetryScheduled(request_id="old", session_id="s-1", attempt=1, max_attempts=2,
+                                wait_s=1, error_class="transient", message="x")):
+        assert core.handle(late, clock.tick()) == []
+    assert core.view.last_seq == before and core.view.state == S.RUNNING
+
+
+def test_a_paused_session_drops_the_reply_it_cancelled():
+    core, clock, ask = running()
+    reply, effects = command(core, clock, "pause")
+    assert only(effects, CancelModel).request_id == ask.request.request_id
+    assert answer(core, ask, clock, call("run", command="x")) == []
+    assert core.view.actions == 0
+
+
+# -- the runtime ---------------------------------------------------------------------------
+
+
+def test_a_sandbox_dying_mid_action_is_resolved_from_its_journal_never_run_again():
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="killed"),
+                clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at == clock.now
+    assert core.handle(RuntimeReplaced(), clock.tick()) == []
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=False), clock.tick())
+    assert only(effects, AskJournal).action_id == run.request.action_id
+    assert not [e for e in effects if isinstance(e, RunAction)]
+    assert core.view.state == S.ERROR  # not before the journal answered
+    effects = core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
+                                   state="finished", outcome=Outcome(status="ok", content="ok")),
+                          clock.tick())
+    assert core.view.state == S.RUNNING and core.view.pending == {}
+    only(effects, AskModel)
+
+
+@pytest.mark.parametrize("journal", ["running", "unknown"])
+def test_an_action_the_journal_cannot_vouch_for_is_lost_not_rerun(journal):
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="x"),
+                clock.tick())
+    core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=True), clock.tick())
+    effects = core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
+                                   state=journal), clock.tick())
+    outcome = [e for e in appended(effects) if isinstance(e, ObservationEvent)][0].outcome
+    assert (outcome.status, outcome.content) == ("lost", LOST_CONTENT)
+    assert not [e for e in effects if isinstance(e, RunAction)]
+
+
+def test_an_action_the_journal_never_saw_runs_once_now():
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="x"),
+                clock.tick())
+    core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=False), clock.tick())
+    effects = core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
+                                   state="absent"), clock.tick())
+    assert only(effects, RunAction).request.action_id == run.request.action_id
+
+
+def test_a_sandbox_given_up_on_waits_in_error_and_a_late_reply_starts_nothing():
+    core, clock, ask = running()
+    back = clock.now + timedelta(seconds=30)
+    core.handle(RuntimeDown(reason="the sandbox failed 6 times", resumes_at=back), clock.tick())
+    assert (core.view.state, core.view.resumes_at) == (S.ERROR, back)
+    effects = answer(core, ask, clock, call("run", command="echo late"))
+    assert effects == [] and core.view.actions == 0  # I5: no action without an outcome
+    assert core.handle(Executed(session_id="s-1", action_id="nobody", outcome=Outcome(
+        status="ok", content="late")), clock.tick()) == []
+
+
+def test_a_resume_after_the_sandbox_was_given_up_on_restarts_it():
+    core, clock, _ = running()
+    core.handle(RuntimeDown(reason="gave up", resumes_at=None), clock.tick())
+    reply, effects = command(core, clock, "resume")
+    assert reply.error is None and only(effects, RestartRuntime)
+    assert core.view.state == S.RUNNING
+    assert not [e for e in effects if isinstance(e, AskModel)]  # not before a runtime is up
+
+
+def test_a_full_journal_is_an_error_until_it_takes_writes_again():
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(JournalFault(session_id="s-1", action_id="other", cause="full"), clock.tick())
+    assert core.view.state == S.RUNNING  # not about the dispatched action
+    core.handle(JournalFault(session_id="s-1", action_id=run.request.action_id,
+                             cause="the disk is full"), clock.tick())
+    assert core.view.state == S.ERROR and "full" in core.view.reason
+    core.handle(JournalFault(session_id="s-1", action_id=run.request.action_id, cause=None),
+                clock.tick())
+    assert core.view.state == S.RUNNING
+
+
+def test_held_back_when_configured_a_recovered_session_waits_for_the_user():
+    core, clock, _ = running(resume_after_runtime_restart=False)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="x"),
+                clock.tick())
+    core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=False), clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at is None
+
+
+def test_a_request_held_for_a_missing_broker_goes_to_the_next_one():
+    core, clock, ask = running()
+    effects = core.handle(BrokerBack(), clock.tick())
+    assert only(effects, AskModel).request.request_id == ask.request.request_id
+
+
+# -- user commands ---------------------------------------------------------------------------
+
+
+def test_commands_refused_with_a_reason():
+    core, clock, ask = running()
+    assert command(core, clock, "send", "  ")[0].error == "send needs a non-empty message"
+    answer(core, ask, clock, call("finish", message="done"))
+    assert "finished" in command(core, clock, "resume")[0].error
+    assert "cannot pause" in command(core, clock, "pause")[0].error
+
+
+def test_stop_rejects_what_never_ran_but_leaves_the_dispatched_action_to_its_outcome():
+    core, clock, ask = running()
+    effects = answer(core, ask, clock, call("run", command="a"), call("run", command="b"))
+    run = only(effects, RunAction)
+    reply, effects = command(core, clock, "stop")
+    assert reply.error is None and core.view.state == S.STOPPED
+    assert list(core.view.pending) == [run.request.action_id]
+    effects = executed(core, run, clock)
+    assert [type(e) for e in appended(effects)] == [ObservationEvent]
+    assert core.view.pending == {} and core.view.state == S.STOPPED
+    assert not [e for e in effects if isinstance(e, RunAction | AskModel)]
+
+
+# -- restore, store faults, the table -------------------------------------------------------
+
+
+def test_a_restored_core_asks_the_journal_before_running_anything():
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    stored = _log_of(core)
+    fresh, _ = make()
+    assert fresh.restore(stored) == len(stored)
+    assert fresh.resolve_first == {run.request.action_id}
+    assert appended(fresh.begin(clock.now)) == []  # a restored session has its task
+    effects = fresh.handle(RuntimeReady(session_id="s-1", epoch=2, attached=True),
+                           clock.tick())
+    assert only(effects, AskJournal).action_id == run.request.action_id
+    assert not [e for e in effects if isinstance(e, RunAction | AskModel)]
+
+
+def test_back_from_a_store_fault_a_session_returns_where_it_was():
+    core, clock, _ = running()
+    command(core, clock, "pause")
+    effects = core.store_back(SessionView.of(_log_of(core)), clock.tick())
+    assert core.view.state == S.PAUSED and effects == []  # already there: nothing to add
+
+    core, clock, _ = running()
+    log = _log_of(core)
+    note = StateChanged(seq=log[-1].seq + 1, state=S.ERROR, reason="the disk is full",
+                        resumes_at=clock.now)  # what the Controller's probe records
+    fresh, _ = make()  # the Controller rebuilds its core from the log, as after a restart
+    fresh.restore([*log, note])
+    fresh.runtime_ready = True
+    effects = fresh.store_back(SessionView.of(log), clock.tick())
+    assert fresh.view.state == S.RUNNING and "store" in fresh.view.reason
+    only(effects, AskModel)
+
+
+def test_inputs_the_core_has_no_use_for_change_nothing():
+    core, clock, _ = running()
+    before = (core.view.last_seq, core.view.state)
+    for junk in ({"kind": "nonsense"}, "text", 3, TimerFired("no-such-timer")):
+        assert core.handle(junk, clock.tick()) == []
+    assert (core.view.last_seq, core.view.state) == before
+
+
+def test_the_table_refuses_a_transition_from_a_state_it_does_not_list():
+    assert allowed(Why.RUNTIME_READY, S.LOADING, S.RUNNING)
+    assert not allowed(Why.RUNTIME_READY, S.FINISHED, S.RUNNING)
+    assert not allowed(Why.LIMIT_LIFTED, S.PAUSED, S.RUNNING)
+    assert allowed(Why.STORE_BACK, S.PAUSED, S.PAUSED)
+    core, clock, _ = running()
+    command(core, clock, "stop")
+    core.handle(RuntimeDown(reason="gave up", resumes_at=clock.now), clock.tick())
+    assert core.view.state == S.STOPPED  # a stopped session is not pulled into ERROR
+    assert {why for why, _, _ in table()} == {why.value for why in TRANSITIONS}
+
+
+def _log_of(core: SessionCore) -> list[Event]:
+    """Every event the core has appended so far, replayed from its prompt-free record."""
+    assert isinstance(core, RecordingCore)
+    return list(core.recorded)
+
+
+def test_the_docs_draw_the_table_as_it_is():
+    from pathlib import Path
+
+    from trouper.core.states import markdown_table
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
+    assert markdown_table() in docs.read_text()
