@@ -4,7 +4,7 @@ It takes an exclusive lock on ``<state-dir>/server.lock`` (a second server on th
 state folder exits with status 3), starts the shell, listens on loopback and then writes
 ``<state-dir>/server.json`` (``{pid, port, token, boot_id, workspace}``, mode 0600)
 atomically: whoever waits for that file can talk to the server at once. The shell's
-environment is this process's own, less the variables named by ``--scrub-env``.
+environment is this process's own: its starter passes only an allow-list.
 
 The server creates everything owner-only (umask 077; the state folder 0700, its files
 0600); the shell gets back the umask the server was started with (or ``--shell-umask``),
@@ -48,13 +48,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epoch", type=int, default=0, help="epoch claimed at launch")
     parser.add_argument("--interrupt-grace-s", type=float, default=2.0)
     parser.add_argument(
-        "--scrub-env",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="an environment variable the shell must not inherit",
-    )
-    parser.add_argument(
         "--secret-env",
         action="append",
         default=[],
@@ -88,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("another sandbox server holds %s", state_dir)
         return EXIT_LOCKED
     boot_id = secrets.token_hex(8)
-    env = {k: v for k, v in os.environ.items() if k not in set(args.scrub_env)}
+    env = dict(os.environ)  # the caller passes an allow-list (runtimes/local.py PASSED_ENV)
     env.update(SHELL_ENV)
     service = Service(
         state_dir,
