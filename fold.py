@@ -18,10 +18,12 @@ from .messages.events import (
     MessageEvent,
     ObservationEvent,
     StateChanged,
+    Why,
 )
 
 RESUMED_BY_USER = "resumed by the user"
-"""The reason of the StateChanged a user's resume appends; it opens a new iteration budget."""
+"""The reason of a user's resume; logs written before ``StateChanged.cause`` existed are
+read by it (a resume opens a new iteration budget)."""
 
 
 @dataclass
@@ -78,7 +80,8 @@ class SessionView:
         self.state = event.state
         self.reason = event.reason
         self.resumes_at = event.resumes_at
-        if event.reason == RESUMED_BY_USER:
+        if event.cause == Why.USER_RESUME or (event.cause is None
+                                              and event.reason == RESUMED_BY_USER):
             self.iterations = 0
             self.consecutive_timeouts = 0
 

@@ -151,7 +151,8 @@ class SessionMachine:
             return True
         logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
                     state.value, reason)
-        self._append(*along, StateChanged(state=state, reason=reason, resumes_at=resumes_at))
+        self._append(*along, StateChanged(state=state, reason=reason, cause=why,
+                                                 resumes_at=resumes_at))
         return True
 
     def _masked(self, text: str | None) -> str | None:

@@ -1,16 +1,15 @@
 """Every way a session's state can change, written down once.
 
-Each ``Why`` names one transition: the states it may start from and the state it leads
-to. The core refuses (logs and skips) a transition from a state its row does not list,
-so a late or out-of-order input can never move a session where it should not be.
+Each ``Why`` (in ``messages/events.py``: every ``StateChanged`` records its own) names one
+transition: the states it may start from and the state it leads to. The core refuses
+(logs and skips) a transition from a state its row does not list, so a late or
+out-of-order input can never move a session where it should not be.
 ``docs/architecture.md`` draws this table.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from ..messages.events import AgentState
+from ..messages.events import AgentState, Why
 
 S = AgentState
 ANY = frozenset(AgentState)
@@ -18,29 +17,6 @@ ANY = frozenset(AgentState)
 RESUMABLE = frozenset({S.PAUSED, S.ERROR, S.STOPPED, S.RATE_LIMITED, S.AWAITING_USER_INPUT,
                        S.AWAITING_USER_CONFIRMATION})
 """States a user's resume moves back to RUNNING."""
-
-
-class Why(StrEnum):
-    RUNTIME_READY = "runtime_ready"
-    RUNTIME_FAILED = "runtime_failed"
-    RUNTIME_DOWN = "runtime_down"
-    RECOVERED = "recovered"
-    RECOVERED_HELD = "recovered_held"
-    MAX_ITERATIONS = "max_iterations"
-    MAX_COST = "max_cost"
-    FINISHED = "finished"
-    BREAKER = "breaker"
-    TEXT_REPLY = "text_reply"
-    RATE_LIMITED = "rate_limited"
-    LIMIT_LIFTED = "limit_lifted"
-    MODEL_FAILED = "model_failed"
-    JOURNAL_FAULT = "journal_fault"
-    JOURNAL_BACK = "journal_back"
-    USER_MESSAGE = "user_message"
-    USER_PAUSE = "user_pause"
-    USER_RESUME = "user_resume"
-    USER_STOP = "user_stop"
-    STORE_BACK = "store_back"
 
 
 TRANSITIONS: dict[Why, tuple[frozenset[AgentState], AgentState | None]] = {

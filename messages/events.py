@@ -37,6 +37,32 @@ class AgentState(StrEnum):
     STOPPED = "stopped"
 
 
+class Why(StrEnum):
+    """Why a session's state changed: one per row of ``core/states.py``'s table. Stored
+    with the change, so code reads the cause, never the words of the reason."""
+
+    RUNTIME_READY = "runtime_ready"
+    RUNTIME_FAILED = "runtime_failed"
+    RUNTIME_DOWN = "runtime_down"
+    RECOVERED = "recovered"
+    RECOVERED_HELD = "recovered_held"
+    MAX_ITERATIONS = "max_iterations"
+    MAX_COST = "max_cost"
+    FINISHED = "finished"
+    BREAKER = "breaker"
+    TEXT_REPLY = "text_reply"
+    RATE_LIMITED = "rate_limited"
+    LIMIT_LIFTED = "limit_lifted"
+    MODEL_FAILED = "model_failed"
+    JOURNAL_FAULT = "journal_fault"
+    JOURNAL_BACK = "journal_back"
+    USER_MESSAGE = "user_message"
+    USER_PAUSE = "user_pause"
+    USER_RESUME = "user_resume"
+    USER_STOP = "user_stop"
+    STORE_BACK = "store_back"
+
+
 SETTLED_STATES: frozenset[AgentState] = frozenset(
     {
         AgentState.FINISHED,
@@ -108,6 +134,10 @@ class StateChanged(EventBase):
     is_status: ClassVar[bool] = True
     state: AgentState
     reason: str = ""
+    """In words, for people."""
+    cause: Why | None = None
+    """The transition, for code (None in logs older than the field, and for a change the
+    session's core did not make)."""
     resumes_at: datetime | None = None
     """When the session resumes by itself (RATE_LIMITED, or an ERROR being recovered);
     ``None`` means it waits for the user."""

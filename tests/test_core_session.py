@@ -509,3 +509,21 @@ def test_the_docs_draw_the_table_as_it_is():
 
     docs = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
     assert markdown_table() in docs.read_text()
+
+
+def test_a_state_change_says_why_in_a_field_and_an_old_log_is_read_by_its_words():
+    core, clock, ask = running(max_iterations=1)
+    run = only(answer(core, ask, clock, call("run", command="ls")), RunAction)
+    executed(core, run, clock)
+    changes = [e for e in _log_of(core) if isinstance(e, StateChanged)]
+    assert [c.cause for c in changes] == [Why.RUNTIME_READY, Why.MAX_ITERATIONS]
+    command(core, clock, "resume")
+    assert core.view.iterations == 0  # a resume opens a new budget, read from the cause
+    old = SessionView.of([StateChanged(seq=1, state=S.STOPPED, reason="x"),
+                          StateChanged(seq=2, state=S.RUNNING, reason="resumed by the user")])
+    assert old.iterations == 0 and old.state == S.RUNNING
+    renamed = SessionView()
+    renamed.iterations = 5
+    renamed.apply(StateChanged(seq=1, state=S.RUNNING, reason="carry on",
+                               cause=Why.USER_RESUME))
+    assert renamed.iterations == 0  # the words may change; the cause is what counts
