@@ -155,29 +155,15 @@ class Controller(StoreFaultMixin, TrouperActor):
             return  # only the probe writes until the store is back (controller_store.py)
         self.perform(self.core.handle(msg, utc_now()))
 
-    def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
-        self.feed(msg)
+    CORE_INPUTS = (RuntimeReady, RuntimeFailed, Executed, Resolved, JournalFault, Completed,
+                   RetryScheduled, CompletionFailed)
+    """Messages that go to the core as they are (dispatched by type)."""
 
-    def on_runtime_failed(self, msg: RuntimeFailed, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_executed(self, msg: Executed, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_resolved(self, msg: Resolved, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_journal_fault(self, msg: JournalFault, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_completed(self, msg: Completed, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_retry_scheduled(self, msg: RetryScheduled, sender: ActorAddress) -> None:
-        self.feed(msg)
-
-    def on_completion_failed(self, msg: CompletionFailed, sender: ActorAddress) -> None:
-        self.feed(msg)
+    def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
+        if isinstance(msg, self.CORE_INPUTS):
+            self.feed(msg)
+        else:
+            super()._dispatch_own(msg, sender)
 
     def on_runtime_gave_up(self, msg: RuntimeGaveUp, sender: ActorAddress) -> None:
         self.feed(RuntimeDown(reason=msg.reason, resumes_at=msg.resumes_at))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +41,40 @@ def scripted():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``make_sandbox(**options)``: a started LocalSandbox in tmp_path; all stopped at the end."""
+    from trouper.runtimes.local import LocalSandbox
+
+    started: list[LocalSandbox] = []
+
+    def make(**kwargs: Any) -> LocalSandbox:
+        kwargs.setdefault("interrupt_grace_s", 0.5)
+        sandbox = LocalSandbox("test", tmp_path / "ws", tmp_path / "rt", **kwargs)
+        started.append(sandbox)
+        sandbox.start(1)
+        return sandbox
+
+    try:
+        yield make
+    finally:
+        for sandbox in started:
+            sandbox.stop()
+
+
+@pytest.fixture
+def chunked() -> Callable[..., str]:
+    """``chunked(masker, text, cuts)``: ``text`` masked by a StreamMasker fed in pieces."""
+    from trouper.runtimes.sandbox.stream import StreamMasker
+
+    def mask(masker: Any, text: str, cuts: list[int]) -> str:
+        stream = StreamMasker(masker)
+        pieces, last = [], 0
+        for cut in sorted(cuts) + [len(text)]:
+            pieces.append(stream.feed(text[last:cut]))
+            last = cut
+        return "".join(pieces) + stream.flush()
+
+    return mask

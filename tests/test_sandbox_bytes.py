@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
+from collections.abc import Callable
 
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
@@ -19,23 +16,6 @@ ODD_PRINTF = r"printf '\xff\xfe\xed\xa0\x80abc\x00'"
 ODD_BYTES = b"\xff\xfe\xed\xa0\x80abc\x00"
 """What it prints: two bytes no UTF-8 has, an encoded surrogate (a CESU-8 lone one), a NUL."""
 TOKEN = "pässwörd-Tok42"
-
-
-@pytest.fixture
-def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., LocalSandbox]]:
-    started: list[LocalSandbox] = []
-
-    def make(**kwargs: object) -> LocalSandbox:
-        sandbox = LocalSandbox("bytes-test", tmp_path / "ws", tmp_path / "rt", **kwargs)
-        started.append(sandbox)
-        sandbox.start(1)
-        return sandbox
-
-    try:
-        yield make
-    finally:
-        for sandbox in started:
-            sandbox.stop()
 
 
 def run(sandbox: LocalSandbox, command: str) -> Outcome:

@@ -79,15 +79,6 @@ def random_text(rng: random.Random) -> str:
     return "".join(pieces)
 
 
-def chunked(masker: TextMasker, text: str, cuts: list[int]) -> str:
-    stream = StreamMasker(masker)
-    pieces, last = [], 0
-    for cut in sorted(cuts) + [len(text)]:
-        pieces.append(stream.feed(text[last:cut]))
-        last = cut
-    return "".join(pieces) + stream.flush()
-
-
 @pytest.mark.parametrize("depth", [1, 2, 3, 4])
 @pytest.mark.parametrize("form", ["plain", "short", "u", "x", "U"])
 def test_every_form_at_every_depth_is_masked(form: str, depth: int) -> None:
@@ -138,7 +129,7 @@ def test_undecodable_bytes_stand_for_a_replacement_character() -> None:
         assert masker.mask(text) == "<secret:REPL>", raw
 
 
-def test_every_split_point_of_escaped_spellings() -> None:
+def test_every_split_point_of_escaped_spellings(chunked) -> None:
     masker = TextMasker(SECRETS)
     text = (f"a {json.dumps(ODD)} b {json.dumps(ODD).replace('/', chr(92) + '/')} "
             + "".join(spell(c, "u", 2) for c in TOKEN) + " \\\\\\\\ "
@@ -150,7 +141,7 @@ def test_every_split_point_of_escaped_spellings() -> None:
         assert chunked(masker, text, [cut]) == whole, cut
 
 
-def test_random_chunkings_of_escaped_text_equal_the_whole() -> None:
+def test_random_chunkings_of_escaped_text_equal_the_whole(chunked) -> None:
     rng = random.Random(3)
     masker = TextMasker(SECRETS)
     for _ in range(400):
@@ -168,7 +159,7 @@ def test_a_tail_that_could_still_become_an_escape_is_held() -> None:
     assert stream.feed("ghp_abc\\u006") == "" and stream.feed("4ef123456") == "<secret:TOKEN>"
 
 
-def test_a_long_value_is_masked_in_chunks_without_a_blowup() -> None:
+def test_a_long_value_is_masked_in_chunks_without_a_blowup(chunked) -> None:
     value = "".join(random.Random(2).choice('abcXYZ019"/\\é-') for _ in range(400))
     started = time.monotonic()
     masker = TextMasker({"PEM": value})
@@ -205,7 +196,8 @@ def test_windows_never_start_inside_a_placeholder() -> None:
     # a value that starts like the end of a placeholder: the tail opens inside one
     ({"k": "kk-key-1", "V": "k>abcdQZ"}, "\\n <secret:k>abcdQZ <secret:k>ab\\u0063dQZ"),
 ])
-def test_cuts_never_split_a_match_or_a_placeholder(secrets: dict[str, str], text: str) -> None:
+def test_cuts_never_split_a_match_or_a_placeholder(secrets: dict[str, str], text: str,
+                                                   chunked) -> None:
     masker = TextMasker(secrets)
     whole = masker.mask(text)
     assert whole == reference(masker, text)
@@ -223,7 +215,7 @@ def test_a_placeholder_longer_than_a_window_is_kept_whole() -> None:
     assert masker.mask(text) == f"\\n <secret:{long_name}>{' ' * 200}<secret:V>"
 
 
-def test_a_storm_of_backslashes_streams_in_linear_time() -> None:
+def test_a_storm_of_backslashes_streams_in_linear_time(chunked) -> None:
     lead = "\\\\zq-9Q"  # starts with two backslashes: 48 in a row at depth 4
     masker = TextMasker({"ODD": ODD, "TOKEN": TOKEN, "LEAD": lead})
     spelled = "".join(spell(c, "short", 4) for c in ODD)  # runs of up to 31 backslashes

@@ -6,7 +6,7 @@ import itertools
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,25 +19,6 @@ from trouper.testing import wait_until
 
 _ids = itertools.count(1)
 
-
-
-@pytest.fixture
-def make_sandbox(tmp_path: Path) -> Iterator[Callable[..., LocalSandbox]]:
-    """Started LocalSandboxes in tmp_path; every one is stopped at the end."""
-    started: list[LocalSandbox] = []
-
-    def make(**kwargs: object) -> LocalSandbox:
-        kwargs.setdefault("interrupt_grace_s", 0.5)
-        sandbox = LocalSandbox("shell-test", tmp_path / "ws", tmp_path / "rt", **kwargs)
-        started.append(sandbox)
-        sandbox.start(1)
-        return sandbox
-
-    try:
-        yield make
-    finally:
-        for sandbox in started:
-            sandbox.stop()
 
 
 @pytest.fixture
