@@ -19,15 +19,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
 from .actor_system import ActorSystemHandle
-from .config import LLMConfig, SessionConfig
-from .exceptions import ConfigError, InvalidRequest, RequestTimeout, UnknownSession
+from .config import LLMConfig, SessionConfig, session_config
+from .exceptions import (
+    ConfigError,
+    InvalidRequest,
+    MissingCredentials,
+    RequestTimeout,
+    UnknownSession,
+)
+from .llm.credentials import check_llm
 from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maskers
 from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
-from .paths import Home, private_dir
+from .paths import Home, default_home, private_dir
 from .session import Session
 from .store import EventStore, SessionRecord, open_store
 from .supervision import RestartPolicy
@@ -53,6 +60,10 @@ class Trouper:
             (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
         policy: the restart policy of the supervisors.
         ask_timeout_s: how long a request to the actor tree may take.
+
+    Raises:
+        ConfigError: ``home`` exists and is not a folder, or ``ask_timeout_s`` is not
+            positive (checked before anything is created).
     """
 
     def __init__(
@@ -65,6 +76,7 @@ class Trouper:
         system_base: str = "multiprocTCPBase",
         admin_port: int | None = None,
     ) -> None:
+        _check_trouper_args(home, ask_timeout_s)
         self.home = Home.at(home)
         open_store(self.home).close()  # a store that cannot open fails before any process
         self._system = ActorSystemHandle(
@@ -118,17 +130,29 @@ class Trouper:
         it may not use) are masked in everything stored, shown or logged. Only
         ``<home>/sessions/<id>/secrets.json`` (0600) holds them. ``options`` are the other
         fields of ``SessionConfig`` (``max_iterations``, ``max_cost_usd``,
-        ``command_timeout_s``, ``no_output_timeout_s``...). Raises ConfigError for an
-        invalid configuration (its message masked too).
+        ``command_timeout_s``, ``no_output_timeout_s``...).
+
+        Everything is checked before anything is created: a refused session leaves no
+        folder, no workspace, no store row and no secrets file. A ``workspace`` the user
+        names is created only if its parent exists.
+
+        Raises:
+            ConfigError: naming the field and the reason (``task: must not be empty``),
+                its message masked; MissingCredentials (a ConfigError) when the model
+                needs an API key that is neither given nor in the environment.
+            InvalidRequest: this Trouper is closed.
         """
+        if self._closed:
+            raise InvalidRequest("this Trouper is closed")
         session_id = new_session_id()
-        folder = Path(workspace) if workspace is not None else self.home.default_workspace(
+        named = workspace is not None
+        folder = _workspace_path(workspace) if named else self.home.default_workspace(
             session_id)
-        folder = folder.expanduser().resolve()
-        private_dir(self.home.session_dir(session_id))  # mkdir's parents would take the umask
-        folder.mkdir(parents=True, exist_ok=True)
+        config = _session_config(task, llm, runtime, folder, secrets, options, named)
         secrets = dict(secrets or {})
-        config = _session_config(task, llm, runtime, folder, secrets, options)
+        # all checked and nothing made so far: a refusal above leaves no trace
+        private_dir(self.home.session_dir(session_id))  # mkdir's parents would take the umask
+        folder.mkdir(parents=not named, exist_ok=True)
         to_mask, _ = session_maskers(secrets, config.llm)
         remember_secrets(to_mask.pairs)  # this process's logs and the store's safety net
         self._write_secrets(session_id, secrets, config.llm)
@@ -210,6 +234,14 @@ class Trouper:
             json.dump(data, out)
 
 
+def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float) -> None:
+    if not ask_timeout_s > 0:
+        raise ConfigError("ask_timeout_s: must be greater than 0", field="ask_timeout_s")
+    path = Path(home).expanduser() if home is not None else default_home()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"home: {path} exists and is not a folder", field="home")
+
+
 def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:
     """A session's sandbox secrets and LLM API key from its secrets file (empty, None
     when it has none)."""
@@ -232,17 +264,39 @@ def _session_config(
     llm: Mapping[str, Any] | LLMConfig,
     runtime: str,
     workspace: Path,
-    secrets: dict[str, str],
+    secrets: Mapping[str, str] | None,
     options: dict[str, Any],
+    named_workspace: bool,
 ) -> SessionConfig:
+    """The checked config (see ``config.session_config``, then the model's provider and
+    key); every ConfigError leaves masked with the values it was given."""
     try:
-        llm_config = llm if isinstance(llm, LLMConfig) else LLMConfig(**dict(llm))
-        return SessionConfig(
-            task=task, llm=llm_config, runtime=runtime, workspace=str(workspace),  # type: ignore[arg-type]
-            secret_names=tuple(sorted(secrets)), **options)
-    except ValidationError as exc:
-        # pydantic quotes the input it refused, which may be a secret or the key; not
-        # chained, or a printed traceback would show the refused input unmasked
-        key = llm.get("api_key") if isinstance(llm, Mapping) else None
-        masker = SecretMasker({**secrets, **({LLM_KEY_NAME: key} if isinstance(key, str) else {})})
-        raise ConfigError(masker.mask_text(f"invalid session configuration: {exc}")) from None
+        config = session_config(task, llm, runtime, workspace, secrets or {}, options,
+                                named_workspace=named_workspace)
+        check_llm(config.llm)
+    except ConfigError as exc:
+        # not chained, so a printed traceback cannot show a refused input unmasked
+        raise _masked_error(exc, llm, secrets) from None
+    return config
+
+
+def _workspace_path(workspace: Any) -> Path:
+    """The absolute path of a workspace the user named; ConfigError if it is no path."""
+    try:
+        return Path(workspace).expanduser().resolve()
+    except (TypeError, ValueError, OSError, RuntimeError) as exc:  # a NUL, a symlink loop
+        raise ConfigError(f"workspace: not a usable path ({type(exc).__name__})",
+                          field="workspace") from None
+
+
+def _masked_error(exc: ConfigError, llm: Any, secrets: Any) -> ConfigError:
+    key = llm.get("api_key") if isinstance(llm, Mapping) else getattr(llm, "api_key", None)
+    if isinstance(key, SecretStr):
+        key = key.get_secret_value()
+    values = {str(k): v for k, v in secrets.items() if isinstance(v, str)} if isinstance(
+        secrets, Mapping) else {}
+    masker = SecretMasker({**values, **({LLM_KEY_NAME: key} if isinstance(key, str) else {})})
+    if isinstance(exc, MissingCredentials):
+        return MissingCredentials(masker.mask_text(str(exc)), exc.names)
+    field = masker.mask_text(exc.field) if exc.field else None
+    return ConfigError(masker.mask_text(str(exc)), field=field)

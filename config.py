@@ -1,12 +1,36 @@
-"""Configuration models. Unknown fields are errors, so a typo never becomes a default."""
+"""Configuration models, and ``session_config``: everything a session is given, checked
+before anything is created. Unknown fields are errors, so a typo never becomes a default.
+
+The models are the single source of truth for what a value may be (``gt=0`` and the
+like); ``session_config`` turns pydantic's errors into one ``ConfigError`` whose message
+reads ``field: reason``. It quotes a refused value only when its type was wrong, whole,
+for the caller to mask (it may be a secret); never a secret's value.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
-from .text import storable
+from .exceptions import ConfigError
+from .runtimes import BACKENDS
+from .text import LONE_SURROGATE, storable
 
 
 class Config(BaseModel):
@@ -21,25 +45,31 @@ class Config(BaseModel):
         return storable(data)
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
 class LLMConfig(Config):
     """How a session reaches its model. Every call goes through litellm."""
 
     model: str
     """A litellm model string, e.g. ``"openai/gpt-4o"`` or ``"hosted_vllm/my-model"``."""
     base_url: str | None = None
-    """The API base; ``None`` uses the provider's default."""
+    """The API base (``http://`` or ``https://``); ``None`` uses the provider's default."""
     api_key: SecretStr | None = None
     """Kept out of the event store; ``None`` lets litellm read the provider's env var."""
-    temperature: float | None = None
-    max_output_tokens: int | None = None
-    timeout_s: float = 120.0
+    temperature: float | None = Field(default=None, ge=0)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0)
     """Limit for one HTTP call to the provider."""
-    num_retries: int = 4
+    num_retries: int = Field(default=4, ge=0)
     """Retries after the first attempt for errors a retry can fix; 0 never retries."""
-    retry_min_wait_s: float = 1.0
-    retry_max_wait_s: float = 60.0
+    retry_min_wait_s: float = Field(default=1.0, ge=0)
+    retry_max_wait_s: float = Field(default=60.0, ge=0)
     """Cap on one wait between attempts."""
-    retry_total_s: float = 300.0
+    retry_total_s: float = Field(default=300.0, ge=0)
     """Cap on all waits of one call together."""
     rpm: int | None = Field(default=None, ge=1)
     """Requests per minute allowed on this key and model; ``None`` means no limit."""
@@ -47,37 +77,176 @@ class LLMConfig(Config):
     """Tokens per minute allowed on this key and model; ``None`` means no limit."""
     max_concurrency: int | None = Field(default=None, ge=1)
     """Calls in flight at once on this key and model; ``None`` means no limit."""
-    input_cost_per_token: float | None = None
+    input_cost_per_token: float | None = Field(default=None, ge=0)
     """Price used when litellm does not know the model; ``None`` counts it as free."""
-    output_cost_per_token: float | None = None
-    fallbacks: list[str] = Field(default_factory=list)
+    output_cost_per_token: float | None = Field(default=None, ge=0)
+    fallbacks: list[Annotated[str, AfterValidator(_not_blank)]] = Field(default_factory=list)
     """Models tried in order after the primary's retries are spent."""
+
+    _model_given = field_validator("model")(_not_blank)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        # without a scheme httpx fails on every call, which reads as a transient error
+        # and would be retried for minutes
+        if value is not None and not value.lower().startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
 
 
 class SessionConfig(Config):
     """Everything that defines a session; stored with it (secrets excluded)."""
 
     task: str
+    """What the agent is asked to do; must hold more than whitespace."""
     llm: LLMConfig
     runtime: Literal["local"] = "local"
     workspace: str
     """Absolute path of the folder the agent works in."""
-    max_iterations: int = 50
+    max_iterations: int = Field(default=50, gt=0)
     """Model calls allowed before the session is STOPPED."""
-    max_cost_usd: float | None = None
+    max_cost_usd: float | None = Field(default=None, gt=0)
     """Spend allowed before the session is STOPPED; ``None`` means no limit."""
-    command_timeout_s: float = 120.0
+    command_timeout_s: float = Field(default=120.0, gt=0)
     """Hard limit for one command: its process group is killed after it."""
-    no_output_timeout_s: float = 30.0
+    no_output_timeout_s: float = Field(default=30.0, gt=0)
     """Soft limit: after this long with no new output the agent gets control back."""
-    max_consecutive_timeouts: int = 3
+    max_consecutive_timeouts: int = Field(default=3, ge=0)
     """Hard timeouts in a row after which the session is PAUSED (the breaker); 0 never."""
     resume_after_runtime_restart: bool = True
     """After the sandbox was restarted and in-flight actions resolved, go back to RUNNING by
     itself; False leaves the session in ERROR until the user resumes it."""
-    max_output_chars: int = 10_000
+    max_output_chars: int = Field(default=10_000, gt=0)
     """Output longer than this keeps its head and tail; the full text goes to a file."""
     secret_names: tuple[str, ...] = ()
     """Names of the secrets given to the runtime as environment variables."""
     system_prompt: str | None = None
     """Replaces the default agent's system prompt; ``None`` keeps it."""
+
+    _task_given = field_validator("task")(_not_blank)
+
+
+# -- checking what start_session is given ----------------------------------------------
+
+ARGUMENTS = frozenset({"task", "llm", "runtime", "workspace", "secret_names"})
+"""Fields of SessionConfig set from start_session's own arguments, never as options."""
+OPTIONS = tuple(sorted(set(SessionConfig.model_fields) - ARGUMENTS))
+"""The names ``start_session(**options)`` accepts."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+Problem = tuple[str, str]
+"""``(field, reason)``."""
+
+
+def session_config(
+    task: str, llm: Any, runtime: str, workspace: Path, secrets: Any,
+    options: Mapping[str, Any], *, named_workspace: bool = True,
+) -> SessionConfig:
+    """The validated config; raises ConfigError naming every problem found.
+
+    Reads the file system (the workspace, when the user ``named`` it: the default one
+    under the home is trouper's own) but writes nothing.
+    """
+    problems = [*secret_problems(secrets), *runtime_problems(runtime)]
+    if named_workspace:
+        problems += workspace_problems(workspace)
+    # the only argument **options can carry: the others bind to start_session's parameters
+    problems += [(name, "set from start_session's secrets=, not an option")
+                 for name in options if name in ARGUMENTS]
+    data = {k: v for k, v in options.items() if k not in ARGUMENTS}
+    names = tuple(sorted(map(str, secrets))) if isinstance(secrets, Mapping) else ()
+    try:
+        config = SessionConfig(
+            task=task, llm=llm, workspace=str(workspace), secret_names=names,
+            runtime=runtime if runtime in BACKENDS else "local",  # else reported above
+            **data)
+    except ValidationError as exc:
+        problems += pydantic_problems(exc)
+    if problems:
+        raise config_error(problems)
+    return config
+
+
+def config_error(problems: list[Problem]) -> ConfigError:
+    """One error naming every problem; its ``field`` is the first one's."""
+    text = "; ".join(f"{field}: {reason}" if field else reason for field, reason in problems)
+    return ConfigError(text, field=problems[0][0] or None)
+
+
+def pydantic_problems(error: ValidationError) -> list[Problem]:
+    """Each of pydantic's errors as ``(dotted.path, reason)``, without the input."""
+    return [(".".join(str(part) for part in item["loc"]), _reason(item))
+            for item in error.errors()]
+
+
+def _reason(item: ErrorDetails) -> str:
+    loc = item["loc"]
+    if item["type"] == "missing":
+        return "is required"
+    if item["type"] == "extra_forbidden":
+        known = LLMConfig.model_fields if loc[:1] == ("llm",) else OPTIONS
+        return "unknown " + ("field" if loc[:1] == ("llm",) else "option") + _suggest(
+            str(loc[-1]), list(known))
+    msg = item["msg"].removeprefix("Value error, ")
+    if msg.startswith("Input should be"):
+        msg = "must be" + msg[len("Input should be"):]
+    if item["type"].endswith(("_type", "_parsing")):  # what was given helps then
+        msg += f" (got {_shown(item['input'])})"
+    return msg
+
+
+def _shown(value: Any) -> str:
+    """A refused input as the message shows it: a short scalar whole (the caller masks
+    it: cutting it here could leave half a secret unmasked), anything else by its type."""
+    if isinstance(value, str | int | float | bool) and len(repr(value)) <= 80:
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
+
+
+def runtime_problems(runtime: Any) -> list[Problem]:
+    if runtime in BACKENDS:
+        return []
+    return [("runtime", f"unknown runtime {runtime!r}; known runtimes: "
+                        f"{', '.join(sorted(BACKENDS))}")]
+
+
+def secret_problems(secrets: Any) -> list[Problem]:
+    """Secrets become the sandbox shell's environment: names must be variable names, and
+    values strings without NUL. A reason never quotes a value."""
+    if not isinstance(secrets, Mapping):
+        return [("secrets", "must be a mapping of variable name to value")]
+    problems: list[Problem] = []
+    for name, value in secrets.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            problems.append((f"secrets[{name!r}]", "not a valid environment variable name "
+                             "(letters, digits and _, not starting with a digit)"))
+        elif not isinstance(value, str):
+            problems.append((f"secrets.{name}", "the value must be a string"))
+        elif "\0" in value:
+            problems.append((f"secrets.{name}", "the value holds a NUL character, which "
+                             "an environment variable cannot"))
+    return problems
+
+
+def workspace_problems(path: Path) -> list[Problem]:
+    """Why the agent could not work in ``path`` (absolute), which trouper creates only if
+    its parent exists: a folder the user named is never made with parents."""
+    if LONE_SURROGATE.search(str(path)):
+        return [("workspace", "the path holds bytes that are not UTF-8; rename it")]
+    if path.exists() and not path.is_dir():
+        return [("workspace", f"{path} exists and is not a folder")]
+    target = path if path.exists() else path.parent
+    if not target.is_dir():
+        return [("workspace", f"{target} does not exist (it would hold {path}); "
+                              "create it first")]
+    if not os.access(target, os.W_OK | os.X_OK):
+        verb = "is not writable" if target == path else "is not writable, so " \
+            f"{path.name} cannot be created in it"
+        return [("workspace", f"{target} {verb}")]
+    return []

@@ -1,7 +1,9 @@
 """trouper's exceptions.
 
     TrouperError
-    ├── ConfigError            a configuration is invalid (bad model, bad limits)
+    ├── ConfigError            a configuration is invalid (bad model, bad limits); ``field``
+    │   │                      names the field at fault
+    │   └── MissingCredentials the model's provider needs an API key that nobody gave
     ├── UnknownSession         no session has that id
     ├── InvalidRequest         a request that cannot apply (wrong state, bad argument)
     ├── RequestTimeout         an actor did not answer in time (names the operation)
@@ -24,7 +26,32 @@ class TrouperError(Exception):
 
 
 class ConfigError(TrouperError):
-    """A configuration is invalid."""
+    """A configuration is invalid: refused before anything was created.
+
+    The message reads ``field: reason`` (several problems are joined by ``; ``); ``field``
+    is the first field at fault, as a dotted path (``"llm.model"``, ``"secrets.A-B"``),
+    or None when no one field is to blame.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        return type(self), (str(self), self.field)
+
+
+class MissingCredentials(ConfigError):
+    """No API key for the model: none in the config, and the provider's environment
+    variables (``names``) are not set. Raised by ``start_session``, and in the broker
+    before a call (its environment is the one the actor system started with)."""
+
+    def __init__(self, message: str, names: tuple[str, ...] = ()) -> None:
+        super().__init__(message, field="llm.api_key")
+        self.names = names
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[str, ...]]]:  # type: ignore[override]
+        return type(self), (str(self), self.names)
 
 
 class UnknownSession(TrouperError):

@@ -1,12 +1,14 @@
 """``Session``: the handle a program holds on one session.
 
 Commands go to the actor tree and return once the Controller has recorded them; state
-and events are read from the log, so they are the truth even after a restart.
+and events are read from the log, so they are the truth even after a restart. Every
+method raises UnknownSession for an id the store does not hold.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,9 @@ from .messages.events import AgentState, Event
 if TYPE_CHECKING:
     from .api import Trouper
     from .store import SessionRecord
+
+FAULT_POLL_S = 0.5
+"""How often ``wait`` asks again about a storage fault while the log reads as settled."""
 
 
 class Session:
@@ -84,8 +89,16 @@ class Session:
 
         With ``follow``, keep yielding new events as they are appended: until the session
         is settled with nothing more in its log (``until_settled``), ``timeout_s`` passes,
-        or ``stop`` is set.
+        or ``stop`` is set. An unknown id raises UnknownSession here, not at the first
+        event.
         """
+        self._trouper.store.last_seq(self.id)
+        return self._events(since, follow, until_settled, timeout_s, stop)
+
+    def _events(
+        self, since: int, follow: bool, until_settled: bool, timeout_s: float | None,
+        stop: threading.Event | None,
+    ) -> Iterator[Event]:
         store = self._trouper.store
         if not follow:
             yield from store.read(self.id, since=since)
@@ -106,16 +119,30 @@ class Session:
         """Block until the session is settled (or ``timeout`` seconds pass); return its state.
 
         Settled: it will not move again without the user (FINISHED, STOPPED, PAUSED,
-        AWAITING_USER_INPUT, or ERROR with no automatic resume pending).
+        AWAITING_USER_INPUT, AWAITING_USER_CONFIRMATION, or ERROR with no automatic resume
+        pending). Not settled, so waited through: RATE_LIMITED, an ERROR with
+        ``resumes_at`` (a cooldown after the restart intensity, or a sandbox being
+        restarted), and a storage fault, during which the log cannot record anything
+        (its last state may even read as settled) and ``state`` is ERROR. At the timeout
+        it returns the state as ``state`` would: ERROR while a storage fault lasts.
         """
-        store = self._trouper.store
-        view = SessionView.of(store.read(self.id))
-        if self._caught_up_and_settled(view):
-            return view.state
-        for event in store.follow(self.id, since=view.last_seq, timeout_s=timeout):
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        view = SessionView.of(self._trouper.store.read(self.id))
+        while True:
+            logged = self._caught_up_and_settled(view)
+            if logged and not self.fault:
+                return view.state
+            left_s = None if deadline is None else deadline - time.monotonic()
+            if left_s is not None and left_s <= 0:
+                return AgentState.ERROR if self.fault else view.state
+            if logged:  # yet faulted: no event will come to wake us, so ask again soon
+                left_s = FAULT_POLL_S if left_s is None else min(FAULT_POLL_S, left_s)
+            self._follow_until_settled(view, left_s)
+
+    def _follow_until_settled(self, view: SessionView, timeout_s: float | None) -> None:
+        """Fold new events into ``view`` until its log is settled or ``timeout_s`` passes."""
+        for event in self._trouper.store.follow(self.id, since=view.last_seq,
+                                                timeout_s=timeout_s):
             view.apply(event)
             if self._caught_up_and_settled(view):
-                break
-        if not view.settled and self.fault:
-            return AgentState.ERROR  # not settled: it carries on once the store is back
-        return view.state
+                return

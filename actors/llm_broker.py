@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from thespian.actors import ActorAddress
 
 from ..llm.client import complete, warm_up
+from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
 from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
@@ -171,7 +172,9 @@ class LLMBroker(TrouperActor):
 
     def _failed(self, call: _Call, error: BaseException) -> None:
         error_class = classify(error)
-        message = _masked(call, f"{type(error).__name__}: {error}")
+        text = (auth_message(error, call.request.llm, call.model) if error_class == "auth"
+                else f"{type(error).__name__}: {error}")
+        message = _masked(call, text)
         cfg = call.request.llm
         wait_s = self._wait_s(call, error)
         if error_class == "rate_limit" and call.gate is not None:
@@ -223,8 +226,11 @@ class LLMBroker(TrouperActor):
 
 def _masked(call: _Call, text: str) -> str:
     """A provider's error text without the key (it may echo it): the call's own key shows
-    as ``<secret:LLM_API_KEY>``, whatever else this process knows as itself."""
+    as ``<secret:LLM_API_KEY>``, a key read from the environment as ``<secret:ITS_NAME>``,
+    whatever else this process knows as itself."""
     key = call.request.llm.api_key
-    if key is not None:
-        text = SecretMasker({LLM_KEY_NAME: key.get_secret_value()}).mask_text(text)
+    keys = ({LLM_KEY_NAME: key.get_secret_value()} if key is not None
+            else key_vars_in_use(call.model))
+    if keys:
+        text = SecretMasker(keys).mask_text(text)
     return mask_known(text)

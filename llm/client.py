@@ -16,6 +16,7 @@ import litellm  # noqa: E402
 
 from ..config import LLMConfig  # noqa: E402
 from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
+from .credentials import require_key  # noqa: E402
 
 logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True
@@ -68,7 +69,10 @@ def complete(
     request: Complete, model: str | None = None, attempts: int = 1
 ) -> tuple[Completed, dict[str, str]]:
     """Call the model once; return the answer and the provider's response headers
-    (lower-cased, for the rate-limit gate). Raises litellm's exception on failure."""
+    (lower-cased, for the rate-limit gate). Raises litellm's exception on failure, and
+    MissingCredentials, sending nothing, when no key is to be had (this process's
+    environment is the one the actor system started with)."""
+    require_key(request.llm, model)
     started = time.monotonic()
     response = litellm.completion(**completion_kwargs(request, model))
     latency_s = time.monotonic() - started

@@ -1,7 +1,10 @@
-"""Classify litellm's exceptions by type (never by matching message strings).
+"""Classify litellm's exceptions by type and status code (never by matching message text).
 
 Only ``rate_limit`` and ``transient`` are worth a retry; the rest need a person or a
-change (a bigger context, a valid key, a fixed request).
+change (a bigger context, a valid key, a fixed request). Credentials come first among
+those: a missing or refused key is ``auth`` whatever type litellm wrapped it in (a
+missing OpenAI key arrives as a 500 ``InternalServerError``, which would otherwise be
+retried as transient for a minute).
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ import time
 from typing import Any
 
 import litellm
+import openai
 
+from ..exceptions import MissingCredentials
 from ..messages.protocol import LLMErrorClass
 from .gate import parse_duration_s
 
 RETRYABLE: frozenset[str] = frozenset({"rate_limit", "transient"})
 
 _TRANSIENT_STATUS = frozenset({408, 409, 500, 502, 503, 504, 529})
+_AUTH_STATUS = frozenset({401, 403})
+_CHAIN_DEPTH = 8
 
 
 def classify(error: BaseException) -> LLMErrorClass:
@@ -26,7 +33,7 @@ def classify(error: BaseException) -> LLMErrorClass:
         return "rate_limit"
     if isinstance(error, litellm.ContextWindowExceededError):
         return "context_window"
-    if isinstance(error, litellm.AuthenticationError | litellm.PermissionDeniedError):
+    if is_auth_error(error):
         return "auth"
     if isinstance(
         error,
@@ -47,6 +54,30 @@ def classify(error: BaseException) -> LLMErrorClass:
     if status == 429:
         return "rate_limit"
     return "unknown"
+
+
+def is_auth_error(error: BaseException) -> bool:
+    """The provider refused the credentials (401, 403), or there were none to send."""
+    if isinstance(error, litellm.AuthenticationError | litellm.PermissionDeniedError
+                  | MissingCredentials):
+        return True
+    if getattr(error, "status_code", None) in _AUTH_STATUS:
+        return True
+    return sdk_refused_to_start(error)
+
+
+def sdk_refused_to_start(error: BaseException) -> bool:
+    """The OpenAI SDK would not build a client: it raises its *base* ``OpenAIError`` only
+    for its own configuration (no API key above all; every API failure is a subclass),
+    and litellm wraps that in a 500. Found by type along the cause chain."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen and len(seen) < _CHAIN_DEPTH:
+        if type(cause) is openai.OpenAIError:
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def response_headers(error: BaseException) -> dict[str, str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,10 @@ from trouper import (
     Trouper,
     UnknownSession,
 )
+from trouper.config import LLMConfig, SessionConfig
+from trouper.paths import Home
+from trouper.session import Session
+from trouper.store import open_store
 from trouper.testing import check_log
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
@@ -205,3 +212,73 @@ def test_soft_timeout_hands_back_control_while_the_command_runs(trouper, scripte
     end = next(i for i, o in enumerate(seen) if "ended" in o.content)
     assert end >= 1 and seen[end].exit_code == 0 and not seen[end].still_running
     assert all(o.still_running for o in seen[:end])
+
+
+# -- wait() through states that will move again by themselves ---------------------------
+
+class _TrouperOfAStore:
+    """What a Session asks of its Trouper (a store, and the fault the tree reports), so
+    wait() can be driven state by state in a few milliseconds."""
+
+    def __init__(self, home: Path) -> None:
+        self.store = open_store(Home.at(home))
+        self.cause: str | None = None
+
+    def fault(self, session_id: str) -> str | None:
+        return self.cause
+
+
+@pytest.fixture
+def logged(tmp_path: Path):
+    trouper = _TrouperOfAStore(tmp_path / "home")
+    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
+                           workspace=str(tmp_path))
+    trouper.store.create_session("s-1", config)
+    yield trouper, Session(trouper, "s-1")  # type: ignore[arg-type]
+    trouper.store.close()
+
+
+def _state(trouper, state: AgentState, resumes_in_s: float | None = None) -> None:
+    resumes_at = None if resumes_in_s is None else (
+        datetime.now(UTC) + timedelta(seconds=resumes_in_s))
+    trouper.store.append("s-1", [StateChanged(state=state, resumes_at=resumes_at)])
+
+
+def _waited(session: Session, timeout: float) -> tuple[AgentState, float]:
+    started = time.monotonic()
+    return session.wait(timeout=timeout), time.monotonic() - started
+
+
+def test_wait_waits_through_an_error_with_resumes_at(logged):
+    trouper, session = logged
+    _state(trouper, AgentState.ERROR, resumes_in_s=30)  # a cooldown past the intensity
+    state, took_s = _waited(session, 0.5)
+    assert state == AgentState.ERROR and took_s >= 0.5  # not settled: waited its timeout
+    answer: list[AgentState] = []
+    waiter = threading.Thread(target=lambda: answer.append(session.wait(timeout=30)))
+    waiter.start()
+    _state(trouper, AgentState.RUNNING)
+    _state(trouper, AgentState.FINISHED)
+    waiter.join(timeout=30)
+    assert answer == [AgentState.FINISHED]
+
+
+def test_wait_returns_at_once_on_an_error_that_waits_for_the_user(logged):
+    trouper, session = logged
+    _state(trouper, AgentState.ERROR)
+    state, took_s = _waited(session, 30)
+    assert state == AgentState.ERROR and took_s < 1.0
+
+
+def test_wait_waits_through_a_storage_fault_even_when_the_log_reads_settled(logged):
+    trouper, session = logged
+    _state(trouper, AgentState.AWAITING_USER_INPUT)
+    trouper.cause = "the disk holding the store is full"  # the user's message not recorded
+    state, took_s = _waited(session, 0.7)
+    assert state == AgentState.ERROR and took_s >= 0.7
+    answer: list[AgentState] = []
+    waiter = threading.Thread(target=lambda: answer.append(session.wait(timeout=30)))
+    waiter.start()
+    trouper.cause = None
+    waiter.join(timeout=30)
+    assert answer == [AgentState.AWAITING_USER_INPUT]
