@@ -33,6 +33,7 @@ database's write lock, so two can never read the same last seq). With
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -43,6 +44,8 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from ..config import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
@@ -122,13 +125,33 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
     session_id, config_json, created_at, updated_at, last_seq, state, reason = row
     return SessionRecord(
         session_id=session_id,
-        config=SessionConfig.model_validate_json(config_json),
+        config=_stored_config(session_id, config_json),
         created_at=datetime.fromisoformat(created_at),
         updated_at=datetime.fromisoformat(updated_at),
         last_seq=last_seq,
         state=AgentState(state),
         state_reason=reason,
     )
+
+
+def _stored_config(session_id: str, config_json: str) -> SessionConfig:
+    """A stored config; a field an older trouper allowed and this one refuses (say
+    ``no_output_timeout_s=0``) is reset to its default, with a warning, so an old store
+    still opens."""
+    try:
+        return SessionConfig.model_validate_json(config_json)
+    except ValidationError as first:
+        data = json.loads(config_json)
+        for error in first.errors():
+            *parents, name = error["loc"]
+            holder = data
+            for key in parents:
+                holder = holder.get(key, {}) if isinstance(holder, dict) else {}
+            if isinstance(holder, dict) and holder.pop(name, None) is not None:
+                logger.warning("session %s: stored %s is no longer valid (%s); using the "
+                               "default", session_id, ".".join(map(str, error["loc"])),
+                               error["msg"])
+        return SessionConfig.model_validate(data)
 
 
 class SQLiteEventStore:

@@ -587,3 +587,27 @@ def test_claiming_the_owner_fences_the_previous_writer(tmp_path):
     store.append("s1", [MessageEvent(source="user", text="c")], owner=second)
     assert [e.text for e in store.read("s1")] == ["a", "c"]
     store.close()
+
+
+def test_a_config_an_older_trouper_stored_still_opens(tmp_path, caplog):
+    """A value this version refuses (0 turned the soft timeout off once) is reset to its
+    default on read, with a warning, rather than making the session unreadable."""
+    import sqlite3
+
+    from trouper.config import LLMConfig, SessionConfig
+    from trouper.paths import Home
+    from trouper.store import open_store
+
+    home = Home.at(tmp_path / "home")
+    store = open_store(home)
+    store.create_session("s-old", SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
+                                                workspace=str(tmp_path)))
+    with sqlite3.connect(home.db_path) as conn:
+        conn.execute("UPDATE sessions SET config_json = json_set(config_json, "
+                     "'$.no_output_timeout_s', 0, '$.llm.timeout_s', -1) WHERE id = 's-old'")
+    record = store.session("s-old")
+    assert record.config.no_output_timeout_s == SessionConfig.model_fields[
+        "no_output_timeout_s"].default
+    assert record.config.llm.timeout_s == LLMConfig.model_fields["timeout_s"].default
+    assert "no_output_timeout_s is no longer valid" in caplog.text
+    store.close()
