@@ -611,3 +611,22 @@ def test_a_config_an_older_trouper_stored_still_opens(tmp_path, caplog):
     assert record.config.llm.timeout_s == LLMConfig.model_fields["timeout_s"].default
     assert "no_output_timeout_s is no longer valid" in caplog.text
     store.close()
+
+
+def test_a_store_is_named_by_a_url(tmp_path):
+    from trouper.exceptions import StoreError
+    from trouper.paths import Home
+    from trouper.store import open_store, store_url
+
+    home = Home.at(tmp_path / "my home")
+    url = store_url(home)
+    assert url == f"sqlite://{home.db_path.resolve()}"
+    first = open_store(url)
+    first.create_session("s-1", make_config())
+    second = open_store(home)  # the same file, named by its home
+    assert [r.session_id for r in second.sessions()] == ["s-1"]
+    first.close()
+    second.close()
+    for bad in ("postgresql://db/trouper", "sqlite://host/x.db", "sqlite:relative.db", "x"):
+        with pytest.raises(StoreError, match="sqlite"):
+            open_store(bad)
