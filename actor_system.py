@@ -29,13 +29,13 @@ from .messages.protocol import Accepted, Refused  # noqa: E402
 from .paths import Home, private_dir, private_file  # noqa: E402
 from .processes import children_of  # noqa: E402
 from .supervision import RestartPolicy  # noqa: E402
+from .transport_key import TRANSPORT_KEY_FILE_ENV
 
 logger = logging.getLogger(__name__)
 
 _OPENING = threading.Lock()
 """One actor system opens at a time in a program: the admin fork reads what it was told."""
 
-TRANSPORT_KEY_FILE_ENV = "TROUPER_TRANSPORT_KEY_FILE"
 """An owner-only file holding the actor transport's key, shared by every host of a
 multi-host system; unset (the default), each program makes a random key of its own."""
 

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from .runtimes.sandbox.mask import MIN_SECRET_CHARS, TextMasker
+from .transport_key import TRANSPORT_KEY_FILE_ENV, read_key_file
 
 if TYPE_CHECKING:
     from .config import LLMConfig
@@ -210,9 +211,6 @@ def credentials(llm: LLMConfig | None) -> dict[str, str]:
 
 
 def _transport_key_text() -> str:
-    from .actor_system import TRANSPORT_KEY_FILE_ENV
-    from .actors.transport import read_key_file
-
     path = os.environ.get(TRANSPORT_KEY_FILE_ENV)
     if not path:
         return ""

@@ -10,14 +10,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .fold import SessionView
 from .messages.events import AgentState, Event
 
 if TYPE_CHECKING:
-    from .api import Trouper
-    from .store import SessionRecord
+    from .store import EventStore, SessionRecord
+
+
+class SessionHost(Protocol):
+    """What a ``Session`` needs of the ``Trouper`` that made it (the API implements it)."""
+
+    @property
+    def store(self) -> EventStore: ...
+
+    def fault(self, session_id: str) -> str | None: ...
+
+    def command(self, session_id: str, command: str, text: str = "") -> int: ...
 
 FAULT_POLL_S = 0.5
 """How often ``wait`` asks again about a storage fault while the log reads as settled."""
@@ -26,7 +36,7 @@ FAULT_POLL_S = 0.5
 class Session:
     """One session of a ``Trouper``. Cheap to make; holds no resources of its own."""
 
-    def __init__(self, trouper: Trouper, session_id: str) -> None:
+    def __init__(self, trouper: SessionHost, session_id: str) -> None:
         self._trouper = trouper
         self.id = session_id
 

@@ -7,8 +7,14 @@ answer a user) and owns the session's log: it is its only writer (claimed with a
 An append that fails stops the effects there, so nothing happens whose record is not
 durable (promise I2). A restarted Controller builds a fresh core from the log (I3).
 
-When the store cannot take a write, the Controller enters store-fault mode
-(``actors/controller_store.py``) instead of crashing in a loop.
+Store-fault mode. A failed append raises ``StoreUnavailable`` (disk full, read-only,
+locked, corrupt). The effects after it are not performed, so nothing runs whose intent
+is not durable (I2), and the Controller enters *store-fault mode*: it tells the tree
+(clients show the cause while the log cannot hold it), drops what arrives (a model reply
+is asked again later; a tool's outcome stays in the sandbox's journal), and probes the
+store on a growing timer. When a write goes through again it records the fault, rebuilds
+its core from the log (as a restarted Controller would) and resolves every action
+without an outcome from the journal: nothing is lost and nothing runs twice.
 """
 
 from __future__ import annotations
@@ -37,9 +43,10 @@ from ..core.effects import (
     TimerFired,
 )
 from ..core.session import SessionCore
-from ..exceptions import LeaseLost
+from ..exceptions import LeaseLost, StoreUnavailable
 from ..fold import SessionView
 from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
+from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import (
     Accepted,
     CancelCompletion,
@@ -54,23 +61,27 @@ from ..messages.protocol import (
     RuntimeFailed,
     RuntimeReady,
     StartSession,
+    StoreFault,
     UserCommand,
 )
 from ..paths import Home
 from ..store import EventStore, open_store
 from . import wiring
 from .base import TrouperActor
-from .controller_store import StoreFaultMixin
 from .wiring import BootController, Relay, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
+
+PROBE_FIRST_S = 0.5
+PROBE_MAX_S = 5.0
+"""The store is probed after 0.5 s, then at doubling intervals up to 5 s."""
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class Controller(StoreFaultMixin, TrouperActor):
+class Controller(TrouperActor):
     role = "controller"
 
     def __init__(self) -> None:
@@ -87,6 +98,9 @@ class Controller(StoreFaultMixin, TrouperActor):
         self.revealer = SecretMasker({})
         """Only the user's sandbox secrets: the placeholders an action may use. Never the
         masker above, or a model writing ``<secret:LLM_API_KEY>`` would get the key."""
+        self.store_fault: StoreUnavailable | None = None
+        """Set while the store takes no write (store-fault mode, see the module doc)."""
+        self.fault_since: datetime | None = None
         self.replies: dict[str, ActorAddress | None] = {}
         """Who waits for the answer to each user command the core is handling."""
 
@@ -152,7 +166,7 @@ class Controller(StoreFaultMixin, TrouperActor):
             logger.warning("controller: %s before boot; dropped", type(msg).__name__)
             return
         if self.store_fault is not None:
-            return  # only the probe writes until the store is back (controller_store.py)
+            return  # only the probe writes until the store is back (store-fault mode)
         self.perform(self.core.handle(msg, utc_now()))
 
     CORE_INPUTS = (RuntimeReady, RuntimeFailed, Executed, Resolved, JournalFault, Completed,
@@ -217,7 +231,7 @@ class Controller(StoreFaultMixin, TrouperActor):
 
     def _append(self, effect: Append) -> None:
         """Durable before anything after it; the store raises StoreUnavailable (a state:
-        see controller_store.py) or LeaseLost (another Controller owns the log)."""
+        store-fault mode) or LeaseLost (another Controller owns the log)."""
         assert self.store is not None
         try:
             stored = self.store.append(self.session_id, list(effect.events), owner=self.owner)
@@ -243,3 +257,49 @@ class Controller(StoreFaultMixin, TrouperActor):
             answer = Refused(request_id=effect.request_id, session_id=self.session_id,
                              error="InvalidRequest", message=effect.error)
         self.send(reply_to, answer)
+
+    # -- store-fault mode (see the module doc) ------------------------------------------
+
+    store_fault: StoreUnavailable | None = None
+    fault_since: datetime | None = None
+
+    def store_failed(self, fault: StoreUnavailable, msg: Any) -> None:
+        self._refuse_while_faulted(msg, fault)
+        if self.store_fault is not None:
+            return  # already waiting for the store; what arrived is dropped (see module doc)
+        self.store_fault, self.fault_since = fault, datetime.now(UTC)
+        logger.error("session %s: cannot record anything: %s; waiting for the store",
+                     self.session_id, fault.cause)
+        self.send(self._parent_address, StoreFault(
+            session_id=self.session_id, cause=fault.cause, since=self.fault_since))
+        self.after(PROBE_FIRST_S, "store_probe", PROBE_FIRST_S)
+
+    def _refuse_while_faulted(self, msg: Any, fault: StoreUnavailable) -> None:
+        if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
+            self.replies.pop(msg.msg.request_id, None)
+            if msg.reply_to is not None:
+                self.send(msg.reply_to, Refused(
+                    request_id=msg.msg.request_id, session_id=self.session_id,
+                    error="InvalidRequest",
+                    message=f"the session cannot record anything now: {fault.cause}"))
+
+    def on_timer_store_probe(self, delay_s: float) -> None:
+        if self.store is None or self.store_fault is None:
+            return  # a probe of a fault already over
+        before = SessionView.of(self.store.read(self.session_id))
+        note = StateChanged(
+            state=AgentState.ERROR, resumes_at=datetime.now(UTC),
+            reason=f"{self.store_fault.cause}; nothing could be recorded from "
+                   f"{self.fault_since:%H:%M:%S} UTC until now")
+        try:
+            self.store.append(self.session_id, [self.masker.mask_event(note)], owner=self.owner)
+        except StoreUnavailable as still:
+            self.store_fault = still
+            self.after(min(PROBE_MAX_S, delay_s * 2), "store_probe", min(PROBE_MAX_S, delay_s * 2))
+            return
+        logger.warning("session %s: the store takes writes again; carrying on",
+                       self.session_id)
+        self.store_fault, self.fault_since = None, None
+        self.send(self._parent_address, StoreFault(session_id=self.session_id, cause=None))
+        self.core = self.fresh_core()  # the core ran ahead of the log when the write failed
+        self.perform(self.core.store_back(before, datetime.now(UTC)))

@@ -31,7 +31,6 @@ import logging
 import os
 import pickle
 import secrets
-import stat
 import threading
 import time
 from importlib import metadata
@@ -41,10 +40,10 @@ from typing import Any
 from thespian.system.transport import IPBase, TCPTransport, streamBuffer
 
 from ..exceptions import TrouperError
+from ..transport_key import KEY_BYTES, read_key_file
 
 THESPIAN_VERSION = "4.0.1"
 """The Thespian release whose seams this module was written against (pinned in pyproject)."""
-KEY_BYTES = 32
 MAC_BYTES = hashlib.sha256().digest_size
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 """Largest frame an actor accepts; a prompt history of several MB fits many times over."""
@@ -189,19 +188,3 @@ def check_seams() -> None:
         raise TransportSeamMissing(
             "cannot seal the actor transport (I7): " + "; ".join(problems)
             + ". Install the pinned Thespian (see pyproject.toml).")
-
-
-def read_key_file(path: Path) -> bytes:
-    """A shared transport key: the file must be owner-only and hold 32 bytes or more."""
-    try:
-        info = path.stat()
-        data = path.read_bytes().strip()
-    except OSError as exc:
-        raise TrouperError(f"cannot read the transport key file {path}: {exc}") from exc
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise TrouperError(f"the transport key file {path} is readable by others "
-                           f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it")
-    if len(data) < KEY_BYTES:
-        raise TrouperError(f"the transport key file {path} holds {len(data)} bytes; "
-                           f"it needs {KEY_BYTES} or more")
-    return data

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from trouper import ActionEvent, AgentState, ObservationEvent
-from trouper.actor_system import TRANSPORT_KEY_FILE_ENV
 from trouper.config import LLMConfig
 from trouper.masking import LLM_KEY_NAME, TRANSPORT_KEY_NAME, credentials, session_maskers
 from trouper.messages.actions import RunCommand
+from trouper.transport_key import TRANSPORT_KEY_FILE_ENV
 
 API_KEY = "sk-test-SETS-0a1b2c3d4e5f"
 MINE = "user-token-77e1d0"

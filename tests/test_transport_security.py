@@ -179,8 +179,8 @@ def test_the_program_itself_is_sealed_once_a_trouper_opened(trouper):
 
 
 def test_a_shared_key_file_must_be_private_and_long(tmp_path):
-    from trouper.actors.transport import read_key_file
     from trouper.exceptions import TrouperError
+    from trouper.transport_key import read_key_file
 
     key = tmp_path / "transport.key"
     key.write_bytes(os.urandom(48).hex().encode())
