@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from .actor_system import ActorSystemHandle
-from .config import LLMConfig, SessionConfig, session_config
+from .config import LLMConfig, RuntimeConfig, SessionConfig, session_config
 from .exceptions import (
     ConfigError,
     InvalidRequest,
@@ -118,7 +118,7 @@ class Trouper:
         task: str,
         *,
         llm: Mapping[str, Any] | LLMConfig,
-        runtime: str = "local",
+        runtime: str | Mapping[str, Any] | RuntimeConfig = "local",
         workspace: str | os.PathLike[str] | None = None,
         secrets: Mapping[str, str] | None = None,
         **options: Any,
@@ -130,7 +130,9 @@ class Trouper:
         it may not use) are masked in everything stored, shown or logged. Only
         ``<home>/sessions/<id>/secrets.json`` (0600) holds them. ``options`` are the other
         fields of ``SessionConfig`` (``max_iterations``, ``max_cost_usd``,
-        ``command_timeout_s``, ``no_output_timeout_s``...).
+        ``command_timeout_s``, ``no_output_timeout_s``...). ``runtime`` is where the
+        sandbox runs: ``"local"`` (the default, ``LocalRuntime()``); ``DockerRuntime`` and
+        ``RemoteRuntime`` are refused until those backends land.
 
         Everything is checked before anything is created: a refused session leaves no
         folder, no workspace, no store row and no secrets file. A ``workspace`` the user
@@ -262,7 +264,7 @@ def remember_session_secrets(home: Home, session_id: str) -> None:
 def _session_config(
     task: str,
     llm: Mapping[str, Any] | LLMConfig,
-    runtime: str,
+    runtime: Any,
     workspace: Path,
     secrets: Mapping[str, str] | None,
     options: dict[str, Any],

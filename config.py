@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -95,13 +96,47 @@ class LLMConfig(Config):
         return value
 
 
+class LocalRuntime(Config):
+    """The sandbox is a server process on this machine, running as you: no isolation (see
+    docs/security.md). The default."""
+
+    kind: Literal["local"] = "local"
+
+
+class DockerRuntime(Config):
+    """The sandbox runs in a container started from ``image`` (not built yet: a session
+    asking for it is refused until the Docker runtime lands)."""
+
+    kind: Literal["docker"] = "docker"
+    image: str
+
+
+class RemoteRuntime(Config):
+    """The sandbox is a runtime server elsewhere, reached at ``url`` with the token in the
+    environment variable ``token_env`` (not built yet: refused until it lands)."""
+
+    kind: Literal["remote"] = "remote"
+    url: str
+    token_env: str = "TROUPER_RUNTIME_TOKEN"
+
+
+RuntimeConfig = Annotated[LocalRuntime | DockerRuntime | RemoteRuntime,
+                          Field(discriminator="kind")]
+"""Where a session's sandbox runs; ``"local"`` (a name alone) is read as ``LocalRuntime()``."""
+
+
+def _runtime_by_name(value: Any) -> Any:
+    """A runtime given by name (and stored so before runtimes were typed) is its config."""
+    return {"kind": value} if isinstance(value, str) else value
+
+
 class SessionConfig(Config):
     """Everything that defines a session; stored with it (secrets excluded)."""
 
     task: str
     """What the agent is asked to do; must hold more than whitespace."""
     llm: LLMConfig
-    runtime: Literal["local"] = "local"
+    runtime: RuntimeConfig = LocalRuntime()
     workspace: str
     """Absolute path of the folder the agent works in."""
     max_iterations: int = Field(default=50, gt=0)
@@ -125,6 +160,7 @@ class SessionConfig(Config):
     """Replaces the default agent's system prompt; ``None`` keeps it."""
 
     _task_given = field_validator("task")(_not_blank)
+    _runtime_named = field_validator("runtime", mode="before")(_runtime_by_name)
 
 
 # -- checking what start_session is given ----------------------------------------------
@@ -140,7 +176,7 @@ Problem = tuple[str, str]
 
 
 def session_config(
-    task: str, llm: Any, runtime: str, workspace: Path, secrets: Any,
+    task: str, llm: Any, runtime: Any, workspace: Path, secrets: Any,
     options: Mapping[str, Any], *, named_workspace: bool = True,
 ) -> SessionConfig:
     """The validated config; raises ConfigError naming every problem found.
@@ -159,7 +195,7 @@ def session_config(
     try:
         config = SessionConfig(
             task=task, llm=llm, workspace=str(workspace), secret_names=names,
-            runtime=runtime if runtime in BACKENDS else "local",  # else reported above
+            runtime=runtime if not runtime_problems(runtime) else LocalRuntime(),  # reported
             **data)
     except ValidationError as exc:
         problems += pydantic_problems(exc)
@@ -210,10 +246,20 @@ def _suggest(name: str, known: list[str]) -> str:
 
 
 def runtime_problems(runtime: Any) -> list[Problem]:
-    if runtime in BACKENDS:
-        return []
-    return [("runtime", f"unknown runtime {runtime!r}; known runtimes: "
-                        f"{', '.join(sorted(BACKENDS))}")]
+    """A runtime is a name, a mapping with a ``kind`` or a runtime config, of a backend
+    that is built."""
+    known = ", ".join(sorted(BACKENDS))
+    try:
+        config = TypeAdapter(RuntimeConfig).validate_python(_runtime_by_name(runtime))
+    except ValidationError as exc:
+        kind = runtime.get("kind") if isinstance(runtime, Mapping) else runtime
+        if isinstance(kind, str) and kind in ("local", "docker", "remote"):
+            return [(f"runtime.{field}", reason) for field, reason in pydantic_problems(exc)]
+        return [("runtime", f"unknown runtime {_shown(runtime)}; known runtimes: {known}")]
+    if config.kind not in BACKENDS:
+        return [("runtime", f"the {config.kind} runtime is not available yet; "
+                            f"known runtimes: {known}")]
+    return []
 
 
 def secret_problems(secrets: Any) -> list[Problem]:

@@ -93,3 +93,13 @@ class Sandbox(Protocol):
     def stop(self) -> None:
         """Stop the sandbox and what runs in it. Idempotent and bounded in time."""
         ...
+
+    def running(self) -> bool:
+        """Whether this session's sandbox runs, asked without a started client (the
+        fault-injection harness builds a fresh backend object to ask)."""
+        ...
+
+    def kill(self) -> int | str | None:
+        """Crash the sandbox the hard way (SIGKILL, ``docker kill``), for fault injection:
+        what ran in it is lost. What was killed (a pid, a container id), or None."""
+        ...

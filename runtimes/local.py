@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
 from ..paths import creator_umask, private_dir
-from ..processes import pid_alive
+from ..processes import children_of, pid_alive
 from .base import SandboxHealth
 from .client import SandboxClient
 from .sandbox import EXIT_LOCKED
@@ -121,6 +121,31 @@ class LocalSandbox:
             epoch,
         )
         return attached
+
+    def running(self) -> bool:
+        """Whether a server for this session runs (from its ``server.json``; no request)."""
+        return self.server_pid() is not None
+
+    def kill(self) -> int | None:
+        """Crash the sandbox the hard way, for fault injection: SIGKILL its server, its
+        shell and the shell's jobs (what ran in it is lost). The server's pid, or None
+        when none runs."""
+        pid = self.server_pid()
+        if pid is None:
+            return None
+        groups = {_pgid(child) for child in children_of(pid)} | {_pgid(pid)}
+        for group in groups - {None, os.getpgid(0)}:
+            try:
+                os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
+            except ProcessLookupError:
+                pass
+        return pid
+
+    def server_pid(self) -> int | None:
+        """The pid of this session's live server, from its ``server.json``; else None."""
+        info = _read_json(self.info_path)
+        pid = int(info.get("pid", 0)) if info else 0
+        return pid if pid and pid_alive(pid) else None
 
     @property
     def runtime(self) -> SandboxClient:
@@ -353,3 +378,10 @@ def _tail(path: Path, chars: int) -> str:
         return path.read_text(encoding="utf-8", errors="replace")[-chars:]
     except OSError as e:
         return f"(cannot read {path}: {e})"
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

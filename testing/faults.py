@@ -9,14 +9,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..processes import children_of, pid_alive, start_time
+from ..processes import pid_alive, start_time
+from ..runtimes import Sandbox, load_sandbox
+from ..runtimes.local import LocalSandbox
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -72,32 +74,25 @@ def kill_actor(session: Session, role: str, timeout_s: float = 30.0) -> int:
     return pid
 
 
+def sandbox_of(session: Session) -> Sandbox:
+    """A fresh backend object for ``session``'s sandbox, through the runtime interface
+    (``Sandbox.running``, ``Sandbox.kill``): the harness reads no backend's files."""
+    home = session._trouper.home  # noqa: SLF001 - the harness is part of trouper
+    config = session.record.config
+    return load_sandbox(config.runtime.kind, session_id=session.id,
+                        workspace=Path(config.workspace), state_dir=home.runtime_dir(session.id))
+
+
 def sandbox_pid(session: Session) -> int | None:
-    """The pid of the session's local sandbox server, if it runs."""
-    home = session._trouper.home  # noqa: SLF001
-    try:
-        info = json.loads((home.runtime_dir(session.id) / "server.json").read_text())
-    except (OSError, ValueError):
-        return None
-    pid = int(info.get("pid", 0))
-    return pid if pid and pid_alive(pid) else None
+    """The pid of the session's local sandbox server, if it runs (local runtime only)."""
+    sandbox = sandbox_of(session)
+    return sandbox.server_pid() if isinstance(sandbox, LocalSandbox) else None
 
 
-def kill_sandbox(session: Session, timeout_s: float = 30.0) -> int:
-    """SIGKILL the session's sandbox server and its shell (what ran in it is lost)."""
-    pid = wait_until(lambda: sandbox_pid(session), timeout_s, "a live sandbox server")
-    groups = {_pgid(child) for child in children_of(pid)} | {_pgid(pid)}
-    for group in groups - {None, os.getpgid(0)}:
-        try:
-            os.killpg(group, signal.SIGKILL)  # the server, its shell and the shell's jobs
-        except ProcessLookupError:
-            pass
-    wait_until(lambda: not pid_alive(pid), timeout_s, f"the sandbox server (pid {pid}) to die")
-    return pid
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+def kill_sandbox(session: Session, timeout_s: float = 30.0) -> int | str:
+    """Crash the session's sandbox (its server, its shell and the shell's jobs: what ran
+    in it is lost); waits for one to run first. What was killed (a pid for local)."""
+    sandbox = sandbox_of(session)
+    killed = wait_until(sandbox.kill, timeout_s, "a live sandbox")
+    wait_until(lambda: not sandbox.running(), timeout_s, f"the sandbox ({killed}) to die")
+    return killed

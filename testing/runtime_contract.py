@@ -20,6 +20,7 @@ import pytest
 from ..exceptions import StaleEpoch
 from ..messages.actions import RunCommand
 from ..runtimes.base import Sandbox
+from .faults import wait_until
 
 LIMITS = {"timeout_s": 30.0, "no_output_timeout_s": 20.0}
 
@@ -71,3 +72,17 @@ class SandboxContract:
             old.runtime.execute("a-5", RunCommand(command="echo no >> ledger.txt"), **LIMITS)
         assert not (workspace / "ledger.txt").exists()
         assert new.runtime.resolve("a-5").state == "absent"
+
+    def test_kill_crashes_it_and_a_fresh_object_sees_it(
+        self, new_sandbox: Callable[[], Sandbox], workspace: Path
+    ) -> None:
+        """Fault injection goes through the interface: a fresh object for the session (as
+        the harness makes) says it runs, kills it, and says it does not any more."""
+        sandbox = new_sandbox()
+        assert new_sandbox().kill() is None  # nothing runs yet: nothing to kill
+        sandbox.start(1)
+        observer = new_sandbox()
+        assert observer.running()
+        assert observer.kill() is not None
+        wait_until(lambda: not observer.running(), 10, "the killed sandbox to stop running")
+        assert not sandbox.alive().alive

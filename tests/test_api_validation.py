@@ -92,9 +92,34 @@ def test_an_unknown_llm_field_suggests_the_close_one(refused):
 
 
 def test_an_unknown_runtime_lists_the_known_ones(refused):
-    error = refused(runtime="docker")
+    error = refused(runtime="kubernetes")
     assert error.field == "runtime"
-    assert "unknown runtime 'docker'" in str(error) and "known runtimes: local" in str(error)
+    assert "unknown runtime 'kubernetes'" in str(error)
+    assert "known runtimes: local" in str(error)
+
+
+@pytest.mark.parametrize("runtime", ["docker", {"kind": "docker", "image": "debian"},
+                                     {"kind": "remote", "url": "http://127.0.0.1:9"}])
+def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
+    from trouper.config import DockerRuntime, RemoteRuntime
+
+    error = refused(runtime=runtime)
+    kind = runtime if isinstance(runtime, str) else runtime["kind"]
+    if isinstance(runtime, str):  # a docker runtime needs its image: that is said first
+        assert error.field == "runtime.docker.image" and "is required" in str(error)
+    else:
+        assert error.field == "runtime"
+        assert f"the {kind} runtime is not available yet" in str(error)
+    assert DockerRuntime(image="x").kind == "docker" and RemoteRuntime(url="u").kind == "remote"
+
+
+def test_the_runtime_is_stored_typed_and_read_by_name_too():
+    from trouper.config import LocalRuntime, SessionConfig
+
+    named = SessionConfig(task="t", llm={"model": "m"}, workspace="/w", runtime="local")
+    assert named.runtime == LocalRuntime()
+    assert SessionConfig.model_validate_json(named.model_dump_json()).runtime == LocalRuntime()
+    assert '"runtime":{"kind":"local"}' in named.model_dump_json()
 
 
 @pytest.mark.parametrize("llm, field", [
