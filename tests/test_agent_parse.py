@@ -265,3 +265,20 @@ def test_long_values_are_shortened_in_errors():
 def test_deeply_nested_arguments_never_raise():
     content = rejection_of("run", "[" * 100_000 + "]" * 100_000)
     assert content.startswith("run: the arguments")
+
+
+def test_one_registry_of_tools_and_the_unions_agree():
+    """``messages/actions.py`` is the one place a tool is defined: its unions, the tool
+    specs and the runtime kinds all follow ``ACTIONS``."""
+    import typing
+
+    from trouper.messages.actions import ACTIONS, RUNTIME_KINDS, Action, RuntimeAction, kind_of
+
+    def members(union: object) -> set[type]:
+        return set(typing.get_args(typing.get_args(union)[0]))
+
+    assert members(Action) == set(ACTIONS)
+    assert members(RuntimeAction) == {m for m in ACTIONS if m.in_sandbox}
+    assert RUNTIME_KINDS == {kind_of(m) for m in members(RuntimeAction)}
+    assert [s["function"]["name"] for s in tool_specs()] == [kind_of(m) for m in ACTIONS]
+    assert all(s["function"]["description"] for s in tool_specs())
