@@ -252,10 +252,7 @@ def test_three_levels_deep_is_masked():
     assert "<secret:PW>" in masker.mask_text(thrice)
 
 
+@pytest.mark.timeout(30)  # linear: well under a second; quadratic: hours (no timed assert)
 def test_a_long_run_of_backslashes_costs_linear_time():
-    import time
-
     masker = SecretMasker({"PW": ODD, "OTHER": "other-value"})
-    started = time.monotonic()
-    masker.mask_text("\\" * 200_000 + "u00")
-    assert time.monotonic() - started < 1.0
+    assert masker.mask_text("\\" * 200_000 + "u00").endswith("u00")

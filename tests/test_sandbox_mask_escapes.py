@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 
 import pytest
 
@@ -159,27 +158,24 @@ def test_a_tail_that_could_still_become_an_escape_is_held() -> None:
     assert stream.feed("ghp_abc\\u006") == "" and stream.feed("4ef123456") == "<secret:TOKEN>"
 
 
+@pytest.mark.timeout(60)  # a blowup of the spellings would take hours (no timed assert)
 def test_a_long_value_is_masked_in_chunks_without_a_blowup(chunked) -> None:
     value = "".join(random.Random(2).choice('abcXYZ019"/\\é-') for _ in range(400))
-    started = time.monotonic()
     masker = TextMasker({"PEM": value})
     text = "x" + json.dumps(json.dumps(value)) + "y" + value[:-1]
     whole = masker.mask(text)
     assert whole.count("<secret:PEM>") == 1
     assert chunked(masker, text, list(range(0, len(text), 997))) == whole
-    assert time.monotonic() - started < 10.0
 
 
-def test_a_megabyte_of_escaped_json_costs_milliseconds() -> None:
+@pytest.mark.timeout(30)  # linear: milliseconds; quadratic: hours (no timed assert)
+def test_a_megabyte_of_escaped_json_is_masked_in_linear_time() -> None:
     rng = random.Random(1)
     lines = [json.dumps({"msg": " ".join(rng.choice(["ok", "a\\b", "x/y", '"q"', "é"])
                                          for _ in range(8))}) for _ in range(20_000)]
     text = "\n".join(lines + [json.dumps(ODD), TOKEN])
     masker = TextMasker({"ODD": ODD, "TOKEN": TOKEN, "OTHER": "other-value-9"})
-    masker.mask(text)  # compiles the regexes
-    started = time.monotonic()
     masked = masker.mask(text)
-    assert time.monotonic() - started < 0.5
     assert masked.endswith('"<secret:ODD>"\n<secret:TOKEN>')
 
 
@@ -215,17 +211,16 @@ def test_a_placeholder_longer_than_a_window_is_kept_whole() -> None:
     assert masker.mask(text) == f"\\n <secret:{long_name}>{' ' * 200}<secret:V>"
 
 
+@pytest.mark.timeout(60)  # linear: a second or two; quadratic: hours (no timed assert)
 def test_a_storm_of_backslashes_streams_in_linear_time(chunked) -> None:
     lead = "\\\\zq-9Q"  # starts with two backslashes: 48 in a row at depth 4
     masker = TextMasker({"ODD": ODD, "TOKEN": TOKEN, "LEAD": lead})
     spelled = "".join(spell(c, "short", 4) for c in ODD)  # runs of up to 31 backslashes
     text = ("\\" * 300_000 + spelled + "\\" * 40 + "".join(spell(c, "u", 3) for c in TOKEN)
             + "\\" * 100 + "".join(spell(c, "short", 4) for c in lead) + "\\" * 100)
-    started = time.monotonic()
     assert chunked(masker, text, list(range(0, len(text), 4096))) == masker.mask(text)
     assert masker.mask(text) == reference(masker, text)
     assert masker.mask(text).count("<secret:") == 3  # a run takes at most 8 (depth 4)
-    assert time.monotonic() - started < 5.0
     for size in (7, 13):  # every cut near the spellings
         tail = text[-3000:]
         assert chunked(masker, tail, list(range(0, len(tail), size))) == masker.mask(tail)
