@@ -56,6 +56,9 @@ def session_role(session_id: str) -> str:
 
 class RootSupervisor(Supervisor):
     role = "root"
+    broker_class: type = LLMBroker
+    """The shared LLM broker; a test puts a fake in its place."""
+    session_class: type = SessionSupervisor
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,7 +71,8 @@ class RootSupervisor(Supervisor):
         self.home, self.policy = msg.home, msg.policy
         self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
-            self.supervise(ChildSpec(BROKER, LLMBroker, lambda n: BootBroker(home=msg.home)))
+            self.supervise(ChildSpec(BROKER, self.broker_class,
+                                     lambda n: BootBroker(home=msg.home)))
         self.send(sender, Accepted(request_id="boot", session_id=""))
 
     # -- requests --------------------------------------------------------------
@@ -94,7 +98,7 @@ class RootSupervisor(Supervisor):
             return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
                                policy=self.policy, reply_to=reply)
 
-        self.supervise(ChildSpec(role, SessionSupervisor, boot))
+        self.supervise(ChildSpec(role, self.session_class, boot))
 
     def _forward(self, cmd: UserCommand, msg: Relay) -> None:
         session = self.child(session_role(cmd.session_id))

@@ -58,6 +58,9 @@ def next_epoch() -> int:
 
 class SessionSupervisor(Supervisor):
     role = "session"
+    runtime_class: type = RuntimeProxy
+    """The actor that owns the sandbox; a test puts a fake in its place."""
+    controller_class: type = Controller
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,7 +77,7 @@ class SessionSupervisor(Supervisor):
         start = msg.start
         self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
         runtime = self.supervise(ChildSpec(
-            RUNTIME, RuntimeProxy, lambda n: BootRuntime(start=start, epoch=next_epoch())))
+            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start, epoch=next_epoch())))
         self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:
@@ -83,7 +86,7 @@ class SessionSupervisor(Supervisor):
             return BootController(start=again, broker=self.broker,  # type: ignore[arg-type]
                                   runtime=self.child(RUNTIME), reply_to=reply_to)
 
-        self.supervise(ChildSpec(CONTROLLER, Controller, boot_controller))
+        self.supervise(ChildSpec(CONTROLLER, self.controller_class, boot_controller))
         logger.info("session %s: supervisor up (runtime %s)", start.session_id, runtime)
 
     # -- runtime lifecycle ------------------------------------------------------------
