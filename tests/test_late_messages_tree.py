@@ -241,9 +241,6 @@ def _model_calls() -> int:
 # ---- SessionSupervisor ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "before its boot the SessionSupervisor holds a Relay for ever, exits on a StoreFault "
-    "(it has no parent yet) and on a kind naming one of its hooks, and logs no drop"))
 def test_session_supervisor_before_its_boot_drops_all_and_starts_nothing(
     system, drops, tmp_path
 ):
@@ -272,10 +269,6 @@ def test_session_supervisor_before_its_boot_drops_all_and_starts_nothing(
     assert isinstance(tree.command("pause"), Accepted)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "it acts on a stranger's RuntimeFailed, RestartRuntime, BrokerMoved and StoreFault, a "
-    "second BootSession starts a second pair of children, a relay for another session "
-    "reaches the Controller, and drops are not logged"))
 def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
     tree = Tree(system, Home.at(tmp_path / "home"), tmp_path)
     tree.boot()
@@ -311,8 +304,6 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
     assert isinstance(tree.command("pause"), Accepted)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a Shutdown while the sandbox closes replaces the one before, which is never answered"))
 def test_session_supervisor_answers_every_shutdown_once(system, drops, tmp_path):
     tree = Tree(system, Home.at(tmp_path / "home"), tmp_path)
     tree.boot()
@@ -326,8 +317,6 @@ def test_session_supervisor_answers_every_shutdown_once(system, drops, tmp_path)
     assert drops() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a stale cooldown timer is dropped without a log line"))
 def test_a_cooldown_timer_after_the_runtime_came_back_starts_nothing(
     system, drops, tmp_path
 ):
@@ -349,9 +338,6 @@ def test_a_cooldown_timer_after_the_runtime_came_back_starts_nothing(
     assert tree.view().state == AgentState.RUNNING
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the SessionSupervisor keeps the RuntimeReady of a proxy it gave up on and replays it "
-    "to a restarted Controller, which goes back to RUNNING with no sandbox"))
 def test_a_restarted_controller_is_not_told_a_given_up_runtime_is_ready(
     system, drops, tmp_path
 ):
@@ -372,6 +358,19 @@ def test_a_restarted_controller_is_not_told_a_given_up_runtime_is_ready(
     assert len(tree.got(Complete)) == asked and _runtime_boots() == 2
     assert isinstance(tree.command("pause"), Accepted)
 
+
+
+def test_a_command_after_the_agent_loop_gave_up_for_good_is_answered(system, drops, tmp_path):
+    policy = RestartPolicy(intensity=0, giveup_rounds=0)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
+    tree.boot()
+    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down until a resume
+    view = tree.view()
+    assert view.state == AgentState.ERROR and view.resumes_at is None
+    assert tree.got(Superseded, at=tree.parent)  # the root is asked to stop this session
+    refused = tree.command("resume")  # not held for ever: the program restores it anew
+    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
+    assert len(RecordedController.booted) == 1 and _runtime_boots() == 1
 
 # ---- RootSupervisor ------------------------------------------------------------------
 
