@@ -309,6 +309,11 @@ class TrouperActor(Actor):
 
     # -- helpers ---------------------------------------------------------------
 
+    @property
+    def booted(self) -> bool:
+        """Whether this incarnation has had its boot message (it gets one, ever)."""
+        return self._booted
+
     max_workers: int = 32
     """Threads for blocking work; the broker raises it (one per model call in flight)."""
 
