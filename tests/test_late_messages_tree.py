@@ -28,7 +28,7 @@ from thespian.actors import (
 )
 
 from trouper.actors import base
-from trouper.actors.base import Failing, Timer
+from trouper.actors.base import Failing, Timer, describe
 from trouper.actors.controller import Controller
 from trouper.actors.session_supervisor import SessionSupervisor
 from trouper.actors.wiring import (
@@ -151,7 +151,7 @@ def system(monkeypatch):
 
 @pytest.fixture
 def drops(caplog):
-    """``drops()``: the records of messages dropped since the last call (one per message)."""
+    """``drops()``: the log records of messages dropped since the last call."""
     caplog.set_level(logging.INFO, logger="trouper")
     counted = [0]
 
@@ -161,6 +161,12 @@ def drops(caplog):
         return fresh
 
     return new
+
+
+def _one_line_each(records: list[logging.LogRecord], sent: list[Any]) -> None:
+    """One drop line per message sent, in the order sent (a wakeup is named by its timer)."""
+    named = [describe(m.payload if isinstance(m, WakeupMessage) else m) for m in sent]
+    assert [r.dropped for r in records] == named  # type: ignore[attr-defined]
 
 
 def _start(home: Home, workspace: Path) -> StartSession:
@@ -257,7 +263,7 @@ def test_session_supervisor_before_its_boot_drops_all_and_starts_nothing(
         *_junk(sid),
     ]
     tree.tell(*early)
-    assert len(drops()) == len(early)
+    _one_line_each(drops(), early)
     assert isinstance(tree.command("pause"), Refused)  # answered, never held for ever
     assert drops() == []
     assert _runtime_boots() == 0 and not tree.got(Complete) and not tree.got(StoreFault)
@@ -292,7 +298,7 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
     tree.tell(*late)
     tree.tell(BootSession(start=tree.start, broker=tree.stranger, policy=tree.policy),
               via=tree.parent)  # a second boot, even from its parent
-    assert len(drops()) == len(late) + 1
+    _one_line_each(drops(), [*late, late[0]])
     view = tree.view()
     assert view.state == AgentState.RUNNING and view.actions == 0
     assert _runtime_boots() == 1 and not [m for m in FakeRuntime.seen if isinstance(m, Execute)]
@@ -421,7 +427,7 @@ def test_root_before_its_boot_answers_or_drops_and_starts_nothing(system, drops,
         *_junk(start.session_id),
     ]
     root.tell(*early)
-    assert len(drops()) == len(early)
+    _one_line_each(drops(), early)
     refused = root.ask(start)  # no broker yet: a session could never ask its model
     assert isinstance(refused, Refused) and refused.session_id == start.session_id
     assert _runtime_boots() == 0 and not RecordedController.booted
@@ -455,7 +461,7 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
         *_junk(sid),
     ]
     root.tell(*late)
-    assert len(drops()) == len(late)
+    _one_line_each(drops(), late)
     assert _broker_boots() == 1 and _runtime_boots() == 1
     assert _model_calls() == 1
     assert root.fault(sid) is None and root.fault("s-another") is None
