@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from thespian.actors import ActorAddress, ActorExitRequest
+from thespian.actors import ActorAddress, ActorExitRequest, ChildActorExited
 
-from .actors.base import Failing, TrouperActor
+from .actors.base import Failing, Timer, TrouperActor
 
 logger = logging.getLogger(__name__)
 
@@ -218,8 +218,10 @@ class Supervisor(TrouperActor):
 
     def on_failing(self, msg: Failing, sender: ActorAddress) -> None:
         for child in self._children.values():
-            if child.address == sender:
+            if child.address is not None and child.address == sender:
                 child.last_words = msg.reason
+                return
+        self.drop(msg, f"last words from {sender}, not a live child")
 
     def on_child_exited(self, child_address: ActorAddress, sender: ActorAddress) -> None:
         key = str(child_address)
@@ -229,11 +231,12 @@ class Supervisor(TrouperActor):
             self._expected_exits.discard(key)
             return
         for role, child in list(self._children.items()):
-            if child.address == child_address:
+            if child.address is not None and child.address == child_address:
                 reason = child.last_words or "exited unexpectedly (killed or crashed)"
                 child.last_words = ""
                 self._child_died(role, reason)
                 return
+        self.drop(ChildActorExited(child_address), f"{child_address} is not a live child")
 
     def _child_died(self, role: str, reason: str) -> None:
         child = self._children[role]
@@ -278,15 +281,21 @@ class Supervisor(TrouperActor):
     def on_timer_cooldown_over(self, token: tuple[str, int]) -> None:
         role, incarnation = token
         child = self._children.get(role)
-        if child is not None and child.given_up and child.incarnation == incarnation:
-            self.restart_child(role, f"cooldown over after give-up round {child.rounds}; "
-                               "trying again", by_user=False)
+        if child is None or not child.given_up or child.incarnation != incarnation:
+            self.drop(Timer("cooldown_over", token), f"{role} is back or gone already")
+            return
+        self.restart_child(role, f"cooldown over after give-up round {child.rounds}; "
+                           "trying again", by_user=False)
 
     def on_timer_restart(self, token: tuple[tuple[str, ...], str]) -> None:
         roles, reason = token
+        started = 0
         for role in roles:
             child = self._children.get(role)
             if child is None or child.given_up or child.address is not None:
-                continue
+                continue  # stopped, given up, or started again meanwhile
             address = self._start(child)
             self.on_child_restarted(role, address, child.incarnation, reason)
+            started += 1
+        if not started:
+            self.drop(Timer("restart", token), f"{', '.join(roles)} back or gone already")

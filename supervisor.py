@@ -12,14 +12,20 @@ It is created from outside the actor system, so nobody restarts it: if it dies, 
 subtree dies with it (every actor dies with its parent) and the program must reopen its
 ``Trouper``, which restores the sessions from the log. When the program that embeds the
 system dies, Thespian's admin takes the whole system down (``actors/forking.py``).
+
+Since nobody restarts it, every handler is total (I6): a request it cannot serve is
+refused, and a report not from the child it names (a session's StoreFault or Superseded,
+a ShutdownDone) is dropped with a log line, never acted on.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from thespian.actors import ActorAddress
 
+from .actors.base import Timer
 from .actors.llm_broker import LLMBroker
 from .actors.session_supervisor import SessionSupervisor
 from .actors.wiring import (
@@ -54,13 +60,25 @@ def session_role(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+@dataclass
+class _Closing:
+    """One shutdown under way: who asked, which sessions it waits for, which are done."""
+
+    reply_to: list[ActorAddress]
+    waiting: set[str]
+    done: list[str] = field(default_factory=list)
+
+
 class RootSupervisor(Supervisor):
     role = "root"
+    broker_class: type = LLMBroker
+    """The shared LLM broker; a test puts a fake in its place."""
+    session_class: type = SessionSupervisor
 
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
-        self.pending_shutdown: dict[str, tuple[ActorAddress, set[str], list[str]]] = {}
+        self.pending_shutdown: dict[str, _Closing] = {}
         self.faults: dict[str, StoreFault] = {}
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
 
@@ -68,12 +86,18 @@ class RootSupervisor(Supervisor):
         self.home, self.policy = msg.home, msg.policy
         self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
-            self.supervise(ChildSpec(BROKER, LLMBroker, lambda n: BootBroker(home=msg.home)))
+            self.supervise(ChildSpec(BROKER, self.broker_class,
+                                     lambda n: BootBroker(home=msg.home)))
         self.send(sender, Accepted(request_id="boot", session_id=""))
 
     # -- requests --------------------------------------------------------------
 
     def on_start_session(self, msg: StartSession, sender: ActorAddress) -> None:
+        if not self.booted:  # no broker yet: the session could never ask its model
+            self.send(sender, Refused(request_id=msg.request_id, session_id=msg.session_id,
+                                      error="InvalidRequest",
+                                      message="the actor tree is not booted yet"))
+            return
         self._start_session(msg, sender)
 
     def on_user_command(self, msg: UserCommand, sender: ActorAddress) -> None:
@@ -94,7 +118,7 @@ class RootSupervisor(Supervisor):
             return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
                                policy=self.policy, reply_to=reply)
 
-        self.supervise(ChildSpec(role, SessionSupervisor, boot))
+        self.supervise(ChildSpec(role, self.session_class, boot))
 
     def _forward(self, cmd: UserCommand, msg: Relay) -> None:
         session = self.child(session_role(cmd.session_id))
@@ -107,11 +131,22 @@ class RootSupervisor(Supervisor):
             return
         self.send(session, msg)
 
+    def _from_session(self, session_id: str, sender: ActorAddress, msg: object) -> bool:
+        """Whether ``sender`` is the live supervisor of ``session_id``; else drop ``msg``."""
+        if sender is not None and sender == self.child(session_role(session_id)):
+            return True
+        self.drop(msg, f"not from session {session_id}'s live supervisor")
+        return False
+
     def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
+        if not self._from_session(msg.session_id, sender, msg):
+            return
         self.faults.pop(msg.session_id, None)
         self.stop_child(session_role(msg.session_id))
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
+        if not self._from_session(msg.session_id, sender, msg):
+            return  # else a stopped session's late word would stay a fault for ever
         if msg.cause is None:
             self.faults.pop(msg.session_id, None)
         else:
@@ -142,29 +177,37 @@ class RootSupervisor(Supervisor):
     # -- shutdown ------------------------------------------------------------------
 
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
+        under_way = self.pending_shutdown.get(msg.request_id)
+        if under_way is not None:  # the same request again: answered with the first
+            under_way.reply_to.append(sender)
+            return
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
         if not sessions:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.pending_shutdown[msg.request_id] = (sender, set(sessions), [])
+        self.pending_shutdown[msg.request_id] = _Closing([sender], set(sessions))
         for role in sessions:
             self.send(self.child(role), msg)
         self.after(SHUTDOWN_DEADLINE_S, "shutdown_deadline", msg.request_id)
 
     def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
-        entry = self.pending_shutdown.get(msg.request_id)
-        if entry is None:
+        closing = self.pending_shutdown.get(msg.request_id)
+        roles = [r for r in closing.waiting if self.child(r) == sender] if closing else []
+        if closing is None or not roles:
+            self.drop(msg, "no shutdown under way waits for it from there")
             return
-        reply_to, waiting, done = entry
-        for role in list(waiting):
-            if self.child(role) == sender:
-                waiting.discard(role)
-                done.extend(msg.sessions)
-        if not waiting:
-            self.on_timer_shutdown_deadline(msg.request_id)
+        closing.waiting.difference_update(roles)
+        closing.done.extend(msg.sessions)
+        if not closing.waiting:
+            self._shutdown_over(msg.request_id)
 
     def on_timer_shutdown_deadline(self, request_id: str) -> None:
-        entry = self.pending_shutdown.pop(request_id, None)
-        if entry is not None:
-            reply_to, _waiting, done = entry
-            self.send(reply_to, ShutdownDone(request_id=request_id, sessions=done))
+        if request_id not in self.pending_shutdown:
+            self.drop(Timer("shutdown_deadline", request_id), "that shutdown is over")
+            return
+        self._shutdown_over(request_id)
+
+    def _shutdown_over(self, request_id: str) -> None:
+        closing = self.pending_shutdown.pop(request_id)
+        for reply_to in closing.reply_to:
+            self.send(reply_to, ShutdownDone(request_id=request_id, sessions=closing.done))

@@ -7,6 +7,11 @@ after a failure says why to its parent and exits, and the supervisor restarts it
 
 A handler never blocks: long work runs in ``Background`` threads that report through a
 self-pipe the actor watches (``ThespianWatch``, returned from *every* receive call).
+
+Every handler is total (I6): a message an actor cannot use (junk, another actor's
+protocol, a second boot, a timer it did not set, a late reply) is logged in one line by
+``drop`` and has no other effect. Only trouper messages reach ``on_<kind>`` handlers, and
+never one of the hooks (``on_child_*``, ``on_timer_*``...), whatever a message calls its kind.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from thespian.actors import (
     Actor,
@@ -37,12 +42,15 @@ from thespian.actors import (
 )
 
 from ..exceptions import StoreUnavailable
+from ..messages.base import Frozen
 from ..paths import write_private
 from ..processes import start_time
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_HOOK_PREFIXES = ("child_", "timer_")
+_HOOKS = frozenset({"wakeup", "exit_request", "poison", "unknown"})
 
 Handler = Callable[[Any, ActorAddress], None]
 
@@ -51,6 +59,7 @@ Handler = Callable[[Any, ActorAddress], None]
 class Failing:
     """Told to the parent by an actor that is about to exit on purpose, with the reason."""
 
+    kind: ClassVar[str] = "failing"
     role: str
     reason: str
     error_class: str = ""
@@ -63,6 +72,8 @@ class Timer:
 
     name: str
     token: Any = None
+    serial: int = 0
+    """Numbers the timers one actor set; a wakeup carrying any other payload is dropped."""
 
 
 class Background:
@@ -184,6 +195,10 @@ class TrouperActor(Actor):
         super().__init__(*args, **kwargs)
         self._background: Background | None = None
         self._stopping = False
+        self._booted = False
+        self._timers: set[int] = set()
+        """Serials of the timers set and not yet fired."""
+        self._last_timer = 0
         die_with_parent()
         _adopt_module_loggers()
         gc.freeze()  # what the fork shared stays shared: the collector never writes to it
@@ -201,7 +216,9 @@ class TrouperActor(Actor):
 
     def _dispatch(self, msg: Any, sender: ActorAddress) -> None:
         if isinstance(msg, WatchMessage):
-            if self._background is not None:
+            if self._background is None:
+                self.drop(msg, "it watches nothing", logging.WARNING)
+            else:
                 self._background.drain()
             return
         if isinstance(msg, WakeupMessage):
@@ -222,11 +239,17 @@ class TrouperActor(Actor):
         self._dispatch_own(msg, sender)
 
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
-        kind = getattr(msg, "kind", None) or type(msg).__name__.lower()
-        handler: Handler | None = getattr(self, f"on_{kind}", None)
-        if handler is None:
+        kind = _kind_of(msg)
+        handler: Handler | None = getattr(self, f"on_{kind}", None) if kind else None
+        if kind is None or handler is None:
             self.on_unknown(msg, sender)
             return
+        if kind.startswith("boot_"):  # every incarnation is booted once, by its creator
+            if self._booted or self._stopping:
+                why = "it is stopping" if self._stopping else "it was booted already"
+                self.drop(msg, why, logging.WARNING)
+                return
+            self._booted = True
         handler(msg, sender)
 
     def _handler_failed(self, msg: Any, exc: Exception) -> None:
@@ -248,15 +271,18 @@ class TrouperActor(Actor):
     # -- default handlers ----------------------------------------------------------
 
     def on_wakeup(self, payload: Any, sender: ActorAddress) -> None:
-        if isinstance(payload, Timer):
-            handler = getattr(self, f"on_timer_{payload.name}", None)
-            if handler is not None:
-                handler(payload.token)
-                return
-        logger.debug("%s ignored a timer %r", self.role, payload)
+        if not isinstance(payload, Timer) or payload.serial not in self._timers:
+            self.drop(payload, "a wakeup for no timer it set", logging.WARNING)
+            return
+        self._timers.discard(payload.serial)
+        handler = getattr(self, f"on_timer_{payload.name}", None)
+        if handler is None:
+            self.drop(payload, "no handler for this timer", logging.WARNING)
+            return
+        handler(payload.token)
 
     def on_child_exited(self, child: ActorAddress, sender: ActorAddress) -> None:
-        logger.debug("%s: child %s exited", self.role, child)
+        self.drop(ChildActorExited(child), "it has no children", logging.WARNING)
 
     def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
         """Last words before the actor stops; subclasses release what they hold."""
@@ -270,9 +296,23 @@ class TrouperActor(Actor):
         logger.warning("%s: a message it sent poisoned %s: %s", self.role, sender, msg.details)
 
     def on_unknown(self, msg: Any, sender: ActorAddress) -> None:
-        logger.warning("%s: no handler for %s from %s", self.role, type(msg).__name__, sender)
+        self.drop(msg, f"no handler for it (from {sender})", logging.WARNING)
+
+    def drop(self, msg: Any, why: str, level: int = logging.INFO) -> None:
+        """Log, in one line, a message this actor cannot use; it has no other effect (I6).
+        WARNING for what should never come (junk, a forgery), INFO for what may (late)."""
+        session_id = getattr(self, "session_id", "")
+        where = f"session {session_id}: " if session_id else ""
+        what = describe(msg)
+        logger.log(level, "%s%s dropped %s: %s", where, self.role, what, why,
+                   extra={"dropped": what})
 
     # -- helpers ---------------------------------------------------------------
+
+    @property
+    def booted(self) -> bool:
+        """Whether this incarnation has had its boot message (it gets one, ever)."""
+        return self._booted
 
     max_workers: int = 32
     """Threads for blocking work; the broker raises it (one per model call in flight)."""
@@ -297,5 +337,30 @@ class TrouperActor(Actor):
 
     def after(self, delay_s: float, name: str, token: Any = None) -> None:
         """Call ``on_timer_<name>(token)`` after ``delay_s`` seconds (a timer, not a sleep)."""
-        self.wakeupAfter(timedelta(seconds=max(0.0, delay_s)), Timer(name, token))
+        self._last_timer += 1
+        self._timers.add(self._last_timer)
+        self.wakeupAfter(timedelta(seconds=max(0.0, delay_s)),
+                         Timer(name, token, self._last_timer))
+
+
+def _kind_of(msg: Any) -> str | None:
+    """The kind of a trouper message, or None. Not a hook's name: junk calling itself
+    ``child_gave_up`` or ``timer_restart`` would call that hook with the wrong arguments."""
+    ours = isinstance(msg, Frozen) or type(msg).__module__.split(".")[0] == "trouper"
+    kind = getattr(msg, "kind", None) if ours else None
+    if not isinstance(kind, str) or not kind.isidentifier():
+        return None
+    if kind in _HOOKS or kind.startswith(_HOOK_PREFIXES):
+        return None
+    return kind
+
+
+def describe(msg: Any) -> str:
+    """A message's name for a log line; never its content (a prompt, a secret, megabytes)."""
+    if isinstance(msg, Frozen):
+        return str(msg)  # its kind and ids only (messages/base.py)
+    if isinstance(msg, Timer):
+        return f"timer {msg.name!r}"
+    kind = getattr(msg, "kind", None)
+    return f"{type(msg).__name__}({kind})" if isinstance(kind, str) else type(msg).__name__
 

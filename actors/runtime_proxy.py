@@ -4,6 +4,11 @@ Lifecycle reports (``RuntimeReady``, ``RuntimeFailed``) go to the parent Session
 ``Executed`` and ``Resolved`` answer whoever asked (the Controller). Each incarnation
 carries an epoch; a sandbox that serves a newer epoch refuses this one, and the proxy
 then exits (a half-dead proxy never acts after its replacement started: promise I2).
+
+Once it is told to close it starts nothing more: an ``Execute`` after ``CloseSandbox`` is
+dropped (the journal will say it never started, so a restored session runs it then), and a
+close that arrives while the sandbox is starting waits for the start, so what the start
+brings up is stopped too. An action for another session is dropped, never run here.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..messages.protocol import (
 from ..paths import Home
 from ..runtimes import load_sandbox
 from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
-from .base import TrouperActor
+from .base import Timer, TrouperActor
 from .wiring import BootRuntime, Superseded
 
 logger = logging.getLogger(__name__)
@@ -49,8 +54,15 @@ class RuntimeProxy(TrouperActor):
         self._epoch = 0
         self._ready = False
         self._waiting: list[tuple[Any, ActorAddress]] = []
+        self._starting = False
+        self._closes: list[tuple[CloseSandbox, ActorAddress]] = []
+        """CloseSandbox requests not answered yet: all are answered when the stop is done."""
         self._blocked: dict[str, float] = {}
         """Actions the sandbox could not journal, with the wait before the next try."""
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -72,9 +84,17 @@ class RuntimeProxy(TrouperActor):
             max_output_chars=start.config.max_output_chars,
         )
         sandbox, epoch = self._sandbox, msg.epoch
+        self._starting = True
         self.background.submit(lambda: sandbox.start(epoch), self._started)
 
     def _started(self, attached: bool | None, error: BaseException | None) -> None:
+        self._starting = False
+        if self._stopping:  # told to close meanwhile: stop what the start brought up
+            for waiting, _sender in self._waiting:
+                self.drop(waiting, "the sandbox closed before it was ready")
+            self._waiting = []
+            self._close_now()
+            return
         if error is not None:
             self._report_failure("start_failed", error)
             return
@@ -86,9 +106,10 @@ class RuntimeProxy(TrouperActor):
             self._dispatch_own(msg, sender)
         self.after(HEALTH_EVERY_S, "health")
 
-    def on_timer_health(self, _token: object) -> None:
+    def on_timer_health(self, token: object) -> None:
         sandbox = self._sandbox
         if sandbox is None or self._stopping:
+            self.drop(Timer("health", token), "the proxy is stopping")
             return
         self.background.submit(sandbox.alive, self._health_checked)
 
@@ -121,20 +142,42 @@ class RuntimeProxy(TrouperActor):
         super().fail(mask_known(reason), exc, mask_known(tb))
 
     def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
-        sandbox = self._sandbox
         self._stopping = True
-        reply = SandboxClosed(request_id=msg.request_id, session_id=self._session_id)
+        self._closes.append((msg, sender))
+        if self._starting or len(self._closes) > 1:
+            return  # answered when the start, or the stop under way, is done
+        self._close_now()
+
+    def _close_now(self) -> None:
+        """Stop the sandbox (idempotent) and answer every close waiting for it."""
+        sandbox = self._sandbox
         if sandbox is None:
-            self.send(sender, reply)
+            self._closed(None, None)
             return
-        self.background.submit(sandbox.stop, lambda _r, _e: self.send(sender, reply))
+        self.background.submit(sandbox.stop, self._closed)
+
+    def _closed(self, _result: object, error: BaseException | None) -> None:
+        if error is not None:
+            logger.warning("session %s: the sandbox did not stop cleanly: %s",
+                           self._session_id, mask_known(str(error)))
+        closes, self._closes = self._closes, []
+        for msg, sender in closes:
+            self.send(sender, SandboxClosed(request_id=msg.request_id,
+                                            session_id=self._session_id))
 
     # -- actions ---------------------------------------------------------------
 
-    def _defer(self, msg: Any, sender: ActorAddress) -> bool:
+    def _defer(self, msg: Execute | ResolveAction, sender: ActorAddress) -> bool:
+        """True when ``msg`` is not for now: dropped, or held until the sandbox is ready."""
+        if self._stopping:
+            self.drop(msg, "the proxy is closing or exiting; nothing more starts here")
+            return True
+        if msg.session_id != self._session_id and self._sandbox is not None:
+            self.drop(msg, "not for this session's sandbox", logging.WARNING)
+            return True
         if self._ready:
             return False
-        self._waiting.append((msg, sender))
+        self._waiting.append((msg, sender))  # before the boot, or while the sandbox starts
         return True
 
     def on_execute(self, msg: Execute, sender: ActorAddress) -> None:

@@ -3,6 +3,11 @@
 It restarts either child under the session's policy, tells the Controller when the
 runtime went down and came back (so it can resolve in-flight actions from the journal),
 and relays user commands to the Controller, holding them while it restarts.
+
+It acts only on what comes from where it should (I5/I6): lifecycle reports from its
+current proxy, requests for the sandbox or the store from its current Controller, the
+broker's move from its parent, commands for its own session. Anything else (a replaced
+incarnation's late report, a second boot, junk) is dropped with a log line.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ..messages.protocol import (
     SandboxClosed,
     StartSession,
     StoreFault,
+    UserCommand,
 )
 from ..paths import Home
 from ..store import open_store
@@ -58,6 +64,9 @@ def next_epoch() -> int:
 
 class SessionSupervisor(Supervisor):
     role = "session"
+    runtime_class: type = RuntimeProxy
+    """The actor that owns the sandbox; a test puts a fake in its place."""
+    controller_class: type = Controller
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,8 +74,22 @@ class SessionSupervisor(Supervisor):
         self.broker: ActorAddress | None = None
         self.ready: RuntimeReady | None = None
         self.held: list[Relay] = []
-        self.shutdown: tuple[Shutdown, ActorAddress] | None = None
+        self.closing: list[tuple[Shutdown, ActorAddress]] = []
+        """Shutdowns waiting for the sandbox to close; each is answered once."""
         self.first_reply: ActorAddress | None = None
+        self.down_for_good = ""
+        """Why the agent loop stays down until the root stops this session ("": it does not)."""
+
+    @property
+    def session_id(self) -> str:
+        return self.start.session_id if self.start else ""
+
+    def _from(self, sender: ActorAddress, role: str, msg: Any) -> bool:
+        """Whether ``sender`` is the live child in ``role``; if not, ``msg`` is dropped."""
+        if sender is not None and sender == self.child(role):
+            return True
+        self.drop(msg, f"not from its current {role} (a replaced one's late word, or junk)")
+        return False
 
     def on_boot_session(self, msg: BootSession, sender: ActorAddress) -> None:
         self.set_parent(sender)
@@ -74,7 +97,7 @@ class SessionSupervisor(Supervisor):
         start = msg.start
         self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
         runtime = self.supervise(ChildSpec(
-            RUNTIME, RuntimeProxy, lambda n: BootRuntime(start=start, epoch=next_epoch())))
+            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start, epoch=next_epoch())))
         self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:
@@ -83,7 +106,7 @@ class SessionSupervisor(Supervisor):
             return BootController(start=again, broker=self.broker,  # type: ignore[arg-type]
                                   runtime=self.child(RUNTIME), reply_to=reply_to)
 
-        self.supervise(ChildSpec(CONTROLLER, Controller, boot_controller))
+        self.supervise(ChildSpec(CONTROLLER, self.controller_class, boot_controller))
         logger.info("session %s: supervisor up (runtime %s)", start.session_id, runtime)
 
     # -- runtime lifecycle ------------------------------------------------------------
@@ -94,14 +117,16 @@ class SessionSupervisor(Supervisor):
             self.send(controller, msg)
 
     def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
-        if sender != self.child(RUNTIME):
-            return  # a stale proxy's report
-        self.ready = msg
-        self._to_controller(msg)
+        if self._from(sender, RUNTIME, msg):
+            self.ready = msg
+            self._to_controller(msg)
 
     def on_runtime_failed(self, msg: RuntimeFailed, sender: ActorAddress) -> None:
-        self.ready = None
-        self._to_controller(msg)
+        # from a dead proxy, after its successor said ready, it would leave the Controller
+        # in ERROR waiting for a RuntimeReady that already came
+        if self._from(sender, RUNTIME, msg):
+            self.ready = None
+            self._to_controller(msg)
 
     def on_child_down(self, role: str, reason: str) -> None:
         # A proxy that reported its failure first already told the Controller; one killed
@@ -130,6 +155,7 @@ class SessionSupervisor(Supervisor):
         resumes_at = (datetime.now(UTC) + timedelta(seconds=retry_in_s)
                       if retry_in_s is not None else None)
         if role == RUNTIME:
+            self.ready = None  # else a restarted Controller would be told it is ready
             self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
         else:
             self._controller_gave_up(text, resumes_at)
@@ -154,18 +180,26 @@ class SessionSupervisor(Supervisor):
                 self.send(reply_to, Refused(request_id=request_id, session_id=session_id,
                                             error="InvalidRequest", message=text))
         if resumes_at is None:
+            self.down_for_good = text  # the root stops this session; refuse until then
             self.send(self._parent_address, Superseded(session_id=session_id, reason=text))
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
+        if not self._from(sender, CONTROLLER, msg):
+            return
+        if msg.session_id != self.session_id:
+            self.drop(msg, "not about this session", logging.WARNING)
+            return
         self.send(self._parent_address, msg)  # the root answers the program's queries
 
     def on_restart_runtime(self, msg: RestartRuntime, sender: ActorAddress) -> None:
-        self.restart_child(RUNTIME, msg.reason)
+        if self._from(sender, CONTROLLER, msg):
+            self.restart_child(RUNTIME, msg.reason)
 
     def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
         """Another Trouper restored this session and owns its log now: stand down."""
-        if sender not in (self.child(CONTROLLER), self.child(RUNTIME)):
-            return  # a replaced incarnation of our own: its successor is in charge
+        if sender is None or sender not in (self.child(CONTROLLER), self.child(RUNTIME)):
+            self.drop(msg, "not from a live child (a replaced one's successor is in charge)")
+            return
         logger.warning("session %s: %s; standing down", msg.session_id, msg.reason)
         self.stop_child(CONTROLLER)
         self.stop_child(RUNTIME)  # the sandbox stays: the new owner uses it
@@ -174,10 +208,28 @@ class SessionSupervisor(Supervisor):
     # -- relays --------------------------------------------------------------------
 
     def on_relay(self, msg: Relay, sender: ActorAddress) -> None:
-        if self.child(CONTROLLER) is None:
-            self.held.append(msg)
+        cmd = msg.msg
+        if not isinstance(cmd, UserCommand):
+            self.drop(msg, "it relays user commands only", logging.WARNING)
+        elif self.start is None:
+            self._refuse(msg, cmd, "UnknownSession", "this session is not booted yet")
+        elif cmd.session_id != self.session_id:
+            self._refuse(msg, cmd, "UnknownSession",
+                         f"session {cmd.session_id!r} is not this supervisor's")
+        elif self.down_for_good:  # as unknown: the program then restores the session anew
+            self._refuse(msg, cmd, "UnknownSession",
+                         f"{self.down_for_good}; this session's actors are stopping")
+        elif self.child(CONTROLLER) is None:
+            self.held.append(msg)  # the Controller is restarting; released when it is up
+        else:
+            self._to_controller(msg)
+
+    def _refuse(self, msg: Relay, cmd: UserCommand, error: str, text: str) -> None:
+        if msg.reply_to is None:
+            self.drop(msg, text)
             return
-        self._to_controller(msg)
+        self.send(msg.reply_to, Refused(request_id=cmd.request_id, session_id=cmd.session_id,
+                                        error=error, message=text))
 
     def _release_held(self) -> None:
         held, self.held = self.held, []
@@ -185,6 +237,9 @@ class SessionSupervisor(Supervisor):
             self._to_controller(msg)
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
+        if sender is None or sender != getattr(self, "_parent_address", None):
+            self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
+            return
         self.broker = msg.broker
         self._to_controller(Rewire(broker=msg.broker, reason="the LLM broker restarted"))
 
@@ -195,12 +250,17 @@ class SessionSupervisor(Supervisor):
         if not msg.stop_sandboxes or runtime is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.shutdown = (msg, sender)
-        self.send(runtime, CloseSandboxMsg(request_id=msg.request_id))
+        self.closing.append((msg, sender))
+        if len(self.closing) == 1:  # one close at a time; every Shutdown waits for it
+            self.send(runtime, CloseSandboxMsg(request_id=msg.request_id))
 
     def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
-        if self.shutdown is not None:
-            request, reply_to = self.shutdown
+        if not self.closing:
+            self.drop(msg, "no shutdown is waiting for it")
+            return
+        if not self._from(sender, RUNTIME, msg):
+            return
+        closing, self.closing = self.closing, []
+        for request, reply_to in closing:
             self.send(reply_to, ShutdownDone(request_id=request.request_id,
                                              sessions=[msg.session_id]))
-            self.shutdown = None

@@ -1,0 +1,484 @@
+"""I5/I6 for the supervisors: every handler of the SessionSupervisor and the root is total.
+
+Each is driven with messages before its boot, its own protocol out of order or twice, and
+junk; after each batch it must still answer, must have started nothing, and must have
+logged one line per message it dropped. They run in Thespian's in-process
+``simpleSystemBase`` (when ``tell`` returns, every message it caused has been handled),
+with a real Controller on a real store, a fake runtime proxy that runs nothing, and
+couriers standing in for the broker, the parent, a client and a stranger. The
+RuntimeProxy and the LLMBroker are in ``test_late_messages_procs.py``, the Controller in
+``test_late_messages.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from thespian.actors import (
+    Actor,
+    ActorExitRequest,
+    ActorSystem,
+    ChildActorExited,
+    WakeupMessage,
+)
+
+from trouper.actors import base
+from trouper.actors.base import Failing, Timer, describe
+from trouper.actors.controller import Controller
+from trouper.actors.session_supervisor import SessionSupervisor
+from trouper.actors.wiring import (
+    BootBroker,
+    BootController,
+    BootRoot,
+    BootRuntime,
+    BootSession,
+    BrokerMoved,
+    Relay,
+    RestartRuntime,
+    Shutdown,
+    ShutdownDone,
+    Superseded,
+)
+from trouper.config import LLMConfig, SessionConfig
+from trouper.fold import SessionView
+from trouper.messages.events import AgentState
+from trouper.messages.outcomes import Outcome
+from trouper.messages.protocol import (
+    Accepted,
+    CloseSandbox,
+    Complete,
+    Completed,
+    Execute,
+    Executed,
+    FaultQuery,
+    FaultStatus,
+    Refused,
+    Resolved,
+    RuntimeFailed,
+    RuntimeReady,
+    SandboxClosed,
+    StartSession,
+    StoreFault,
+    UserCommand,
+)
+from trouper.paths import Home
+from trouper.store import open_store
+from trouper.supervision import RestartPolicy
+from trouper.supervisor import RootSupervisor
+from trouper.testing import wait_until
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """Tell a courier to send ``msgs`` to ``to`` in one go, so they come *from* it."""
+
+    to: Any
+    msgs: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Forged:
+    """A message whose kind names one of an actor's hooks, not one of its handlers."""
+
+    kind: str
+
+
+class Courier(Actor):
+    """A parent, broker, client or stranger: keeps what it is sent, delivers what it is told."""
+
+    seen: ClassVar[list[tuple[Any, Any]]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
+        if isinstance(msg, Deliver):
+            for one in msg.msgs:
+                self.send(msg.to, one)
+        else:
+            Courier.seen.append((self.myAddress, msg))
+
+
+class FakeRuntime(Actor):
+    """The RuntimeProxy's place: ready at once, closes at once, runs nothing."""
+
+    seen: ClassVar[list[Any]] = []
+    booted: ClassVar[list[Any]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
+        FakeRuntime.seen.append(msg)
+        if isinstance(msg, BootRuntime):
+            self.session_id = msg.start.session_id
+            FakeRuntime.booted.append(self.myAddress)
+            self.send(sender, RuntimeReady(session_id=self.session_id, epoch=msg.epoch,
+                                           attached=False))
+        elif isinstance(msg, CloseSandbox):
+            self.send(sender, SandboxClosed(request_id=msg.request_id,
+                                            session_id=self.session_id))
+
+
+class RecordedController(Controller):
+    """The real Controller, telling the test where it lives."""
+
+    booted: ClassVar[list[Any]] = []
+
+    def on_boot_controller(self, msg: BootController, sender: Any) -> None:
+        RecordedController.booted.append(self.myAddress)
+        super().on_boot_controller(msg, sender)
+
+
+class FakeSession(SessionSupervisor):
+    runtime_class = FakeRuntime
+    controller_class = RecordedController
+
+
+class FakeRoot(RootSupervisor):
+    broker_class = Courier
+    session_class = FakeSession
+
+
+@pytest.fixture
+def system(monkeypatch):
+    monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
+    Courier.seen, FakeRuntime.seen, FakeRuntime.booted = [], [], []
+    RecordedController.booted = []
+    asys = ActorSystem("simpleSystemBase", transientUnique=True)
+    yield asys
+    asys.shutdown()
+
+
+@pytest.fixture
+def drops(caplog):
+    """``drops()``: the log records of messages dropped since the last call."""
+    caplog.set_level(logging.INFO, logger="trouper")
+    counted = [0]
+
+    def new() -> list[logging.LogRecord]:
+        found = [r for r in caplog.records if hasattr(r, "dropped")]
+        fresh, counted[0] = found[counted[0]:], len(found)
+        return fresh
+
+    return new
+
+
+def _one_line_each(records: list[logging.LogRecord], sent: list[Any]) -> None:
+    """One drop line per message sent, in the order sent (a wakeup is named by its timer)."""
+    named = [describe(m.payload if isinstance(m, WakeupMessage) else m) for m in sent]
+    assert [r.dropped for r in records] == named  # type: ignore[attr-defined]
+
+
+def _start(home: Home, workspace: Path) -> StartSession:
+    session_id = "s-" + uuid.uuid4().hex[:8]
+    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
+                           workspace=str(workspace))
+    store = open_store(home)
+    try:
+        store.create_session(session_id, config)
+    finally:
+        store.close()
+    return StartSession(request_id="boot-" + session_id, session_id=session_id,
+                        config=config, home=str(home.root))
+
+
+def _junk(session_id: str) -> list[Any]:
+    """What no actor of the tree can use: plain values, another actor's protocol, forgeries."""
+    ok = Outcome(status="ok", content="late")
+    return [
+        {"kind": "relay"}, "a string", 12345,
+        Executed(session_id=session_id, action_id="nobody", outcome=ok),
+        Resolved(session_id=session_id, action_id="nobody", state="finished", outcome=ok),
+        Completed(request_id="nobody", session_id=session_id, content="late"),
+        WakeupMessage(1, payload="no such timer"),
+        WakeupMessage(1, payload=Timer("restart", (("runtime",), "forged"))),
+        Forged("child_gave_up"), Forged("timer_cooldown_over"), Forged("poison"),
+    ]
+
+
+class Tree:
+    """One session's supervisor in a simple system, and the couriers around it."""
+
+    def __init__(self, asys: ActorSystem, home: Home, workspace: Path,
+                 policy: RestartPolicy | None = None) -> None:
+        self.asys, self.home = asys, home
+        self.start = _start(home, workspace)
+        self.sid = self.start.session_id
+        self.policy = policy or RestartPolicy()
+        self.parent, self.broker, self.client, self.stranger = (
+            asys.createActor(Courier) for _ in range(4))
+        self.session = asys.createActor(FakeSession)
+
+    def tell(self, *msgs: Any, via: Any = None) -> None:
+        """Deliver ``msgs`` from ``via`` (default: the stranger), all before any answer."""
+        self.asys.tell(via or self.stranger, Deliver(self.session, msgs))
+
+    def boot(self) -> None:
+        self.tell(BootSession(start=self.start, broker=self.broker, policy=self.policy,
+                              reply_to=self.client), via=self.parent)
+
+    def command(self, command: str, session_id: str | None = None) -> Any:
+        cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id or self.sid,
+                          command=command)
+        self.tell(Relay(msg=cmd, reply_to=self.client), via=self.parent)
+        answers = [m for _, m in Courier.seen if getattr(m, "request_id", None) == cmd.request_id]
+        assert len(answers) <= 1, answers
+        return answers[0] if answers else None
+
+    def got(self, kind: type, at: Any = None) -> list[Any]:
+        return [m for to, m in Courier.seen if isinstance(m, kind) and at in (None, to)]
+
+    def view(self) -> SessionView:
+        store = open_store(self.home)
+        try:
+            return SessionView.of(store.read(self.sid))
+        finally:
+            store.close()
+
+
+def _runtime_boots() -> int:
+    return len([m for m in FakeRuntime.seen if isinstance(m, BootRuntime)])
+
+
+def _model_calls() -> int:
+    return len([m for _, m in Courier.seen if isinstance(m, Complete)])
+
+
+# ---- SessionSupervisor ---------------------------------------------------------------
+
+
+def test_session_supervisor_before_its_boot_drops_all_and_starts_nothing(
+    system, drops, tmp_path
+):
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path)
+    sid = tree.sid
+    early = [
+        RuntimeReady(session_id=sid, epoch=1, attached=False),
+        RuntimeFailed(session_id=sid, epoch=1, cause="exited", detail="early"),
+        StoreFault(session_id=sid, cause="disk full"),
+        RestartRuntime(reason="early"), BrokerMoved(broker=tree.stranger),
+        Superseded(session_id=sid, reason="early"),
+        SandboxClosed(request_id="early", session_id=sid),
+        Failing("runtime", "early"), ChildActorExited(tree.stranger),
+        *_junk(sid),
+    ]
+    tree.tell(*early)
+    _one_line_each(drops(), early)
+    assert isinstance(tree.command("pause"), Refused)  # answered, never held for ever
+    assert drops() == []
+    assert _runtime_boots() == 0 and not tree.got(Complete) and not tree.got(StoreFault)
+    tree.tell(Shutdown(request_id="early"), via=tree.parent)
+    assert [d.request_id for d in tree.got(ShutdownDone)] == ["early"]
+    tree.boot()  # and then it works
+    assert [a.request_id for a in tree.got(Accepted)] == [tree.start.request_id]
+    assert _runtime_boots() == 1 and len(tree.got(Complete, at=tree.broker)) == 1
+    assert isinstance(tree.command("pause"), Accepted)
+
+
+def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path)
+    tree.boot()
+    sid = tree.sid
+    assert tree.view().state == AgentState.RUNNING and len(tree.got(Complete)) == 1
+    assert drops() == []
+    late = [
+        BootSession(start=tree.start, broker=tree.stranger, policy=tree.policy),
+        RuntimeReady(session_id=sid, epoch=9, attached=True),
+        RuntimeFailed(session_id=sid, epoch=1, cause="exited", detail="a stale proxy"),
+        RestartRuntime(reason="not from the controller"),
+        BrokerMoved(broker=tree.stranger),
+        StoreFault(session_id=sid, cause="not from the controller"),
+        StoreFault(session_id="s-another", cause="disk full"),
+        Superseded(session_id=sid, reason="not from a child"),
+        SandboxClosed(request_id="nobody asked", session_id=sid),
+        Failing("controller", "not a child"), ChildActorExited(tree.stranger),
+        Relay(msg=Completed(request_id="r", session_id=sid), reply_to=None),
+        *_junk(sid),
+    ]
+    tree.tell(*late)
+    tree.tell(BootSession(start=tree.start, broker=tree.stranger, policy=tree.policy),
+              via=tree.parent)  # a second boot, even from its parent
+    _one_line_each(drops(), [*late, late[0]])
+    view = tree.view()
+    assert view.state == AgentState.RUNNING and view.actions == 0
+    assert _runtime_boots() == 1 and not [m for m in FakeRuntime.seen if isinstance(m, Execute)]
+    assert len(tree.got(Complete)) == 1 and not tree.got(Complete, at=tree.stranger)
+    assert not tree.got(StoreFault) and not tree.got(Superseded)
+    refused = tree.command("pause", session_id="s-another")
+    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
+    assert tree.view().state == AgentState.RUNNING
+    assert isinstance(tree.command("pause"), Accepted)
+
+
+def test_session_supervisor_answers_every_shutdown_once(system, drops, tmp_path):
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path)
+    tree.boot()
+    twice = [Shutdown(request_id="one"), Shutdown(request_id="two"), Shutdown(request_id="two")]
+    tree.tell(*twice, via=tree.parent)
+    done = tree.got(ShutdownDone, at=tree.parent)
+    assert sorted(d.request_id for d in done) == ["one", "two", "two"]
+    assert all(d.sessions == [tree.sid] for d in done)
+    tree.tell(Shutdown(request_id="three"), via=tree.parent)  # after the close: still answered
+    assert [d.request_id for d in tree.got(ShutdownDone)][-1] == "three"
+    assert drops() == []
+
+
+def test_a_cooldown_timer_after_the_runtime_came_back_starts_nothing(
+    system, drops, tmp_path
+):
+    policy = RestartPolicy(intensity=0, giveup_cooldown_s=0.3, giveup_rounds=1)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
+    tree.boot()
+    system.tell(FakeRuntime.booted[-1], ActorExitRequest())  # the sandbox dies: given up
+    assert tree.view().state == AgentState.ERROR and tree.view().resumes_at is not None
+    assert isinstance(tree.command("resume"), Accepted)  # the user's restart beats the timer
+    assert _runtime_boots() == 2 and tree.view().state == AgentState.RUNNING
+    asked = len(tree.got(Complete))
+
+    def timer_fired() -> bool:
+        system.listen(0.05)  # lets the simple system deliver due timers
+        return any("cooldown_over" in r.getMessage() for r in drops())
+
+    wait_until(timer_fired, 10, "the stale cooldown timer to be dropped")
+    assert _runtime_boots() == 2 and len(tree.got(Complete)) == asked
+    assert tree.view().state == AgentState.RUNNING
+
+
+def test_a_restarted_controller_is_not_told_a_given_up_runtime_is_ready(
+    system, drops, tmp_path
+):
+    policy = RestartPolicy(intensity=1, backoff_initial_s=0.0, giveup_cooldown_s=60.0)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
+    tree.boot()
+    system.tell(FakeRuntime.booted[-1], ActorExitRequest())  # restarted at once
+    assert _runtime_boots() == 2 and tree.view().state == AgentState.RUNNING
+    system.tell(FakeRuntime.booted[-1], ActorExitRequest())  # past the intensity: given up
+    view = tree.view()
+    assert view.state == AgentState.ERROR and view.resumes_at is not None
+    asked = len(tree.got(Complete))
+    # the Controller dies once (within its own budget) and is rebuilt from the log
+    system.tell(RecordedController.booted[-1], ActorExitRequest())
+    assert len(RecordedController.booted) == 2
+    view = tree.view()
+    assert view.state == AgentState.ERROR, view.reason  # the sandbox is still down
+    assert len(tree.got(Complete)) == asked and _runtime_boots() == 2
+    assert isinstance(tree.command("pause"), Accepted)
+
+
+
+def test_a_command_after_the_agent_loop_gave_up_for_good_is_answered(system, drops, tmp_path):
+    policy = RestartPolicy(intensity=0, giveup_rounds=0)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
+    tree.boot()
+    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down until a resume
+    view = tree.view()
+    assert view.state == AgentState.ERROR and view.resumes_at is None
+    assert tree.got(Superseded, at=tree.parent)  # the root is asked to stop this session
+    refused = tree.command("resume")  # not held for ever: the program restores it anew
+    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
+    assert len(RecordedController.booted) == 1 and _runtime_boots() == 1
+
+# ---- RootSupervisor ------------------------------------------------------------------
+
+
+class Root:
+    """A root in a simple system, with a courier broker and fake sessions under it."""
+
+    def __init__(self, asys: ActorSystem, home: Home, workspace: Path) -> None:
+        self.asys, self.home, self.workspace = asys, home, workspace
+        self.client, self.stranger = asys.createActor(Courier), asys.createActor(Courier)
+        self.root = asys.createActor(FakeRoot)
+
+    def tell(self, *msgs: Any, via: Any = None) -> None:
+        self.asys.tell(via or self.stranger, Deliver(self.root, msgs))
+
+    def ask(self, msg: Any) -> Any:
+        """Send ``msg`` from the client; its one answer (matched by request id) or None."""
+        self.tell(msg, via=self.client)
+        request_id = getattr(msg, "request_id", "boot")
+        answers = [m for to, m in Courier.seen
+                   if to == self.client and getattr(m, "request_id", None) == request_id]
+        assert len(answers) <= 1, answers
+        return answers[0] if answers else None
+
+    def command(self, session_id: str, command: str = "pause") -> Any:
+        return self.ask(UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
+                                    command=command))
+
+    def fault(self, session_id: str) -> str | None:
+        status = self.ask(FaultQuery(request_id=uuid.uuid4().hex, session_id=session_id))
+        assert isinstance(status, FaultStatus)
+        return status.cause
+
+
+def _broker_boots() -> int:
+    return len([m for _, m in Courier.seen if isinstance(m, BootBroker)])
+
+
+def test_root_before_its_boot_answers_or_drops_and_starts_nothing(system, drops, tmp_path):
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path)
+    start = _start(root.home, tmp_path)
+    early = [
+        ShutdownDone(request_id="nobody"), Superseded(session_id=start.session_id, reason="x"),
+        StoreFault(session_id=start.session_id, cause="disk full"),
+        Failing("broker", "not a child"), ChildActorExited(root.stranger),
+        Relay(msg=UserCommand(request_id="r", session_id=start.session_id, command="stop"),
+              reply_to=None),
+        *_junk(start.session_id),
+    ]
+    root.tell(*early)
+    _one_line_each(drops(), early)
+    refused = root.ask(start)  # no broker yet: a session could never ask its model
+    assert isinstance(refused, Refused) and refused.session_id == start.session_id
+    assert _runtime_boots() == 0 and not RecordedController.booted
+    assert isinstance(root.command(start.session_id), Refused)
+    assert root.fault(start.session_id) is None
+    assert isinstance(root.ask(Shutdown(request_id="early")), ShutdownDone)
+    assert root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())) == Accepted(
+        request_id="boot", session_id="")
+    assert _broker_boots() == 1
+    again = start.model_copy(update={"request_id": "after-boot"})
+    assert isinstance(root.ask(again), Accepted) and _runtime_boots() == 1
+    assert drops() == []
+
+
+def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path)
+    assert isinstance(root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())),
+                      Accepted)
+    start = _start(root.home, tmp_path)
+    sid = start.session_id
+    assert isinstance(root.ask(start), Accepted)
+    assert isinstance(root.ask(start.model_copy(update={"request_id": "again"})), Accepted)
+    assert _runtime_boots() == 1 and _model_calls() == 1
+    late = [
+        BootRoot(home=str(tmp_path / "elsewhere"), policy=RestartPolicy(intensity=0)),
+        StoreFault(session_id=sid, cause="not from its session"),
+        StoreFault(session_id="s-another", cause="disk full"),
+        Superseded(session_id=sid, reason="not from its session"),
+        ShutdownDone(request_id="nobody asked"),
+        Failing("broker", "not a child"), ChildActorExited(root.stranger),
+        *_junk(sid),
+    ]
+    root.tell(*late)
+    _one_line_each(drops(), late)
+    assert _broker_boots() == 1 and _runtime_boots() == 1
+    assert _model_calls() == 1
+    assert root.fault(sid) is None and root.fault("s-another") is None
+    unknown = root.command("s-another")
+    assert isinstance(unknown, Refused) and unknown.error == "UnknownSession"
+    assert isinstance(root.command(sid), Accepted)  # still live: not stopped by a stranger
+    assert drops() == []
+
+
+def test_root_answers_every_shutdown_once(system, drops, tmp_path):
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path)
+    root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy()))
+    start = _start(root.home, tmp_path)
+    assert isinstance(root.ask(start), Accepted)
+    root.tell(Shutdown(request_id="one"), Shutdown(request_id="two"),
+              Shutdown(request_id="two"), via=root.client)
+    done = [m for to, m in Courier.seen if to == root.client and isinstance(m, ShutdownDone)]
+    assert sorted(d.request_id for d in done) == ["one", "two", "two"]
+    assert all(d.sessions == [start.session_id] for d in done)
+    assert drops() == []
