@@ -8,6 +8,10 @@ with full jitter, ``Retry-After`` honoured, capped per wait and in total); a 429
 whole gate down. Each retry is told to the caller as ``RetryScheduled`` so clients see it
 live. Spent retries on one model fall back to the next of ``fallbacks``. A cancelled
 call's late answer and pending retry are dropped.
+
+Time and randomness come in: the broker's clock (for its gates and timers) and random
+source are constructor arguments, and the rate window comes from ``settings()``, read in
+the broker's own process.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from thespian.actors import ActorAddress
 from ..llm.client import complete, warm_up
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
-from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
+from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, estimate_tokens
 from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
     CancelCompletion,
@@ -32,15 +36,11 @@ from ..messages.protocol import (
     RetryScheduled,
 )
 from ..paths import Home
+from ..settings import settings
 from .base import TrouperActor
 from .wiring import BootBroker
 
 logger = logging.getLogger(__name__)
-
-WINDOW_MARGIN_S = 1.0
-"""A call admitted at t counts against rpm/tpm until t + 61 s, not 60: it reaches the
-provider a little after its admission, and a late one must not exceed the provider's own
-window (seen here: one 429 in 80 calls at the exact 60 s boundary without the margin)."""
 
 
 @dataclass
@@ -74,11 +74,14 @@ class LLMBroker(TrouperActor):
     role = "broker"
     max_workers = 512  # calls in flight are limited by the gates, not by threads
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
         super().__init__()
         self._calls: dict[str, _Call] = {}
-        self._rng = random.Random()
-        self._gates = GateRegistry(margin_s=WINDOW_MARGIN_S)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        timing = settings()
+        self._gates = GateRegistry(clock, margin_s=timing.rate_window_margin_s,
+                                   window_s=timing.rate_window_s)
         self._pump_due: dict[GateKey, float] = {}
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
@@ -128,7 +131,7 @@ class LLMBroker(TrouperActor):
         wait_s = gate.next_admission_in_s()
         if wait_s is None:
             return
-        due = self._now() + wait_s
+        due = self._clock() + wait_s
         if key in self._pump_due and self._pump_due[key] <= due:
             return  # an earlier timer will pump this gate
         self._pump_due[key] = due
@@ -137,10 +140,6 @@ class LLMBroker(TrouperActor):
     def on_timer_pump(self, key: GateKey) -> None:
         self._pump_due.pop(key, None)
         self._pump(key)
-
-    @staticmethod
-    def _now() -> float:
-        return time.monotonic()
 
     # -- calls ---------------------------------------------------------------------
 

@@ -5,12 +5,14 @@ pure, synchronous bookkeeping: no threads, no sleeping, no I/O. The LLMBroker as
 start *now* (``admit``) and when to ask again (``next_admission_in_s``, one timer, no polling).
 An injected clock makes every rule testable instantly.
 
-Limits (any may be ``None``, meaning no limit):
+The window is ``window_s`` long: ``Settings.rate_window_s``, 60 s unless overridden (a
+test may compress it to match a fake server's). Limits (any may be ``None``, meaning no
+limit):
 
 - ``rpm``: a ticket is admitted only if fewer than ``rpm`` tickets were admitted in the last
-  60 s (a sliding window over admission times, as providers enforce it). An admission at
-  ``t`` counts while ``now < t + 60``.
-- ``tpm``: the tokens admitted in the last 60 s plus the ticket's estimate must be at most
+  window (a sliding window over admission times, as providers enforce it). An admission at
+  ``t`` counts while ``now < t + window_s + margin_s``.
+- ``tpm``: the tokens admitted in the last window plus the ticket's estimate must be at most
   ``tpm``. Estimates are corrected to the actual count on ``release``. A ticket larger than
   ``tpm`` on its own is admitted once the window holds no tokens, rather than never.
 - ``max_concurrency``: tickets admitted and not yet released (or cancelled).
@@ -40,10 +42,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-logger = logging.getLogger(__name__)
+from ..settings import settings
 
-WINDOW_S = 60.0
-"""Length of the sliding window that ``rpm`` and ``tpm`` are counted over."""
+logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
@@ -71,9 +72,9 @@ class GateLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rpm: int | None = Field(default=None, ge=1)
-    """Requests admitted in any 60 s sliding window."""
+    """Requests admitted in any sliding window (a minute unless the settings say else)."""
     tpm: int | None = Field(default=None, ge=1)
-    """Tokens (estimated, then corrected) admitted in any 60 s sliding window."""
+    """Tokens (estimated, then corrected) admitted in any sliding window."""
     max_concurrency: int | None = Field(default=None, ge=1)
     """Calls admitted and not yet released."""
 
@@ -101,12 +102,12 @@ class _Queued:
 
 @dataclass
 class _Admission:
-    """One admitted ticket: a window entry while it is younger than 60 s."""
+    """One admitted ticket: a window entry while it is younger than the window."""
 
     ticket: str
     session_id: str
     expires_at: float
-    """Clock time at which it leaves the window (admission time + 60 s)."""
+    """Clock time at which it leaves the window (admission + window + margin)."""
     tokens: int
     in_window: bool = True
 
@@ -120,11 +121,13 @@ class AdmissionGate:
         clock: Clock = time.monotonic,
         name: str = "",
         margin_s: float = 0.0,
+        window_s: float | None = None,
     ) -> None:
         self._clock = clock
         self._margin_s = margin_s
         """Extra time an admission counts in the window: a request reaches the provider a
         little after its admission, and must not land in the provider's next window."""
+        self._window_s = settings().rate_window_s if window_s is None else window_s
         self._name = name
         self._config = limits
         self._learnt = GateLimits()
@@ -247,8 +250,9 @@ class AdmissionGate:
         self._prune(now)
         cooling = self._cooldown_until is not None and now < self._cooldown_until
         return {
-            "requests_60s": len(self._window),
-            "tokens_60s": self._window_tokens,
+            "window_s": self._window_s,
+            "requests_in_window": len(self._window),
+            "tokens_in_window": self._window_tokens,
             "in_flight": len(self._in_flight),
             "cooldown_until": self._cooldown_until if cooling else None,
             "cooldown_s": self._cooldown_until - now if cooling else 0.0,
@@ -267,7 +271,7 @@ class AdmissionGate:
         else:
             del self._queues[session_id]
         del self._queued[item.ticket]
-        expires = now + WINDOW_S + self._margin_s
+        expires = now + self._window_s + self._margin_s
         entry = _Admission(item.ticket, session_id, expires, item.est_tokens)
         self._window.append(entry)
         self._window_tokens += entry.tokens
@@ -318,9 +322,12 @@ class AdmissionGate:
 class GateRegistry:
     """One ``AdmissionGate`` per ``GateKey``, shared by every session on that key."""
 
-    def __init__(self, clock: Clock = time.monotonic, margin_s: float = 0.0) -> None:
+    def __init__(
+        self, clock: Clock = time.monotonic, margin_s: float = 0.0, window_s: float | None = None
+    ) -> None:
         self._clock = clock
         self._margin_s = margin_s
+        self._window_s = settings().rate_window_s if window_s is None else window_s
         self._gates: dict[GateKey, AdmissionGate] = {}
 
     def gate(self, key: GateKey, limits: GateLimits) -> AdmissionGate:
@@ -329,7 +336,7 @@ class GateRegistry:
         if gate is None:
             name = f"{key.model}@{key.api_base or 'default'}"
             gate = self._gates[key] = AdmissionGate(
-                limits, self._clock, name=name, margin_s=self._margin_s
+                limits, self._clock, name=name, margin_s=self._margin_s, window_s=self._window_s
             )
         else:
             gate.configure(limits)

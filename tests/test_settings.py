@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from trouper.exceptions import ConfigError
+from trouper.llm.gate import AdmissionGate, GateLimits
 from trouper.settings import Settings, env_name, settings
 
 WINDOW = env_name("rate_window_s")
@@ -77,6 +78,17 @@ def test_a_forked_process_reads_its_own_environment(fresh_settings):
     os.waitpid(pid, 0)
     assert seen == "6.0"
     assert settings().rate_window_s == 60.0
+
+
+def test_the_gate_counts_over_the_window_the_settings_give(fresh_settings):
+    fresh_settings.setenv(WINDOW, "6")
+    now = [0.0]
+    gate = AdmissionGate(GateLimits(rpm=1), clock=lambda: now[0])
+    gate.request("a", "s", 1)
+    gate.request("b", "s", 1)
+    assert gate.admit() == ["a"]
+    assert gate.next_admission_in_s() == 6.0
+    assert gate.stats()["window_s"] == 6.0
 
 
 def test_trouper_refuses_a_bad_setting_before_creating_anything(fresh_settings,
