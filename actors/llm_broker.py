@@ -3,11 +3,11 @@
 Each call waits for its admission gate (one per API base, key and model: rpm, tpm and
 concurrency shared by every session on the key, served round-robin), then runs on a
 worker thread, so the broker keeps serving other sessions while one call waits on the
-network. A failure that a retry can fix is tried again after a timer (exponential backoff
-with full jitter, ``Retry-After`` honoured, capped per wait and in total); a 429 cools the
-whole gate down. Each retry is told to the caller as ``RetryScheduled`` so clients see it
-live. Spent retries on one model fall back to the next of ``fallbacks``. A cancelled
-call's late answer and pending retry are dropped.
+network. A failure that a retry can fix is tried again after a timer (``llm/backoff.py``:
+exponential, full jitter above ``retry_min_wait_s``, ``Retry-After`` honoured, capped per
+wait and in total); a 429 cools the whole gate down. Each retry is told to the caller as
+``RetryScheduled`` so clients see it live. Spent retries on one model fall back to the
+next of ``fallbacks``. A cancelled call's late answer and pending retry are dropped.
 
 Time and randomness come in: the broker's clock (for its gates and timers) and random
 source are constructor arguments, and the rate window comes from ``settings()``, read in
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
+from ..llm.backoff import Backoff
 from ..llm.client import complete, warm_up
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
@@ -175,13 +176,14 @@ class LLMBroker(TrouperActor):
                 else f"{type(error).__name__}: {error}")
         message = _masked(call, text)
         cfg = call.request.llm
-        wait_s = self._wait_s(call, error)
+        backoff = Backoff.of(cfg, self._rng)
+        wait_s = backoff.wait_s(call.tries_on_model, retry_after_s(error))
         if error_class == "rate_limit" and call.gate is not None:
             call.gate.cooldown(wait_s)  # every session on this key waits, not just this one
         if (
             error_class in RETRYABLE
             and call.tries_on_model <= cfg.num_retries
-            and call.waited_s + wait_s <= cfg.retry_total_s
+            and backoff.within_budget(call.waited_s, wait_s)
         ):
             self._schedule_retry(call, error_class, message, wait_s)
             return
@@ -196,14 +198,6 @@ class LLMBroker(TrouperActor):
             request_id=call.request.request_id, session_id=call.request.session_id,
             error_class=error_class, message=message,
             retry_after_s=retry_after_s(error), attempts=call.attempt))
-
-    def _wait_s(self, call: _Call, error: BaseException) -> float:
-        cfg = call.request.llm
-        asked = retry_after_s(error)
-        if asked is not None:
-            return min(asked, cfg.retry_max_wait_s)
-        ceiling = min(cfg.retry_max_wait_s, cfg.retry_min_wait_s * 2 ** (call.tries_on_model - 1))
-        return self._rng.uniform(min(cfg.retry_min_wait_s, ceiling), ceiling)
 
     def _schedule_retry(self, call: _Call, error_class: str, message: str, wait_s: float) -> None:
         call.attempt += 1
