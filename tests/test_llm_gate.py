@@ -9,14 +9,8 @@ from collections import deque
 import pytest
 from pydantic import ValidationError
 
-from trouper.llm.gate import (
-    AdmissionGate,
-    GateKey,
-    GateLimits,
-    GateRegistry,
-    estimate_tokens,
-    parse_duration_s,
-)
+from trouper.llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
+from trouper.llm.headers import parse_duration_s
 
 
 class FakeClock:
@@ -35,7 +29,7 @@ def clock() -> FakeClock:
 
 
 def make_gate(clock: FakeClock, **limits: int) -> AdmissionGate:
-    return AdmissionGate(GateLimits(**limits), clock=clock, window_s=60.0)
+    return AdmissionGate(GateLimits(**limits), clock=clock, window_s=60.0, warm=True)
 
 
 def queue(gate: AdmissionGate, session: str, count: int, est_tokens: int = 1) -> list[str]:

@@ -83,7 +83,7 @@ def test_a_forked_process_reads_its_own_environment(fresh_settings):
 def test_the_gate_counts_over_the_window_the_settings_give(fresh_settings):
     fresh_settings.setenv(WINDOW, "6")
     now = [0.0]
-    gate = AdmissionGate(GateLimits(rpm=1), clock=lambda: now[0])
+    gate = AdmissionGate(GateLimits(rpm=1), clock=lambda: now[0], warm=True)
     gate.request("a", "s", 1)
     gate.request("b", "s", 1)
     assert gate.admit() == ["a"]
