@@ -36,6 +36,7 @@ from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
 from .paths import Home, default_home, private_dir
 from .session import Session
+from .settings import Settings
 from .store import EventStore, SessionRecord, open_store
 from .supervision import RestartPolicy
 
@@ -62,8 +63,9 @@ class Trouper:
         ask_timeout_s: how long a request to the actor tree may take.
 
     Raises:
-        ConfigError: ``home`` exists and is not a folder, or ``ask_timeout_s`` is not
-            positive (checked before anything is created).
+        ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not
+            positive, or a ``TROUPER_*`` setting in the environment is refused (its
+            ``field`` names the variable); checked before anything is created.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Trouper:
         admin_port: int | None = None,
     ) -> None:
         _check_trouper_args(home, ask_timeout_s)
+        Settings.from_env()  # the actors read these after the fork: refuse a bad one here
         self.home = Home.at(home)
         open_store(self.home).close()  # a store that cannot open fails before any process
         self._system = ActorSystemHandle(

@@ -3,11 +3,15 @@
 Each call waits for its admission gate (one per API base, key and model: rpm, tpm and
 concurrency shared by every session on the key, served round-robin), then runs on a
 worker thread, so the broker keeps serving other sessions while one call waits on the
-network. A failure that a retry can fix is tried again after a timer (exponential backoff
-with full jitter, ``Retry-After`` honoured, capped per wait and in total); a 429 cools the
-whole gate down. Each retry is told to the caller as ``RetryScheduled`` so clients see it
-live. Spent retries on one model fall back to the next of ``fallbacks``. A cancelled
-call's late answer and pending retry are dropped.
+network. A failure that a retry can fix is tried again after a timer (``llm/backoff.py``:
+exponential, full jitter above ``retry_min_wait_s``, ``Retry-After`` honoured, capped per
+wait and in total); a 429 cools the whole gate down. Each retry is told to the caller as
+``RetryScheduled`` so clients see it live. Spent retries on one model fall back to the
+next of ``fallbacks``. A cancelled call's late answer and pending retry are dropped.
+
+Time and randomness come in: the broker's clock (for its gates and timers) and random
+source are constructor arguments, and the rate window comes from ``settings()``, read in
+the broker's own process.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
+from ..llm.backoff import Backoff
 from ..llm.client import complete, warm_up
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
-from ..llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
+from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, estimate_tokens
 from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
     CancelCompletion,
@@ -32,15 +37,11 @@ from ..messages.protocol import (
     RetryScheduled,
 )
 from ..paths import Home
+from ..settings import settings
 from .base import TrouperActor
 from .wiring import BootBroker
 
 logger = logging.getLogger(__name__)
-
-WINDOW_MARGIN_S = 1.0
-"""A call admitted at t counts against rpm/tpm until t + 61 s, not 60: it reaches the
-provider a little after its admission, and a late one must not exceed the provider's own
-window (seen here: one 429 in 80 calls at the exact 60 s boundary without the margin)."""
 
 
 @dataclass
@@ -74,11 +75,14 @@ class LLMBroker(TrouperActor):
     role = "broker"
     max_workers = 512  # calls in flight are limited by the gates, not by threads
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
         super().__init__()
         self._calls: dict[str, _Call] = {}
-        self._rng = random.Random()
-        self._gates = GateRegistry(margin_s=WINDOW_MARGIN_S)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        timing = settings()
+        self._gates = GateRegistry(clock, margin_s=timing.rate_window_margin_s,
+                                   window_s=timing.rate_window_s)
         self._pump_due: dict[GateKey, float] = {}
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
@@ -128,7 +132,7 @@ class LLMBroker(TrouperActor):
         wait_s = gate.next_admission_in_s()
         if wait_s is None:
             return
-        due = self._now() + wait_s
+        due = self._clock() + wait_s
         if key in self._pump_due and self._pump_due[key] <= due:
             return  # an earlier timer will pump this gate
         self._pump_due[key] = due
@@ -137,10 +141,6 @@ class LLMBroker(TrouperActor):
     def on_timer_pump(self, key: GateKey) -> None:
         self._pump_due.pop(key, None)
         self._pump(key)
-
-    @staticmethod
-    def _now() -> float:
-        return time.monotonic()
 
     # -- calls ---------------------------------------------------------------------
 
@@ -176,13 +176,14 @@ class LLMBroker(TrouperActor):
                 else f"{type(error).__name__}: {error}")
         message = _masked(call, text)
         cfg = call.request.llm
-        wait_s = self._wait_s(call, error)
+        backoff = Backoff.of(cfg, self._rng)
+        wait_s = backoff.wait_s(call.tries_on_model, retry_after_s(error))
         if error_class == "rate_limit" and call.gate is not None:
             call.gate.cooldown(wait_s)  # every session on this key waits, not just this one
         if (
             error_class in RETRYABLE
             and call.tries_on_model <= cfg.num_retries
-            and call.waited_s + wait_s <= cfg.retry_total_s
+            and backoff.within_budget(call.waited_s, wait_s)
         ):
             self._schedule_retry(call, error_class, message, wait_s)
             return
@@ -197,14 +198,6 @@ class LLMBroker(TrouperActor):
             request_id=call.request.request_id, session_id=call.request.session_id,
             error_class=error_class, message=message,
             retry_after_s=retry_after_s(error), attempts=call.attempt))
-
-    def _wait_s(self, call: _Call, error: BaseException) -> float:
-        cfg = call.request.llm
-        asked = retry_after_s(error)
-        if asked is not None:
-            return min(asked, cfg.retry_max_wait_s)
-        ceiling = min(cfg.retry_max_wait_s, cfg.retry_min_wait_s * 2 ** (call.tries_on_model - 1))
-        return self._rng.uniform(min(cfg.retry_min_wait_s, ceiling), ceiling)
 
     def _schedule_retry(self, call: _Call, error_class: str, message: str, wait_s: float) -> None:
         call.attempt += 1

@@ -18,7 +18,7 @@ import openai
 
 from ..exceptions import MissingCredentials
 from ..messages.protocol import LLMErrorClass
-from .gate import parse_duration_s
+from .headers import parse_duration_s
 
 RETRYABLE: frozenset[str] = frozenset({"rate_limit", "transient"})
 

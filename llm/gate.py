@@ -5,16 +5,26 @@ pure, synchronous bookkeeping: no threads, no sleeping, no I/O. The LLMBroker as
 start *now* (``admit``) and when to ask again (``next_admission_in_s``, one timer, no polling).
 An injected clock makes every rule testable instantly.
 
-Limits (any may be ``None``, meaning no limit):
+The window is ``window_s`` long: ``Settings.rate_window_s``, 60 s unless overridden (a
+test may compress it to match a fake server's). Limits (any may be ``None``, meaning no
+limit):
 
 - ``rpm``: a ticket is admitted only if fewer than ``rpm`` tickets were admitted in the last
-  60 s (a sliding window over admission times, as providers enforce it). An admission at
-  ``t`` counts while ``now < t + 60``.
-- ``tpm``: the tokens admitted in the last 60 s plus the ticket's estimate must be at most
+  window (a sliding window over admission times, as providers enforce it). An admission at
+  ``t`` counts while ``now < t + window_s + margin_s``: the margin covers the time a call
+  takes to reach the provider after its admission.
+- ``tpm``: the tokens admitted in the last window plus the ticket's estimate must be at most
   ``tpm``. Estimates are corrected to the actual count on ``release``. A ticket larger than
   ``tpm`` on its own is admitted once the window holds no tokens, rather than never.
 - ``max_concurrency``: tickets admitted and not yet released (or cancelled).
 - cooldown: after a 429 (or headers saying nothing is left), nothing is admitted until it ends.
+
+Cold start: until a call through the gate has been answered, that time to reach the
+provider has no bound. A fresh broker's first calls wait for litellm to import and build
+its clients, seconds under load (seen here: calls admitted 2.4 s before they arrived, and
+a 429 from a server counting its own window). So a call admitted while the gate is
+*cold* counts until it ends and then for a whole window (it cannot have arrived after
+its answer), not from its admission. The first answer makes the gate warm for good.
 
 Fairness: queued tickets are served **round-robin across sessions, FIFO within a session**.
 Sessions with queued tickets stand in a ring; each admission serves the session at the head
@@ -27,11 +37,11 @@ call cannot be starved by a stream of small ones.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
 import math
-import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
@@ -40,10 +50,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-logger = logging.getLogger(__name__)
+from ..settings import settings
+from .headers import parse_count, parse_duration_s
 
-WINDOW_S = 60.0
-"""Length of the sliding window that ``rpm`` and ``tpm`` are counted over."""
+logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
@@ -71,9 +81,9 @@ class GateLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rpm: int | None = Field(default=None, ge=1)
-    """Requests admitted in any 60 s sliding window."""
+    """Requests admitted in any sliding window (a minute unless the settings say else)."""
     tpm: int | None = Field(default=None, ge=1)
-    """Tokens (estimated, then corrected) admitted in any 60 s sliding window."""
+    """Tokens (estimated, then corrected) admitted in any sliding window."""
     max_concurrency: int | None = Field(default=None, ge=1)
     """Calls admitted and not yet released."""
 
@@ -99,16 +109,22 @@ class _Queued:
     est_tokens: int
 
 
-@dataclass
+@dataclass(eq=False)  # a retry re-admits the same ticket: entries are told apart by identity
 class _Admission:
-    """One admitted ticket: a window entry while it is younger than 60 s."""
+    """One admitted ticket: a window entry until ``expires_at``."""
 
     ticket: str
     session_id: str
+    admitted_at: float
     expires_at: float
-    """Clock time at which it leaves the window (admission time + 60 s)."""
+    """Clock time at which it leaves the window: admission + window + margin; for a call
+    admitted cold, ``math.inf`` until it ends, then at least its end + window."""
     tokens: int
     in_window: bool = True
+
+
+def _expiry(entry: _Admission) -> float:
+    return entry.expires_at
 
 
 class AdmissionGate:
@@ -120,18 +136,26 @@ class AdmissionGate:
         clock: Clock = time.monotonic,
         name: str = "",
         margin_s: float = 0.0,
+        window_s: float | None = None,
+        warm: bool = False,
     ) -> None:
+        """``window_s`` defaults to ``settings().rate_window_s``. ``warm`` says calls reach
+        the provider within ``margin_s`` of admission from the start (tests of the window
+        alone); the broker's gates start cold (see the module docstring)."""
         self._clock = clock
         self._margin_s = margin_s
         """Extra time an admission counts in the window: a request reaches the provider a
         little after its admission, and must not land in the provider's next window."""
+        self._window_s = settings().rate_window_s if window_s is None else window_s
         self._name = name
         self._config = limits
         self._learnt = GateLimits()
         self._queues: OrderedDict[str, deque[_Queued]] = OrderedDict()
         self._queued: dict[str, _Queued] = {}
         self._in_flight: dict[str, _Admission] = {}
-        self._window: deque[_Admission] = deque()
+        self._window: list[_Admission] = []
+        """Entries in the window, sorted by ``expires_at``."""
+        self._warm = warm
         self._window_tokens = 0
         self._cooldown_until: float | None = None
 
@@ -175,8 +199,8 @@ class AdmissionGate:
     def next_admission_in_s(self) -> float | None:
         """Seconds until ``admit`` could admit the next queued ticket; 0.0 when it can now.
 
-        ``None`` when nothing is queued, or when only a release (a freed concurrency slot)
-        can unblock it.
+        ``None`` when nothing is queued, or when only a release can unblock it (a freed
+        concurrency slot, or the end of a call admitted cold).
         """
         if not self._queues:
             return None
@@ -187,12 +211,19 @@ class AdmissionGate:
     def release(self, ticket: str, actual_tokens: int | None = None) -> None:
         """The call ended: free its slot and correct its tokens to ``actual_tokens``.
 
-        Unknown or already released tickets are ignored. A correction after the admission
-        has left the window changes nothing.
+        ``actual_tokens`` given means the provider answered, which makes the gate warm;
+        ``None`` (an error, a cancel) leaves the estimate counted. Unknown or already
+        released tickets are ignored. A correction after the admission has left the
+        window changes nothing.
         """
         entry = self._in_flight.pop(ticket, None)
-        if entry is None or actual_tokens is None:
+        if entry is None:
             return
+        if math.isinf(entry.expires_at):
+            self._bound(entry)
+        if actual_tokens is None:
+            return
+        self._warm = True
         actual = max(0, actual_tokens)
         if entry.in_window:
             self._window_tokens += actual - entry.tokens
@@ -220,15 +251,15 @@ class AdmissionGate:
         """
         lowered = {str(k).lower(): str(v) for k, v in headers.items()}
         learnt = {
-            "rpm": _parse_count(lowered.get("x-ratelimit-limit-requests"), minimum=1),
-            "tpm": _parse_count(lowered.get("x-ratelimit-limit-tokens"), minimum=1),
+            "rpm": parse_count(lowered.get("x-ratelimit-limit-requests"), minimum=1),
+            "tpm": parse_count(lowered.get("x-ratelimit-limit-tokens"), minimum=1),
         }
         update = {name: value for name, value in learnt.items() if value is not None}
         if update and update != {n: getattr(self._learnt, n) for n in update}:
             self._learnt = self._learnt.model_copy(update=update)
             logger.info("gate %s learnt limits %s from headers", self._name, update)
         for kind in ("requests", "tokens"):
-            remaining = _parse_count(lowered.get(f"x-ratelimit-remaining-{kind}"), minimum=0)
+            remaining = parse_count(lowered.get(f"x-ratelimit-remaining-{kind}"), minimum=0)
             reset_s = parse_duration_s(lowered.get(f"x-ratelimit-reset-{kind}", ""))
             if remaining == 0 and reset_s is not None:
                 self.cooldown(reset_s)
@@ -247,8 +278,9 @@ class AdmissionGate:
         self._prune(now)
         cooling = self._cooldown_until is not None and now < self._cooldown_until
         return {
-            "requests_60s": len(self._window),
-            "tokens_60s": self._window_tokens,
+            "window_s": self._window_s,
+            "requests_in_window": len(self._window),
+            "tokens_in_window": self._window_tokens,
             "in_flight": len(self._in_flight),
             "cooldown_until": self._cooldown_until if cooling else None,
             "cooldown_s": self._cooldown_until - now if cooling else 0.0,
@@ -267,18 +299,26 @@ class AdmissionGate:
         else:
             del self._queues[session_id]
         del self._queued[item.ticket]
-        expires = now + WINDOW_S + self._margin_s
-        entry = _Admission(item.ticket, session_id, expires, item.est_tokens)
-        self._window.append(entry)
+        expires = now + self._window_s + self._margin_s if self._warm else math.inf
+        entry = _Admission(item.ticket, session_id, now, expires, item.est_tokens)
+        bisect.insort(self._window, entry, key=_expiry)
         self._window_tokens += entry.tokens
         self._in_flight[item.ticket] = entry
         return item.ticket
 
+    def _bound(self, entry: _Admission) -> None:
+        """A call admitted cold ended: it stays in the window for a whole window more."""
+        self._window.remove(entry)
+        end = self._clock() + self._window_s
+        entry.expires_at = max(entry.admitted_at + self._window_s + self._margin_s, end)
+        bisect.insort(self._window, entry, key=_expiry)
+
     def _prune(self, now: float) -> None:
-        while self._window and self._window[0].expires_at <= now:
-            entry = self._window.popleft()
+        expired = bisect.bisect_right(self._window, now, key=_expiry)
+        for entry in self._window[:expired]:
             entry.in_window = False
             self._window_tokens -= entry.tokens
+        del self._window[:expired]
         if self._cooldown_until is not None and self._cooldown_until <= now:
             self._cooldown_until = None
 
@@ -294,7 +334,8 @@ class AdmissionGate:
         ]
         if self._cooldown_until is not None:
             waits.append(self._cooldown_until - now)
-        return max(waits)
+        wait = max(waits)
+        return None if math.isinf(wait) else wait  # behind a cold call: only its end frees it
 
     def _rpm_wait_s(self, rpm: int | None, now: float) -> float:
         if rpm is None or len(self._window) < rpm:
@@ -318,9 +359,12 @@ class AdmissionGate:
 class GateRegistry:
     """One ``AdmissionGate`` per ``GateKey``, shared by every session on that key."""
 
-    def __init__(self, clock: Clock = time.monotonic, margin_s: float = 0.0) -> None:
+    def __init__(
+        self, clock: Clock = time.monotonic, margin_s: float = 0.0, window_s: float | None = None
+    ) -> None:
         self._clock = clock
         self._margin_s = margin_s
+        self._window_s = settings().rate_window_s if window_s is None else window_s
         self._gates: dict[GateKey, AdmissionGate] = {}
 
     def gate(self, key: GateKey, limits: GateLimits) -> AdmissionGate:
@@ -329,7 +373,7 @@ class GateRegistry:
         if gate is None:
             name = f"{key.model}@{key.api_base or 'default'}"
             gate = self._gates[key] = AdmissionGate(
-                limits, self._clock, name=name, margin_s=self._margin_s
+                limits, self._clock, name=name, margin_s=self._margin_s, window_s=self._window_s
             )
         else:
             gate.configure(limits)
@@ -338,36 +382,6 @@ class GateRegistry:
     def gates(self) -> dict[GateKey, AdmissionGate]:
         """Every gate created so far."""
         return dict(self._gates)
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
-_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
-_PLAIN_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def parse_duration_s(text: str) -> float | None:
-    """Seconds in a rate-limit reset header: ``"6m0s"`` -> 360.0, ``"20ms"`` -> 0.02,
-    ``"1.5"`` -> 1.5; ``None`` for anything else (empty, negative, junk)."""
-    text = text.strip()
-    if _PLAIN_SECONDS.fullmatch(text):
-        return float(text)
-    if not _DURATION.fullmatch(text):
-        return None
-    return sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(text))
-
-
-def _parse_count(text: str | None, minimum: int) -> int | None:
-    """A whole number of at least ``minimum`` from a header value, or None."""
-    if text is None:
-        return None
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return None
-    if not value.is_integer() or value < minimum:
-        return None
-    return int(value)
 
 
 def estimate_tokens(messages: list[dict], tools: list[dict] | None = None) -> int:

@@ -20,37 +20,41 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import signal
 import socket
 import threading
 import time
-import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
-from .script import Failure, Script, ScriptSource, ToolCallSpec, load_script
+from .fake_llm_wire import (
+    SESSION_HEADER,
+    TURN_HEADER,
+    BadRequest,
+    Reply,
+    completion_body,
+    conversation_key,
+    error_reply,
+    failure_reply,
+    parse_body,
+    step_of,
+)
+from .script import Script, ScriptSource, load_script
 
 logger = logging.getLogger(__name__)
 
-SESSION_HEADER = "x-trouper-session"
-TURN_HEADER = "x-trouper-turn"
-"""Request header whose value keys the fail counters, when present."""
+__all__ = ["FakeLLMServer", "RecordedRequest", "SESSION_HEADER", "TURN_HEADER", "serve"]
+
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 MODEL_PATHS = frozenset({"/v1/models", "/models"})
 RPM_WINDOW_S = 60.0
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    429: "rate_limit_error",
-}
+"""The window the server's ``rpm`` counts over unless told otherwise, as providers do."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class RecordedRequest:
     """One request the server received, and what it answered."""
 
     time_s: float
-    """Arrival time (``time.time()``)."""
+    """Arrival time on the server's clock (``time.time()`` unless it was given one)."""
     method: str
     path: str
     body: dict[str, Any] | None
@@ -73,18 +77,6 @@ class RecordedRequest:
     """The HTTP status served."""
 
 
-@dataclass(frozen=True)
-class _Reply:
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0
-
-
-class _BadRequest(Exception):
-    pass
-
-
 class FakeLLMServer:
     """A scripted ``chat.completions`` server on a loopback port.
 
@@ -94,7 +86,12 @@ class FakeLLMServer:
         port: port to bind; 0 picks a free one (read it back from ``.port``).
         latency_s: delay added to every answer.
         rpm: when set, the server answers 429 with ``Retry-After`` once ``rpm``
-            requests were admitted in the last 60 s (rejected ones do not count).
+            requests were admitted in the last ``rpm_window_s`` (rejected ones do not
+            count).
+        rpm_window_s: the sliding window ``rpm`` counts over; a test that compresses
+            trouper's window (``TROUPER_RATE_WINDOW_S``) gives the server the same one.
+        clock: seconds now, for arrival times and the rpm window (wall time by default;
+            a test of the window alone passes a fake one and calls ``answer_post``).
     """
 
     def __init__(
@@ -105,12 +102,18 @@ class FakeLLMServer:
         port: int = 0,
         latency_s: float = 0.0,
         rpm: int | None = None,
+        rpm_window_s: float = RPM_WINDOW_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        if not rpm_window_s > 0:
+            raise ValueError(f"rpm_window_s must be positive, got {rpm_window_s!r}")
         self.script: Script = load_script(script)
         self.host = host
         self.port = port
         self.latency_s = latency_s
         self.rpm = rpm
+        self.rpm_window_s = rpm_window_s
+        self._clock = clock
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._attempts: dict[tuple[str, int], int] = {}
@@ -185,36 +188,36 @@ class FakeLLMServer:
 
     # ---- answering (called from the handler threads) ----
 
-    def answer_post(self, path: str, headers: dict[str, str], raw: bytes) -> _Reply:
+    def answer_post(self, path: str, headers: dict[str, str], raw: bytes) -> Reply:
         """Answer one POST: a completion, a scripted error, a 429 or a 400."""
-        now = time.time()
+        now = self._clock()
         body: dict[str, Any] | None = None
         key: str | None = None
         step: int | None = None
         if path not in CHAT_PATHS:
-            reply = _error(404, f"no route for POST {path}; use /v1/chat/completions")
+            reply = error_reply(404, f"no route for POST {path}; use /v1/chat/completions")
         else:
             try:
-                body = _parse_body(raw)
-            except _BadRequest as e:
-                reply = _error(400, str(e))
+                body = parse_body(raw)
+            except BadRequest as e:
+                reply = error_reply(400, str(e))
             else:
-                key = headers.get(SESSION_HEADER) or _conversation_key(body["messages"])
-                step = _step_of(headers, body["messages"])
+                key = headers.get(SESSION_HEADER) or conversation_key(body["messages"])
+                step = step_of(headers, body["messages"])
                 reply = self._admit(now) or self._play(key, step, body, len(raw))
         self._record(RecordedRequest(now, "POST", path, body, headers, key, step, reply.status))
         return reply
 
-    def answer_get(self, path: str, headers: dict[str, str]) -> _Reply:
+    def answer_get(self, path: str, headers: dict[str, str]) -> Reply:
         """Answer a GET: the model list, or a health check."""
         if path in MODEL_PATHS:
             model = {"id": "fake", "object": "model", "created": 0, "owned_by": "trouper"}
-            reply = _Reply(200, {"object": "list", "data": [model]})
+            reply = Reply(200, {"object": "list", "data": [model]})
         elif path == "/health":
-            reply = _Reply(200, {"status": "ok"})
+            reply = Reply(200, {"status": "ok"})
         else:
-            reply = _error(404, f"no route for GET {path}")
-        now = time.time()
+            reply = error_reply(404, f"no route for GET {path}")
+        now = self._clock()
         self._record(RecordedRequest(now, "GET", path, None, headers, None, None, reply.status))
         return reply
 
@@ -222,124 +225,34 @@ class FakeLLMServer:
         with self._lock:
             self._requests.append(request)
 
-    def _admit(self, now: float) -> _Reply | None:
+    def _admit(self, now: float) -> Reply | None:
         """``None`` when the request may proceed, else the server's own 429."""
         if self.rpm is None:
             return None
         with self._lock:
-            while self._admitted and self._admitted[0] <= now - RPM_WINDOW_S:
+            while self._admitted and self._admitted[0] <= now - self.rpm_window_s:
                 self._admitted.popleft()
             if len(self._admitted) < self.rpm:
                 self._admitted.append(now)
                 return None
-            wait_s = max(1, int(self._admitted[0] + RPM_WINDOW_S - now + 0.999))
-        msg = f"Rate limit reached: {self.rpm} requests per minute; retry after {wait_s} s"
-        return _error(429, msg, {"Retry-After": str(wait_s)})
+            wait_s = max(1, int(self._admitted[0] + self.rpm_window_s - now + 0.999))
+        msg = (f"Rate limit reached: {self.rpm} requests per {self.rpm_window_s:g} s; "
+               f"retry after {wait_s} s")
+        return error_reply(429, msg, {"Retry-After": str(wait_s)})
 
-    def _play(self, key: str, k: int, body: dict[str, Any], request_chars: int) -> _Reply:
+    def _play(self, key: str, k: int, body: dict[str, Any], request_chars: int) -> Reply:
         model = str(body.get("model") or "fake")
         if k >= len(self.script.steps):
             text = f"The script has no step {k}: it has {len(self.script.steps)} steps."
-            return _Reply(200, _completion(model, text, (), request_chars, k), {}, 0.0)
+            return Reply(200, completion_body(model, text, (), request_chars, k), {}, 0.0)
         step = self.script.steps[k]
         with self._lock:
             attempt = self._attempts.get((key, k), 0)
             self._attempts[(key, k)] = attempt + 1
         if attempt < len(step.fail):
-            return _failure(step.fail[attempt], k, attempt)
-        completion = _completion(model, step.say, step.calls, request_chars, k)
-        return _Reply(200, completion, {}, step.delay_s)
-
-
-def _parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _BadRequest(f"request body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("'messages' must be a non-empty list of message objects")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _BadRequest(f"messages[{i}] must be an object with a string 'role'")
-    if body.get("stream"):
-        raise _BadRequest("'stream': true is not supported by the fake LLM server")
-    return body
-
-
-def _step_of(headers: dict[str, str], messages: list[dict[str, Any]]) -> int:
-    """The ``X-Trouper-Turn`` header (the turns of the whole session, which a condensed
-    prompt no longer shows), else the assistant messages in the request."""
-    turn = headers.get(TURN_HEADER, "")
-    if turn.isdigit():
-        return int(turn)
-    return sum(1 for m in messages if m.get("role") == "assistant")
-
-
-def _conversation_key(messages: list[dict[str, Any]]) -> str:
-    first = next((m for m in messages if m.get("role") == "user"), messages[0])
-    text = json.dumps(first.get("content"), sort_keys=True)
-    return "user:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _completion(
-    model: str, text: str | None, calls: tuple[ToolCallSpec, ...], request_chars: int, k: int
-) -> dict[str, Any]:
-    """A real ``chat.completion`` object with the given content and tool calls."""
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    response_chars = len(text or "")
-    if calls:
-        tag = uuid.uuid4().hex[:12]
-        message["tool_calls"] = [
-            {
-                "id": f"call_{tag}_{k}_{i}",
-                "type": "function",
-                "function": {"name": c.tool, "arguments": c.arguments},
-            }
-            for i, c in enumerate(calls)
-        ]
-        response_chars += sum(len(c.tool) + len(c.arguments) for c in calls)
-    prompt_tokens = max(1, request_chars // 4)
-    completion_tokens = max(1, response_chars // 4)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if calls else "stop",
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def _failure(failure: Failure, k: int, attempt: int) -> _Reply:
-    headers = dict(failure.headers)
-    if failure.retry_after is not None:
-        value = failure.retry_after
-        headers["Retry-After"] = str(int(value)) if value == int(value) else str(value)
-    if failure.retry_after_ms is not None:
-        headers["retry-after-ms"] = str(failure.retry_after_ms)
-    msg = failure.message or f"scripted error {failure.status} for step {k} (attempt {attempt})"
-    return _error(failure.status, msg, headers)
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> _Reply:
-    """An OpenAI-style error response."""
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
-    body = {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
-    return _Reply(status, body, headers or {})
+            return failure_reply(step.fail[attempt], k, attempt)
+        completion = completion_body(model, step.say, step.calls, request_chars, k)
+        return Reply(200, completion, {}, step.delay_s)
 
 
 class _Server(ThreadingHTTPServer):
@@ -403,14 +316,14 @@ class _Handler(BaseHTTPRequestHandler):
             reply = answer(path, headers)
         except Exception as e:  # a bug here must not kill the connection silently
             logger.exception("fake LLM failed to answer %s", path)
-            reply = _error(500, f"fake LLM server error: {type(e).__name__}: {e}")
+            reply = error_reply(500, f"fake LLM server error: {type(e).__name__}: {e}")
         delay_s = self.server.fake.latency_s + reply.delay_s
         if delay_s > 0 and self.server.stopped.wait(delay_s):
             self.close_connection = True  # stopped while waiting: no answer
             return
         self._send(reply)
 
-    def _send(self, reply: _Reply) -> None:
+    def _send(self, reply: Reply) -> None:
         data = json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")

@@ -9,14 +9,8 @@ from collections import deque
 import pytest
 from pydantic import ValidationError
 
-from trouper.llm.gate import (
-    AdmissionGate,
-    GateKey,
-    GateLimits,
-    GateRegistry,
-    estimate_tokens,
-    parse_duration_s,
-)
+from trouper.llm.gate import AdmissionGate, GateKey, GateLimits, GateRegistry, estimate_tokens
+from trouper.llm.headers import parse_duration_s
 
 
 class FakeClock:
@@ -35,7 +29,7 @@ def clock() -> FakeClock:
 
 
 def make_gate(clock: FakeClock, **limits: int) -> AdmissionGate:
-    return AdmissionGate(GateLimits(**limits), clock=clock)
+    return AdmissionGate(GateLimits(**limits), clock=clock, window_s=60.0, warm=True)
 
 
 def queue(gate: AdmissionGate, session: str, count: int, est_tokens: int = 1) -> list[str]:
@@ -69,7 +63,7 @@ def test_rpm_window_counts_only_the_last_60_s(clock):
     assert gate.next_admission_in_s() == 50.0  # the admissions at t=0 leave at t=60
     clock.now = 60.0
     assert gate.admit() == later[2:]
-    assert gate.stats()["requests_60s"] == 3
+    assert gate.stats()["requests_in_window"] == 3
 
 
 def test_tpm_estimate_then_correction_lowers_and_raises_usage(clock):
@@ -85,7 +79,7 @@ def test_tpm_estimate_then_correction_lowers_and_raises_usage(clock):
     assert gate.admit() == ["b"]
     gate.request("c", "s1", 200)
     gate.release("b", actual_tokens=800)  # higher: 300 + 800 in the window
-    assert gate.stats()["tokens_60s"] == 1100
+    assert gate.stats()["tokens_in_window"] == 1100
     assert gate.admit() == []
     assert gate.next_admission_in_s() == 55.0  # a (300) leaves at t=60: 800 + 200 <= 1000
     clock.now = 60.0
@@ -98,7 +92,7 @@ def test_a_correction_after_the_window_passed_changes_nothing(clock):
     assert gate.admit() == ["a"]
     clock.now = 61.0
     gate.release("a", actual_tokens=90)
-    assert gate.stats()["tokens_60s"] == 0
+    assert gate.stats()["tokens_in_window"] == 0
 
 
 def test_a_ticket_bigger_than_tpm_waits_for_an_empty_window(clock):
@@ -229,7 +223,7 @@ def test_cancel_a_queued_or_an_admitted_ticket(clock):
     gate.cancel("a0")  # admitted: frees the slot, still counts in the window
     gate.cancel("unknown")
     assert gate.admit() == ["a1"]
-    assert gate.stats()["requests_60s"] == 2
+    assert gate.stats()["requests_in_window"] == 2
 
 
 def test_configure_strictest_wins(clock):
@@ -249,7 +243,7 @@ def test_limits_are_validated():
 
 
 def test_registry_shares_one_gate_per_key(clock):
-    registry = GateRegistry(clock=clock)
+    registry = GateRegistry(clock=clock, window_s=60.0)
     key = GateKey.of("openai/gpt-4o", "http://127.0.0.1:9/v1/", "sk-secret")
     assert key.api_base == "http://127.0.0.1:9/v1"
     assert "sk-secret" not in repr(key)
@@ -346,14 +340,15 @@ def test_estimate_tokens():
     assert estimate_tokens(messages, []) == estimate
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_random_traffic_never_exceeds_rpm_and_every_ticket_is_admitted(seed):
+@pytest.mark.parametrize(("seed", "window_s"), [(s, 60.0) for s in range(8)] + [(8, 6.0)])
+def test_random_traffic_never_exceeds_rpm_and_every_ticket_is_admitted(seed, window_s):
     """Random arrivals and releases over a simulated 10 minutes (times are multiples of 1/8 s,
-    so clock arithmetic is exact): no 60 s window holds more than 60 admissions, every
-    ticket is admitted once, and the gate's timer is exact (it always admits when it fires)."""
+    so clock arithmetic is exact): no window holds more than 60 admissions, every ticket
+    is admitted once, and the gate's timer is exact (it always admits when it fires)."""
     rng = random.Random(seed)
     clock = FakeClock()
-    gate = AdmissionGate(GateLimits(rpm=60, max_concurrency=rng.choice([None, 3, 8])), clock)
+    limits = GateLimits(rpm=60, max_concurrency=rng.choice([None, 3, 8]))
+    gate = AdmissionGate(limits, clock, window_s=window_s)
     sessions = [f"s{i}" for i in range(rng.randint(1, 6))]
     bursts = [rng.randrange(600 * 8) for _ in range(rng.randint(5, 30))]  # in 1/8 s
     times = [min(600 * 8 - 1, rng.choice(bursts) + rng.randrange(80)) for _ in range(900)]
@@ -385,14 +380,13 @@ def test_random_traffic_never_exceeds_rpm_and_every_ticket_is_admitted(seed):
     assert set(admitted_at) == {ticket for _, ticket in arrivals}
     times = sorted(admitted_at.values())
     for i, start in enumerate(times):
-        in_window = sum(1 for t in times[i:] if t < start + 60.0)
-        assert in_window <= 60, f"{in_window} admissions in the 60 s from {start}"
+        in_window = sum(1 for t in times[i:] if t < start + window_s)
+        assert in_window <= 60, f"{in_window} admissions in the {window_s} s from {start}"
     assert gate.in_flight() == 0
 
 
-def test_lift_cooldown_ends_it_now():
-    clock = [0.0]
-    gate = AdmissionGate(GateLimits(), clock=lambda: clock[0])
+def test_lift_cooldown_ends_it_now(clock):
+    gate = make_gate(clock)
     gate.cooldown(60)
     gate.request("t1", "s", 10)
     assert gate.admit() == []

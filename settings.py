@@ -1,0 +1,88 @@
+"""trouper's timing policy in one place: what may change without changing the protocol.
+
+``Settings`` holds the constants that are a choice (how long a rate window is, how much
+slack it keeps), not a fact of a wire format. Each has a default and may be overridden
+through an environment variable named ``TROUPER_`` plus the field's name in capitals
+(``TROUPER_RATE_WINDOW_S=6``). ``settings()`` is this process's instance, read once.
+
+Actor processes are forked from the program that opens the ``Trouper`` (through
+Thespian's admin), and each reads its own environment again after the fork (the cache is
+forgotten in every forked child), so an override set in the environment before
+``Trouper()`` opens reaches every actor, even when this process read the settings
+earlier. ``Trouper()`` validates the environment before it forks anything, so a bad value
+is refused there, naming the variable, not in an actor.
+
+So far only the model side reads them (``llm/gate.py`` through the broker); the
+supervision, store-probe and sandbox timings still live beside their code.
+
+Example:
+    >>> Settings.from_env({"TROUPER_RATE_WINDOW_S": "6"}).rate_window_s
+    6.0
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .config import config_error, pydantic_problems
+
+ENV_PREFIX = "TROUPER_"
+"""Every setting's variable is this prefix plus the field's name in capitals."""
+
+
+class Settings(BaseModel):
+    """trouper's timing constants that are policy; see the module docstring."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate_window_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    """Length of the sliding window that a key's ``rpm`` and ``tpm`` are counted over.
+    Providers count per minute, so change it only to compress time in a test against a
+    server that counts over the same window."""
+    rate_window_margin_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    """Extra time an admitted call counts in its window: it reaches the provider a little
+    after its admission, and must not land in the provider's next window (seen here: one
+    429 in 80 calls at the exact window boundary without it)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The defaults, overridden by the ``TROUPER_<FIELD>`` variables that are set.
+
+        An empty variable counts as unset. Raises ConfigError naming the variable (its
+        ``field``) when a value is refused.
+        """
+        env = os.environ if environ is None else environ
+        given = {name: env[env_name(name)] for name in cls.model_fields
+                 if env.get(env_name(name), "").strip()}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as e:
+            problems = [(env_name(field), _with_value(reason, given.get(field)))
+                        for field, reason in pydantic_problems(e)]
+            raise config_error(problems) from None
+
+
+def env_name(field: str) -> str:
+    """The environment variable that overrides ``field``: ``TROUPER_RATE_WINDOW_S``."""
+    return ENV_PREFIX + field.upper()
+
+
+@functools.cache
+def settings() -> Settings:
+    """This process's settings, read from its environment on first use."""
+    return Settings.from_env()
+
+
+# A forked actor reads the environment it was forked with, not its parent's cached copy.
+os.register_at_fork(after_in_child=settings.cache_clear)
+
+
+def _with_value(reason: str, value: str | None) -> str:
+    """``reason`` with the refused text, unless pydantic already quoted it."""
+    if value is None or "(got " in reason:
+        return reason
+    return f"{reason} (got {value!r})"
