@@ -115,10 +115,6 @@ class Controller(TrouperActor):
     # -- boot and restore ------------------------------------------------------------
 
     def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
-        if self.start is not None:
-            logger.warning("controller %s: booted twice; the second boot is dropped",
-                           self.session_id)
-            return
         self.set_parent(sender)
         self.start, self.broker, self.runtime = msg.start, msg.broker, msg.runtime
         self.masker, self.revealer = session_maskers(msg.start.secrets, msg.start.config.llm)
@@ -163,7 +159,7 @@ class Controller(TrouperActor):
     def feed(self, msg: Any) -> None:
         """Hand one input to the core and perform what it answers."""
         if self.core is None:
-            logger.warning("controller: %s before boot; dropped", type(msg).__name__)
+            self.drop(msg, "it came before the boot", logging.WARNING)
             return
         if self.store_fault is not None:
             return  # only the probe writes until the store is back (store-fault mode)

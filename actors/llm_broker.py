@@ -38,7 +38,7 @@ from ..messages.protocol import (
 )
 from ..paths import Home
 from ..settings import settings
-from .base import TrouperActor
+from .base import Timer, TrouperActor
 from .wiring import BootBroker
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ class LLMBroker(TrouperActor):
 
     def on_cancel_completion(self, msg: CancelCompletion, sender: ActorAddress) -> None:
         call = self._calls.pop(msg.request_id, None)
-        if call is not None and call.gate is not None:
+        if call is None:
+            self.drop(msg, "no call in flight with that id")
+        elif call.gate is not None:
             call.gate.cancel(msg.request_id)
             self._pump(call.key)
 
@@ -213,7 +215,9 @@ class LLMBroker(TrouperActor):
 
     def on_timer_retry(self, request_id: str) -> None:
         call = self._calls.get(request_id)
-        if call is not None:
+        if call is None:
+            self.drop(Timer("retry", request_id), "its call was cancelled during the backoff")
+        else:
             self._enqueue(call)
 
 

@@ -242,10 +242,6 @@ def test_llm_broker_drops_what_it_cannot_use_and_still_answers(broker, scripted)
     actor.expect_dropped("broker", len(early) + len(late))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LLMBroker.on_cancel_completion and on_timer_retry drop a cancel for a call it does "
-    "not have, and the retry timer of a call cancelled during its backoff, without a log "
-    "line (I6); actors/llm_broker.py is not this branch's to edit"))
 def test_llm_broker_logs_a_late_cancel_and_a_stale_retry_timer(broker, scripted):
     actor, home = broker
     server, llm = scripted([{"say": "never", "fail": [{"status": 503}]}])

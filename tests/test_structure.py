@@ -1,4 +1,4 @@
-"""The shape of the code, checked: no import cycles.
+"""The shape of the code, checked: no import cycles, no oversized module.
 
 Read statically (``ast``), so the checks cost milliseconds and import nothing.
 """
@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 400
 
 
 def _product_files() -> dict[str, Path]:
@@ -84,3 +85,9 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
+
+
+def test_no_product_module_passes_400_lines():
+    sizes = {name: len(path.read_text().splitlines())
+             for name, path in _product_files().items()}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
