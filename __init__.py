@@ -32,7 +32,7 @@ from .messages.events import (
     StateChanged,
 )
 from .messages.outcomes import Outcome
-from .supervision import RestartPolicy
+from .restarts import RestartPolicy
 
 if TYPE_CHECKING:
     from .api import Trouper

@@ -19,8 +19,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from thespian.actors import ActorSystem, ActorSystemException  # noqa: E402
 
-from . import supervisor  # noqa: E402, F401 - imported before the fork, on purpose
-from .actors import forking  # noqa: E402
+from .actors import (
+    forking,  # noqa: E402
+    root,  # noqa: E402, F401 - imported before the fork, on purpose
+)
 from .actors.transport import seal  # noqa: E402
 from .actors.wiring import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
@@ -28,8 +30,8 @@ from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pag
 from .messages.protocol import Accepted, Refused  # noqa: E402
 from .paths import Home, private_dir, private_file  # noqa: E402
 from .processes import children_of  # noqa: E402
-from .supervision import RestartPolicy  # noqa: E402
-from .transport_key import TRANSPORT_KEY_FILE_ENV
+from .restarts import RestartPolicy  # noqa: E402
+from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class ActorSystemHandle:
         self._forks = [pid for pid in children_of(os.getpid())
                        if pid not in before and _is_fork_of_this_program(pid)]
         self._reap_forks()
-        from .supervisor import RootSupervisor
+        from .actors.root import RootSupervisor
 
         self._root = self._asys.createActor(RootSupervisor)
         boot = BootRoot(home=str(self.home.root), policy=self.policy)

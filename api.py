@@ -35,10 +35,10 @@ from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maske
 from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
 from .paths import Home, default_home, private_dir
+from .restarts import RestartPolicy
 from .session import Session
 from .settings import Settings
 from .store import EventStore, SessionRecord, open_store
-from .supervision import RestartPolicy
 
 logger = logging.getLogger(__name__)
 

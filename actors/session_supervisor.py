@@ -32,9 +32,9 @@ from ..messages.protocol import (
 )
 from ..paths import Home
 from ..store import open_store
-from ..supervision import ChildSpec, Supervisor
 from .controller import Controller
 from .runtime_proxy import RuntimeProxy
+from .supervision import ChildSpec, Supervisor
 from .wiring import (
     BootController,
     BootRuntime,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from thespian.actors import ActorAddress
 
 from ..messages.protocol import StartSession
-from ..supervision import RestartPolicy
+from ..restarts import RestartPolicy
 
 
 @dataclass(frozen=True)

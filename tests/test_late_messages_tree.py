@@ -30,6 +30,7 @@ from thespian.actors import (
 from trouper.actors import base
 from trouper.actors.base import Failing, Timer, describe
 from trouper.actors.controller import Controller
+from trouper.actors.root import RootSupervisor
 from trouper.actors.session_supervisor import SessionSupervisor
 from trouper.actors.wiring import (
     BootBroker,
@@ -67,9 +68,8 @@ from trouper.messages.protocol import (
     UserCommand,
 )
 from trouper.paths import Home
+from trouper.restarts import RestartPolicy
 from trouper.store import open_store
-from trouper.supervision import RestartPolicy
-from trouper.supervisor import RootSupervisor
 from trouper.testing import wait_until
 
 

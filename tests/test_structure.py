@@ -91,3 +91,28 @@ def test_no_product_module_passes_400_lines():
     sizes = {name: len(path.read_text().splitlines())
              for name, path in _product_files().items()}
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_thespian_is_imported_only_in_the_actor_layer():
+    layer = {name for name in _product_files()
+             if name.startswith("trouper.actors") or name == "trouper.actor_system"}
+    importers = set()
+    for name, path in _product_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "thespian" for n in names):
+                importers.add(name)
+    assert importers and importers <= layer, sorted(importers - layer)
+
+
+def test_import_trouper_starts_no_actor_machinery():
+    import subprocess
+    import sys
+
+    probe = ("import sys, trouper; from trouper import AgentState, RestartPolicy, "
+             "SessionConfig; print(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'thespian', 'litellm'}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

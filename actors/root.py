@@ -25,10 +25,21 @@ from dataclasses import dataclass, field
 
 from thespian.actors import ActorAddress
 
-from .actors.base import Timer
-from .actors.llm_broker import LLMBroker
-from .actors.session_supervisor import SessionSupervisor
-from .actors.wiring import (
+from ..messages.protocol import (
+    Accepted,
+    FaultQuery,
+    FaultStatus,
+    Refused,
+    StartSession,
+    StoreFault,
+    UserCommand,
+)
+from ..paths import Home
+from .base import Timer
+from .llm_broker import LLMBroker
+from .session_supervisor import SessionSupervisor
+from .supervision import ChildSpec, Supervisor
+from .wiring import (
     BootBroker,
     BootRoot,
     BootSession,
@@ -38,17 +49,6 @@ from .actors.wiring import (
     ShutdownDone,
     Superseded,
 )
-from .messages.protocol import (
-    Accepted,
-    FaultQuery,
-    FaultStatus,
-    Refused,
-    StartSession,
-    StoreFault,
-    UserCommand,
-)
-from .paths import Home
-from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,90 @@
+"""How supervisors restart a child: the policy and the per-child budget (no Thespian here).
+
+A supervisor (``actors/supervision.py``) restarts a dead child alone (one for one):
+
+- at most ``intensity`` restarts of one child in ``period_s`` seconds; past that it gives
+  up on the child for a cooldown that doubles each round (``giveup_cooldown_s`` up to
+  ``giveup_cooldown_max_s``), then starts it again from a clean budget by itself; after
+  ``giveup_rounds`` rounds it stays down until someone restarts it (a user's resume);
+- between tries an exponential backoff with full jitter, as a timer, never a sleep.
+
+``RestartBudget`` takes its clock and random source as arguments, so every rule here is
+tested on a fake clock (``tests/test_restarts.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RestartPolicy(BaseModel):
+    """How a supervisor restarts its children."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    intensity: int = Field(default=5, ge=0)
+    """Restarts of one child allowed within ``period_s``; past that the supervisor gives up."""
+    period_s: float = Field(default=60.0, gt=0)
+    backoff_initial_s: float = Field(default=0.05, ge=0)
+    """Upper bound of the first wait before a restart."""
+    backoff_max_s: float = Field(default=5.0, ge=0)
+    """Cap on one wait before a restart."""
+    giveup_cooldown_s: float = Field(default=30.0, ge=0)
+    """After giving up on a child: wait this long, then try it again from a clean start."""
+    giveup_cooldown_max_s: float = Field(default=300.0, ge=0)
+    """Cap on the cooldown, which doubles each round."""
+    giveup_rounds: int = Field(default=3, ge=0)
+    """Cooldown rounds before a child stays down until a user resumes; 0 never retries."""
+
+    def cooldown_s(self, round_no: int) -> float | None:
+        """The wait after give-up round ``round_no`` (1 for the first); None: stay down."""
+        if round_no > self.giveup_rounds:
+            return None
+        return min(self.giveup_cooldown_max_s, self.giveup_cooldown_s * 2 ** (round_no - 1))
+
+
+class RestartBudget:
+    """Counts one child's restarts in a sliding window and picks the backoff before each."""
+
+    def __init__(
+        self,
+        policy: RestartPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._policy = policy
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._restarts: deque[float] = deque()
+
+    def _trim(self, now: float) -> None:
+        while self._restarts and now - self._restarts[0] > self._policy.period_s:
+            self._restarts.popleft()
+
+    def allow(self) -> bool:
+        """Record a restart if one more fits in the window; False means give up."""
+        now = self._clock()
+        self._trim(now)
+        if len(self._restarts) >= self._policy.intensity:
+            return False
+        self._restarts.append(now)
+        return True
+
+    def backoff_s(self) -> float:
+        """Full jitter: uniform in [0, min(max, initial * 2**(restarts-1))]."""
+        tries = max(1, len(self._restarts))
+        ceiling = min(self._policy.backoff_max_s, self._policy.backoff_initial_s * 2 ** (tries - 1))
+        return self._rng.uniform(0.0, ceiling)
+
+    def reset(self) -> None:
+        self._restarts.clear()
+
+    def quiet(self) -> bool:
+        """True when no restart counts in the window now: the child had a calm period."""
+        self._trim(self._clock())
+        return not self._restarts

@@ -1,0 +1,68 @@
+"""The restart policy and budget on a fake clock: no actor, no sleep."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from trouper.restarts import RestartBudget, RestartPolicy
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_intensity_restarts_fit_in_the_period_then_the_budget_says_give_up():
+    clock = Clock()
+    budget = RestartBudget(RestartPolicy(intensity=3, period_s=60), clock, random.Random(1))
+    assert [budget.allow() for _ in range(4)] == [True, True, True, False]
+    clock.now += 59
+    assert not budget.allow() and not budget.quiet()
+    clock.now += 2  # the first restarts leave the window
+    assert budget.allow()
+
+
+def test_a_calm_period_empties_the_window_and_reset_forgets_at_once():
+    clock = Clock()
+    budget = RestartBudget(RestartPolicy(intensity=2, period_s=10), clock)
+    budget.allow()
+    assert not budget.quiet()
+    clock.now += 10.5
+    assert budget.quiet()
+    budget.allow()
+    budget.reset()
+    assert budget.quiet()
+
+
+def test_backoff_is_full_jitter_under_a_doubling_capped_ceiling():
+    clock = Clock()
+    policy = RestartPolicy(intensity=100, backoff_initial_s=0.1, backoff_max_s=1.0)
+    budget = RestartBudget(policy, clock, random.Random(7))
+    ceilings = []
+    for _ in range(8):
+        budget.allow()
+        waits = [budget.backoff_s() for _ in range(200)]
+        assert min(waits) >= 0.0
+        ceilings.append(max(waits))
+    assert ceilings[0] <= 0.1 and ceilings[1] <= 0.2 and ceilings[2] <= 0.4
+    assert max(ceilings) <= 1.0 and ceilings[-1] > 0.9  # capped, and the cap is reached
+    assert min(budget.backoff_s() for _ in range(200)) < 0.1  # full jitter: down to 0
+
+
+def test_the_cooldown_doubles_per_round_up_to_its_cap_then_stays_down():
+    policy = RestartPolicy(giveup_cooldown_s=30, giveup_cooldown_max_s=100, giveup_rounds=4)
+    assert [policy.cooldown_s(n) for n in range(1, 6)] == [30, 60, 100, 100, None]
+    assert RestartPolicy(giveup_rounds=0).cooldown_s(1) is None
+
+
+@pytest.mark.parametrize("bad", [{"intensity": -1}, {"period_s": 0}, {"backoff_max_s": -1},
+                                 {"giveup_rounds": -2}, {"strategy": "one_for_all"}])
+def test_a_policy_refuses_what_cannot_work(bad):
+    with pytest.raises(ValidationError):
+        RestartPolicy(**bad)
