@@ -69,7 +69,7 @@ class RuntimeProxy(TrouperActor):
     def on_boot_runtime(self, msg: BootRuntime, sender: ActorAddress) -> None:
         self.set_parent(sender)
         start = msg.start
-        self._session_id, self._epoch = start.session_id, msg.epoch
+        self._session_id = start.session_id
         # the sandbox's errors may quote a command or its output: mask reports and logs
         remember_secrets(session_maskers(start.secrets, start.config.llm)[0].pairs)
         home = Home.at(start.home)
@@ -83,9 +83,9 @@ class RuntimeProxy(TrouperActor):
             secret_names=tuple(sorted(start.secrets)),  # the sandbox masks their values
             max_output_chars=start.config.max_output_chars,
         )
-        sandbox, epoch = self._sandbox, msg.epoch
-        self._starting = True
-        self.background.submit(lambda: sandbox.start(epoch), self._started)
+        sandbox = self._sandbox
+        self._starting = True  # the sandbox counts the epoch: a stepped clock cannot fence us
+        self.background.submit(sandbox.start, self._started)
 
     def _started(self, attached: bool | None, error: BaseException | None) -> None:
         self._starting = False
@@ -99,6 +99,7 @@ class RuntimeProxy(TrouperActor):
             self._report_failure("start_failed", error)
             return
         self._ready = True
+        self._epoch = self._sandbox.epoch or 0 if self._sandbox is not None else 0
         self.send(self._parent_address, RuntimeReady(
             session_id=self._session_id, epoch=self._epoch, attached=bool(attached)))
         waiting, self._waiting = self._waiting, []

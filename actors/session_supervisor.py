@@ -13,7 +13,6 @@ incarnation's late report, a second boot, junk) is dropped with a log line.
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,16 +51,6 @@ from .wiring import (
 logger = logging.getLogger(__name__)
 
 RUNTIME, CONTROLLER = "runtime", "controller"
-_last_epoch = 0
-
-
-def next_epoch() -> int:
-    """A sandbox epoch: increasing across proxy restarts and across reopened homes."""
-    global _last_epoch
-    _last_epoch = max(_last_epoch + 1, time.time_ns() // 1_000_000)
-    return _last_epoch
-
-
 class SessionSupervisor(Supervisor):
     role = "session"
     runtime_class: type = RuntimeProxy
@@ -97,7 +86,7 @@ class SessionSupervisor(Supervisor):
         start = msg.start
         self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
         runtime = self.supervise(ChildSpec(
-            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start, epoch=next_epoch())))
+            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start)))
         self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:

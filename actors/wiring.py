@@ -56,7 +56,6 @@ class BootController:
 class BootRuntime:
     kind: ClassVar[str] = "boot_runtime"
     start: StartSession
-    epoch: int
 
 
 @dataclass(frozen=True)

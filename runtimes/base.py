@@ -14,8 +14,9 @@ The journal contract (promise I2):
   real outcome), ``running`` (still going after ``wait_s``), ``absent`` (never started:
   it is safe to execute it now, for the first time) or ``unknown`` (it started and nobody
   can know how it ended: the caller records it as ``lost``).
-- Every request carries the proxy's *epoch*. ``Sandbox.start(epoch)`` claims the sandbox;
-  from then on requests with an older epoch raise ``StaleEpoch``.
+- Every request carries the proxy's *epoch*. ``Sandbox.start()`` claims the next epoch
+  the sandbox counts (``epoch`` says which one it got); from then on requests with an
+  older epoch raise ``StaleEpoch``.
 """
 
 from __future__ import annotations
@@ -73,12 +74,18 @@ class Runtime(Protocol):
 class Sandbox(Protocol):
     """The lifecycle of one session's sandbox."""
 
-    def start(self, epoch: int) -> bool:
-        """Start the sandbox, or attach to the one already running; claim ``epoch``.
+    def start(self, epoch: int | None = None) -> bool:
+        """Start the sandbox, or attach to the one already running; claim ``epoch``, or
+        (None) the next epoch the sandbox itself counts: monotonic whatever the clocks do.
 
         Returns True when an existing sandbox was attached.
         Raises RuntimeUnavailable when it cannot be started or reached.
         """
+        ...
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch claimed by the last ``start``."""
         ...
 
     @property

@@ -113,9 +113,12 @@ class SandboxClient:
     # ---- lifecycle calls (used by the Sandbox backends) ----
 
     def claim(self) -> int:
-        """Claim the sandbox for this client's epoch; raises StaleEpoch if a newer one holds it."""
-        answer = self._call("POST", "/claim", {"epoch": self.epoch}, operation="claim")
-        return int(answer["epoch"])
+        """Claim the sandbox for this client's epoch; raises StaleEpoch if a newer one holds
+        it. A client made with no epoch claims the next one the server counts, and keeps it."""
+        wanted: int | str = "next" if self.epoch is None else self.epoch
+        answer = self._call("POST", "/claim", {"epoch": wanted}, operation="claim")
+        self.epoch = int(answer["epoch"])
+        return self.epoch
 
     def alive(self, timeout_s: float = 2.0) -> dict[str, Any]:
         """The server's ``/alive`` answer (pid, boot_id, epoch, shell_pid)."""

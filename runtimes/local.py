@@ -11,7 +11,7 @@ in argv, values only in its environment), which masks them in all it writes. The
 runs with the umask of the program that started trouper (``shell_umask``).
 
     sandbox = LocalSandbox("s1", Path("/tmp/ws"), Path("/tmp/rt"), env={"MY_TOKEN": "x"})
-    attached = sandbox.start(epoch=1)
+    attached = sandbox.start()  # claims the next epoch the server counts
     outcome = sandbox.runtime.execute("a1", RunCommand(command="pwd"), timeout_s=60,
                                       no_output_timeout_s=10)
     sandbox.stop()
@@ -94,9 +94,15 @@ class LocalSandbox:
 
     # ---- Sandbox ----
 
-    def start(self, epoch: int) -> bool:
-        """Attach to the live server or start one; claim ``epoch``. True when attached."""
-        self._epoch = epoch
+    @property
+    def epoch(self) -> int | None:
+        """The epoch this object claimed at its last ``start``; None before one."""
+        return self._epoch
+
+    def start(self, epoch: int | None = None) -> bool:
+        """Attach to the live server or start one; claim ``epoch``, or (None) the next one
+        the server counts, which no clock can make go back. True when attached."""
+        self._epoch = epoch  # a refused claim must not leave this object stopping others
         self.workspace.mkdir(parents=True, exist_ok=True)
         private_dir(self.state_dir)
         os.chmod(self.state_dir, 0o700)  # made by someone else, or before this was so
@@ -104,10 +110,10 @@ class LocalSandbox:
         info = self._live_server()
         attached = info is not None
         if info is None:
-            info, attached = self._spawn(epoch)
+            info, attached = self._spawn(epoch or 0)
         client = self._client_for(info, epoch)
         try:
-            client.claim()
+            self._epoch = client.claim()
         except RuntimeUnavailable:
             client.close()
             raise
@@ -118,7 +124,7 @@ class LocalSandbox:
             "attached" if attached else "started",
             info["pid"],
             info["port"],
-            epoch,
+            self._epoch,
         )
         return attached
 

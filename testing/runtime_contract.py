@@ -73,6 +73,23 @@ class SandboxContract:
         assert not (workspace / "ledger.txt").exists()
         assert new.runtime.resolve("a-5").state == "absent"
 
+    def test_each_start_claims_the_next_epoch_the_sandbox_counts(
+        self, new_sandbox: Callable[[], Sandbox], workspace: Path
+    ) -> None:
+        """No clock decides who owns the sandbox: a wall clock stepped back cannot make it
+        refuse the newest proxy. Even after an explicit (say, clock-made) high epoch, the
+        next start claims one past it."""
+        old = new_sandbox()
+        old.start(10**12)  # what a millisecond clock once handed out
+        new = new_sandbox()
+        assert new.start() is True and new.epoch == 10**12 + 1
+        newest = new_sandbox()
+        newest.start()
+        assert newest.epoch == 10**12 + 2
+        with pytest.raises(StaleEpoch):
+            new.runtime.execute("a-6", RunCommand(command="echo no >> ledger.txt"), **LIMITS)
+        assert newest.runtime.execute("a-7", RunCommand(command="true"), **LIMITS).status == "ok"
+
     def test_kill_crashes_it_and_a_fresh_object_sees_it(
         self, new_sandbox: Callable[[], Sandbox], workspace: Path
     ) -> None:

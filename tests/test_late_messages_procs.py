@@ -163,12 +163,12 @@ def test_runtime_proxy_drops_what_it_cannot_use_and_runs_each_action_once(proxy,
     sid, ws = start.session_id, tmp_path / "ws"
     early = _junk(sid)
     actor.tell(*early, _execute(sid, "a-early", "echo early >> ledger.txt"))  # held till ready
-    actor.tell(BootRuntime(start=start, epoch=1))
+    actor.tell(BootRuntime(start=start))
     got = actor.until(_got(Executed, action_id="a-early"))
     assert [type(m) for m in got] == [RuntimeReady, Executed]
     actor.pid = _pid_of(Home.at(start.home).actor_pid_path("runtime", sid))
     late = [
-        BootRuntime(start=start, epoch=2),
+        BootRuntime(start=start),
         _execute("s-another", "a-other", "touch other-session"),
         RuntimeReady(session_id=sid, epoch=1, attached=False),
         WakeupMessage(1, payload=Timer("execute_again", (_execute(sid, "a-forged", "touch x"),
@@ -196,12 +196,12 @@ def test_runtime_proxy_drops_what_it_cannot_use_and_runs_each_action_once(proxy,
 
 def test_runtime_proxy_closed_while_starting_leaves_no_sandbox(proxy):
     actor, start, state_dir = proxy
-    actor.tell(BootRuntime(start=start, epoch=1), CloseSandbox(request_id="quick"))
+    actor.tell(BootRuntime(start=start), CloseSandbox(request_id="quick"))
     got = actor.until(_got(SandboxClosed, request_id="quick"))
     assert not [m for m in got if isinstance(m, RuntimeReady)]  # closing: never announced
     actor.pid = _pid_of(Home.at(start.home).actor_pid_path("runtime", start.session_id))
     assert _servers_on(state_dir) == []
-    actor.tell(BootRuntime(start=start, epoch=2), _execute(start.session_id, "a", "true"),
+    actor.tell(BootRuntime(start=start), _execute(start.session_id, "a", "true"),
                CloseSandbox(request_id="again"))
     got = actor.until(_got(SandboxClosed, request_id="again"))
     assert [type(m) for m in got] == [SandboxClosed] and _servers_on(state_dir) == []

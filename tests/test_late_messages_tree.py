@@ -112,8 +112,8 @@ class FakeRuntime(Actor):
         if isinstance(msg, BootRuntime):
             self.session_id = msg.start.session_id
             FakeRuntime.booted.append(self.myAddress)
-            self.send(sender, RuntimeReady(session_id=self.session_id, epoch=msg.epoch,
-                                           attached=False))
+            self.send(sender, RuntimeReady(session_id=self.session_id,
+                                           epoch=len(FakeRuntime.booted), attached=False))
         elif isinstance(msg, CloseSandbox):
             self.send(sender, SandboxClosed(request_id=msg.request_id,
                                             session_id=self.session_id))

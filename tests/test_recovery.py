@@ -213,7 +213,10 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
     session = trouper.start_session("t", llm=llm, workspace=tmp_path)
     assert session.wait(timeout=60) == AgentState.FINISHED
     info = json.loads((trouper.home.runtime_dir(session.id) / "server.json").read_text())
-    stale = SandboxClient("127.0.0.1", info["port"], info["token"], epoch=1)
+    probe = SandboxClient("127.0.0.1", info["port"], info["token"], epoch=None)
+    current = int(probe.alive()["epoch"])  # the sandbox counts epochs: 1 for the first proxy
+    probe.close()
+    stale = SandboxClient("127.0.0.1", info["port"], info["token"], epoch=current - 1)
     with pytest.raises(StaleEpoch):
         stale.execute("a-stale", RunCommand(command="echo no >> ledger.txt"),
                       timeout_s=5, no_output_timeout_s=5)

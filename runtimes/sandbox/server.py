@@ -3,7 +3,7 @@
 Endpoints (JSON in and out; every request carries ``Authorization: Bearer <token>``)::
 
     GET  /alive                        -> {pid, boot_id, epoch, shell_pid, protocol}
-    POST /claim     {epoch}            -> {epoch}            409 StaleEpoch if older
+    POST /claim     {epoch | "next"}   -> {epoch}            409 StaleEpoch if older
     POST /execute   {action_id, epoch, action, timeout_s, no_output_timeout_s[, wait_s]}
                     -> the journal record, after waiting up to wait_s for the outcome
                                        -> the action's journal record (runs it at most once)

@@ -113,9 +113,11 @@ class Service:
     # ---- epochs ----
 
     def claim(self, epoch: Any) -> int:
-        """Claim the sandbox for ``epoch`` (>= the current one); returns it."""
-        epoch = _int(epoch, "epoch")
+        """Claim the sandbox for ``epoch`` (>= the current one), or for ``"next"``: one past
+        the current, counted here, so a new proxy's claim never depends on a clock. Returns
+        the epoch claimed."""
         with self._lock:
+            epoch = self.epoch + 1 if epoch == "next" else _int(epoch, "epoch")
             self._check(epoch)
             if epoch > self.epoch:
                 self.epoch = epoch
