@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .fold import SessionView
 from .messages.events import AgentState, Event
+from .settings import settings
 
 if TYPE_CHECKING:
     from .store import EventStore, SessionRecord
@@ -28,9 +29,6 @@ class SessionHost(Protocol):
     def fault(self, session_id: str) -> str | None: ...
 
     def command(self, session_id: str, command: str, text: str = "") -> int: ...
-
-FAULT_POLL_S = 0.5
-"""How often ``wait`` asks again about a storage fault while the log reads as settled."""
 
 
 class Session:
@@ -146,7 +144,8 @@ class Session:
             if left_s is not None and left_s <= 0:
                 return AgentState.ERROR if self.fault else view.state
             if logged:  # yet faulted: no event will come to wake us, so ask again soon
-                left_s = FAULT_POLL_S if left_s is None else min(FAULT_POLL_S, left_s)
+                poll_s = settings().fault_poll_s
+                left_s = poll_s if left_s is None else min(poll_s, left_s)
             self._follow_until_settled(view, left_s)
 
     def _follow_until_settled(self, view: SessionView, timeout_s: float | None) -> None:

@@ -12,8 +12,9 @@ forgotten in every forked child), so an override set in the environment before
 earlier. ``Trouper()`` validates the environment before it forks anything, so a bad value
 is refused there, naming the variable, not in an actor.
 
-So far only the model side reads them (``llm/gate.py`` through the broker); the
-supervision, store-probe and sandbox timings still live beside their code.
+Restart budgets are per policy (``restarts.RestartPolicy``); the sandbox server's own
+limits (``runtimes/sandbox/``) are its command-line options, since it runs without
+trouper's package.
 
 Example:
     >>> Settings.from_env({"TROUPER_RATE_WINDOW_S": "6"}).rate_window_s
@@ -47,6 +48,29 @@ class Settings(BaseModel):
     """Extra time an admitted call counts in its window: it reaches the provider a little
     after its admission, and must not land in the provider's next window (seen here: one
     429 in 80 calls at the exact window boundary without it)."""
+
+    sandbox_health_every_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """How often a runtime proxy asks its sandbox whether it still lives (a sandbox that
+    died while idle is replaced within about this long)."""
+    journal_resolve_wait_s: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    """How long one ``resolve`` waits for an action still running before answering so."""
+    journal_retry_first_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    """First wait before an action the sandbox could not journal is tried again."""
+    journal_retry_max_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """Cap on that wait, which doubles each try."""
+    store_probe_first_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    """First wait before a Controller whose store refused a write tries again."""
+    store_probe_max_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """Cap on that wait, which doubles each probe."""
+    fault_poll_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    """How often ``Session.wait()`` asks again about a storage fault."""
+    shutdown_deadline_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
+    """How long a closing actor system waits for sessions to stop their sandboxes."""
+    owner_check_s: float = Field(default=0.2, gt=0, allow_inf_nan=False)
+    """How often an embedded actor system's admin checks that its program still runs."""
+    sandbox_idle_timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    """A local sandbox server with no request for this long exits (a restarted program
+    can re-attach to it within that time)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

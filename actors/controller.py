@@ -65,6 +65,7 @@ from ..messages.protocol import (
     UserCommand,
 )
 from ..paths import Home
+from ..settings import settings
 from ..store import EventStore, open_store
 from . import wiring
 from .base import TrouperActor
@@ -72,9 +73,6 @@ from .wiring import BootController, Relay, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
 
-PROBE_FIRST_S = 0.5
-PROBE_MAX_S = 5.0
-"""The store is probed after 0.5 s, then at doubling intervals up to 5 s."""
 
 
 def utc_now() -> datetime:
@@ -268,7 +266,8 @@ class Controller(TrouperActor):
                      self.session_id, fault.cause)
         self.send(self._parent_address, StoreFault(
             session_id=self.session_id, cause=fault.cause, since=self.fault_since))
-        self.after(PROBE_FIRST_S, "store_probe", PROBE_FIRST_S)
+        first = settings().store_probe_first_s
+        self.after(first, "store_probe", first)
 
     def _refuse_while_faulted(self, msg: Any, fault: StoreUnavailable) -> None:
         if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
@@ -291,7 +290,8 @@ class Controller(TrouperActor):
             self.store.append(self.session_id, [self.masker.mask_event(note)], owner=self.owner)
         except StoreUnavailable as still:
             self.store_fault = still
-            self.after(min(PROBE_MAX_S, delay_s * 2), "store_probe", min(PROBE_MAX_S, delay_s * 2))
+            later = min(settings().store_probe_max_s, delay_s * 2)
+            self.after(later, "store_probe", later)
             return
         logger.warning("session %s: the store takes writes again; carrying on",
                        self.session_id)

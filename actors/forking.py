@@ -33,11 +33,9 @@ from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
 from ..processes import pid_alive, start_time
+from ..settings import settings
 
 logger = logging.getLogger(__name__)
-
-OWNER_CHECK_S = 0.2
-"""How often an embedded system's admin checks that its program still runs."""
 
 _next_admin: dict[str, Any] = {"home": None, "owner_pid": 0}
 """Read in the forked admin: what the opening ``ActorSystemHandle`` set just before."""
@@ -107,7 +105,7 @@ def publish(path: Path, owner_pid: int = 0, owner_start: int | None = None) -> N
 
 def _watch_owner(owner: int, owner_start: int | None) -> None:
     stop = threading.Event()
-    while not stop.wait(OWNER_CHECK_S):
+    while not stop.wait(settings().owner_check_s):
         if not _same_process(owner, owner_start):
             logging.getLogger(__name__).warning(
                 "the program (pid %d) that embeds this actor system is gone; taking the "

@@ -35,6 +35,7 @@ from ..messages.protocol import (
     UserCommand,
 )
 from ..paths import Home
+from ..settings import settings
 from .base import Timer
 from .llm_broker import LLMBroker
 from .session_supervisor import SessionSupervisor
@@ -53,7 +54,6 @@ from .wiring import (
 logger = logging.getLogger(__name__)
 
 BROKER = "broker"
-SHUTDOWN_DEADLINE_S = 15.0
 
 
 def session_role(session_id: str) -> str:
@@ -188,7 +188,7 @@ class RootSupervisor(Supervisor):
         self.pending_shutdown[msg.request_id] = _Closing([sender], set(sessions))
         for role in sessions:
             self.send(self.child(role), msg)
-        self.after(SHUTDOWN_DEADLINE_S, "shutdown_deadline", msg.request_id)
+        self.after(settings().shutdown_deadline_s, "shutdown_deadline", msg.request_id)
 
     def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
         closing = self.pending_shutdown.get(msg.request_id)

@@ -35,13 +35,12 @@ from ..messages.protocol import (
 from ..paths import Home
 from ..runtimes import load_sandbox
 from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
+from ..settings import settings
 from .base import Timer, TrouperActor
 from .wiring import BootRuntime, Superseded
 
 logger = logging.getLogger(__name__)
 
-HEALTH_EVERY_S = 5.0
-RESOLVE_WAIT_S = 5.0
 
 
 class RuntimeProxy(TrouperActor):
@@ -105,7 +104,7 @@ class RuntimeProxy(TrouperActor):
         waiting, self._waiting = self._waiting, []
         for msg, sender in waiting:
             self._dispatch_own(msg, sender)
-        self.after(HEALTH_EVERY_S, "health")
+        self.after(settings().sandbox_health_every_s, "health")
 
     def on_timer_health(self, token: object) -> None:
         sandbox = self._sandbox
@@ -120,7 +119,7 @@ class RuntimeProxy(TrouperActor):
             detail = health.detail if health is not None else str(error)
             self._report_failure(cause or "unreachable", error, detail)
             return
-        self.after(HEALTH_EVERY_S, "health")
+        self.after(settings().sandbox_health_every_s, "health")
 
     def _report_failure(self, cause: str, error: BaseException | None, detail: str = "") -> None:
         """Tell the supervisor what failed, then exit so it restarts a clean proxy."""
@@ -213,7 +212,8 @@ class RuntimeProxy(TrouperActor):
         if delay_s is None:
             self.send(sender, JournalFault(session_id=self._session_id,
                                            action_id=msg.action_id, cause=error.cause))
-        delay_s = min(JOURNAL_RETRY_MAX_S, (delay_s or JOURNAL_RETRY_FIRST_S / 2) * 2)
+        delay_s = min(settings().journal_retry_max_s,
+                      (delay_s or settings().journal_retry_first_s / 2) * 2)
         self._blocked[msg.action_id] = delay_s
         self.after(delay_s, "execute_again", (msg, sender))
 
@@ -238,11 +238,9 @@ class RuntimeProxy(TrouperActor):
                 state=record.state, outcome=record.outcome))
 
         self.background.submit(
-            lambda: runtime.resolve(msg.action_id, wait_s=RESOLVE_WAIT_S), done)
+            lambda: runtime.resolve(msg.action_id, wait_s=settings().journal_resolve_wait_s), done)
 
 
-JOURNAL_RETRY_FIRST_S = 0.5
-JOURNAL_RETRY_MAX_S = 5.0
 
 
 def _cause(error: BaseException | None) -> str:

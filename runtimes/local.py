@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 from ..exceptions import RuntimeUnavailable, StaleEpoch
 from ..paths import creator_umask, private_dir
 from ..processes import children_of, pid_alive
+from ..settings import settings
 from .base import SandboxHealth
 from .client import SandboxClient
 from .sandbox import EXIT_LOCKED
@@ -59,7 +60,7 @@ class LocalSandbox:
         state_dir: Path,
         env: dict[str, str] | None = None,
         max_output_chars: int = 10_000,
-        idle_timeout_s: float = 120.0,
+        idle_timeout_s: float | None = None,
         *,
         start_timeout_s: float = 15.0,
         interrupt_grace_s: float = 2.0,
@@ -77,7 +78,8 @@ class LocalSandbox:
         self.shell_umask = creator_umask() if shell_umask is None else shell_umask
         """The umask of the agent's shell; default: the program's that started trouper."""
         self.max_output_chars = max_output_chars
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = (settings().sandbox_idle_timeout_s if idle_timeout_s is None
+                               else idle_timeout_s)
         self.start_timeout_s = start_timeout_s
         self.interrupt_grace_s = interrupt_grace_s
         self._client: SandboxClient | None = None

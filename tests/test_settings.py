@@ -100,3 +100,12 @@ def test_trouper_refuses_a_bad_setting_before_creating_anything(fresh_settings,
         Trouper(home=tmp_path / "home")
     assert refused.value.field == WINDOW
     assert not (tmp_path / "home").exists()
+
+
+def test_every_setting_is_documented_in_operations():
+    from pathlib import Path
+
+    from trouper.settings import Settings, env_name
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    assert [n for n in Settings.model_fields if env_name(n) not in docs] == []
