@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from .cli_support import DEBUG_ENV, ENVIRONMENT, CliError, TrouperGroup, open_home, os_message
 from .paths import HOME_ENV
 
 MODEL_ENV = "TROUPER_MODEL"
@@ -22,10 +24,16 @@ DEMO_MODEL = "hosted_vllm/trouper-demo"
 console = Console(highlight=False)
 
 
-@click.group()
+@click.group(cls=TrouperGroup)
 @click.version_option(package_name="trouper")
-def main() -> None:
-    """trouper: run LLM coding-agent sessions as supervised actors."""
+@click.option("--debug", is_flag=True, envvar=DEBUG_ENV,
+              help=f"Print tracebacks with errors (env {DEBUG_ENV}=1).")
+def main(debug: bool) -> None:
+    """trouper: run LLM coding-agent sessions as supervised actors.
+
+    Exit codes: 0 finished, 1 the session ended otherwise, 2 usage or configuration,
+    3 environment, 4 unexpected. See cli_support.py.
+    """
 
 
 @main.command()
@@ -60,8 +68,9 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         if demo:
             console.print("[dim]no model configured: running the built-in demo on a scripted "
                           "LLM server (set --model or TROUPER_MODEL for a real one)[/dim]")
+        trouper_home = open_home(home)
         with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
-            trouper = stack.enter_context(Trouper(home=home, resume=False))
+            trouper = stack.enter_context(Trouper(home=trouper_home.root, resume=False))
             session = trouper.start_session(task, llm=llm, runtime=runtime,
                                             workspace=workspace, max_iterations=max_iterations)
             stack.pop_all()
@@ -91,21 +100,24 @@ def resume(session_id: str, message: str | None, home: Path | None, timeout_s: f
            verbose: bool) -> None:
     """Carry on a stored session (or give it a message) and stream it until it settles."""
     from .api import Trouper, remember_session_secrets
-    from .exceptions import TrouperError
     from .masking import mask_known
     from .messages.events import AgentState
+    from .store import open_store
 
-    with Trouper(home=home, resume=False) as trouper:
-        try:
-            remember_session_secrets(trouper.home, session_id)  # shown output is masked
-            session = trouper.session(session_id)
-            before = session.record.last_seq
-            if message:
-                session.send(message)
-            else:
-                session.resume()
-        except TrouperError as exc:
-            raise click.ClickException(str(exc)) from exc
+    trouper_home = open_home(home)
+    store = open_store(trouper_home)
+    try:
+        store.session(session_id)  # an unknown id is an error before any actor starts
+    finally:
+        store.close()
+    with Trouper(home=trouper_home.root, resume=False) as trouper:
+        remember_session_secrets(trouper.home, session_id)  # shown output is masked
+        session = trouper.session(session_id)
+        before = session.record.last_seq
+        if message:
+            session.send(message)
+        else:
+            session.resume()
         state = _stream(session, timeout_s, verbose, since=before)
         record = session.record
     if state != AgentState.FINISHED:
@@ -162,9 +174,17 @@ def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True)
 def fake_llm(script: str, port: int, host: str) -> None:
     """Serve an OpenAI-compatible scripted LLM (for tests and demos) until interrupted."""
+    from .testing import load_script
     from .testing.fake_llm import serve
 
-    serve(script, host, port)
+    load_script(script)  # a bad script is a usage error before anything listens
+    try:
+        serve(script, host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CliError(f"port {port} on {host} is in use", ENVIRONMENT) from exc
+        raise CliError(f"cannot listen on {host} port {port}: {os_message(exc)}",
+                       ENVIRONMENT) from exc
 
 
 @main.command()
@@ -172,10 +192,9 @@ def fake_llm(script: str, port: int, host: str) -> None:
 def sessions(home: Path | None) -> None:
     """List the sessions in the store, newest first."""
     from .masking import mask_known
-    from .paths import Home
     from .store import open_store
 
-    store = open_store(Home.at(home))
+    store = open_store(open_home(home))
     try:
         for record in store.sessions():
             console.print(f"{record.session_id}  {record.state.value:<22} "
@@ -195,23 +214,20 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool,
            verbose: bool) -> None:
     """Print a session's events from the store."""
     from .api import remember_session_secrets
-    from .exceptions import UnknownSession
     from .masking import known_masker
-    from .paths import Home
     from .render import render
     from .store import open_store
 
-    trouper_home = Home.at(home)
+    trouper_home = open_home(home)
     store = open_store(trouper_home)
     try:
+        store.session(session_id)  # an unknown id is an error before anything is printed
         remember_session_secrets(trouper_home, session_id)  # shown output is masked
         for event in store.read(session_id, since=since):
             if as_json:
                 click.echo(known_masker().mask_event(event).model_dump_json())
             elif (line := render(event, verbose=verbose)) is not None:
                 console.print(line)
-    except UnknownSession as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
 

@@ -51,9 +51,9 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     kinds = [json.loads(line)["kind"] for line in dumped.stdout.splitlines()]
     assert kinds[0] == "message" and "action" in kinds and "observation" in kinds
     missing = trouper_cmd("events", "s-missing", home=home)
-    assert missing.returncode != 0 and "s-missing" in missing.stderr
+    assert missing.returncode == 2 and "s-missing" in missing.stderr
     unknown = trouper_cmd("resume", "s-missing", home=home)
-    assert unknown.returncode == 1 and "s-missing" in unknown.stderr
+    assert unknown.returncode == 2 and "s-missing" in unknown.stderr
 
 
 def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
