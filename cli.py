@@ -20,6 +20,18 @@ MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
 DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
 DEMO_MODEL = "hosted_vllm/trouper-demo"
+DEMO_SCRIPT = Path(__file__).parent / "testing" / "demo_script.json"
+SCRIPTED_MODEL = "hosted_vllm/scripted"
+"""The model name of a ``--script`` run without ``--model``."""
+SCRIPTED_KEY = "trouper-fake-llm-key"
+"""The scripted server's API key. Every key is masked wherever it appears, so it must be
+a word no model name or output holds (``scripted`` turned the model name into
+``hosted_vllm/<secret:LLM_API_KEY>``)."""
+NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FILE for a "
+            "scripted one; to watch the built-in demo, run 'trouper demo' (or 'trouper run' "
+            "with no task)")
+DEMO_NO_WORKSPACE = ("the demo works in a fresh folder under the trouper home, never in a "
+                     "folder you name: drop --workspace (or give a TASK and --model)")
 
 console = Console(highlight=False)
 
@@ -38,8 +50,9 @@ def main(debug: bool) -> None:
 
 @main.command()
 @click.argument("task", required=False)
-@click.option("--model", envvar=MODEL_ENV, help="litellm model, e.g. openai/gpt-4o "
-              f"(env {MODEL_ENV}). Without a model, a scripted demo runs.")
+@click.option("--model", envvar=MODEL_ENV,
+              help=f"litellm model, e.g. openai/gpt-4o (env {MODEL_ENV}); needed unless "
+                   "--script.")
 @click.option("--base-url", envvar=BASE_URL_ENV, help="API base of the model's server.")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
 @click.option("--runtime", default="local", show_default=True, type=click.Choice(["local"]))
@@ -56,38 +69,74 @@ def main(debug: bool) -> None:
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         runtime: str, workspace: Path | None, home: Path | None, script: Path | None,
         max_iterations: int, timeout_s: float, verbose: bool) -> None:
-    """Run one session on TASK and stream it; exit 0 when it FINISHED."""
+    """Run one session on TASK and stream it; exit 0 when it FINISHED.
+
+    With no TASK and no model, runs the built-in demo (as 'trouper demo').
+    """
+    if task is None and not model and not script:
+        if workspace is not None:
+            raise click.UsageError(DEMO_NO_WORKSPACE)
+        _demo(home, timeout_s, verbose)
+        return
+    if task is None:
+        raise click.UsageError("give a TASK (or run 'trouper demo' for the built-in demo)")
+    if not model and not script:
+        raise click.UsageError(NO_MODEL)
+    with _llm_for(model, base_url, api_key, script) as llm:
+        _run_session(home, task, llm, timeout_s, verbose, runtime=runtime,
+                     workspace=workspace, max_iterations=max_iterations)
+
+
+@main.command()
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
+              help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+@click.option("--workspace", hidden=True, help="Refused: the demo never uses your folders.")
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
+              help="Give up waiting after this many seconds.")
+@click.option("-v", "--verbose", is_flag=True, help="Show thoughts, token counts, full output.")
+def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bool) -> None:
+    """Run the built-in demo in a fresh folder under the home (no key, no network).
+
+    A scripted model on loopback has the agent write, run, test and improve a small
+    program. It never works in a folder you name: --workspace is refused.
+    """
+    if workspace is not None:
+        raise click.UsageError(DEMO_NO_WORKSPACE)
+    _demo(home, timeout_s, verbose)
+
+
+def _demo(home: Path | None, timeout_s: float, verbose: bool) -> None:
+    console.print("[dim]the built-in demo: a scripted LLM server on loopback plays the "
+                  "model (give a TASK and --model for a real one)[/dim]")
+    with _llm_for(DEMO_MODEL, None, None, DEMO_SCRIPT) as llm:
+        _run_session(home, DEMO_TASK, llm, timeout_s, verbose)  # the default workspace
+
+
+def _run_session(home: Path | None, task: str, llm: dict[str, Any], timeout_s: float,
+                 verbose: bool, **options: Any) -> None:
     from .api import Trouper
     from .masking import mask_known
     from .messages.events import AgentState
 
-    with _llm_for(model, base_url, api_key, script) as (llm, demo):
-        task = task or (DEMO_TASK if demo else None)
-        if not task:
-            raise click.UsageError("give a TASK")
-        if demo:
-            console.print("[dim]no model configured: running the built-in demo on a scripted "
-                          "LLM server (set --model or TROUPER_MODEL for a real one)[/dim]")
-        trouper_home = open_home(home)
-        with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
-            trouper = stack.enter_context(Trouper(home=trouper_home.root, resume=False))
-            session = trouper.start_session(task, llm=llm, runtime=runtime,
-                                            workspace=workspace, max_iterations=max_iterations)
-            stack.pop_all()
-        try:
-            state = _stream(session, timeout_s, verbose)
-        except KeyboardInterrupt:
-            session.stop()
-            state = session.wait(timeout=10)
-        finally:
-            record = session.record
-            with console.status("stopping…"):
-                trouper.close()
-        console.print(f"workspace: {record.config.workspace}")
-        if state != AgentState.FINISHED:
-            console.print(f"[red]session {session.id} ended {state.value}: "
-                          f"{mask_known(record.state_reason)}[/red]")
-            sys.exit(1)
+    trouper_home = open_home(home)
+    with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
+        trouper = stack.enter_context(Trouper(home=trouper_home.root, resume=False))
+        session = trouper.start_session(task, llm=llm, **options)
+        stack.pop_all()
+    try:
+        state = _stream(session, timeout_s, verbose)
+    except KeyboardInterrupt:
+        session.stop()
+        state = session.wait(timeout=10)
+    finally:
+        record = session.record
+        with console.status("stopping…"):
+            trouper.close()
+    console.print(f"workspace: {record.config.workspace}")
+    if state != AgentState.FINISHED:
+        console.print(f"[red]session {session.id} ended {state.value}: "
+                      f"{mask_known(record.state_reason)}[/red]")
+        sys.exit(1)
 
 
 @main.command()
@@ -151,21 +200,19 @@ def _stream(session: Any, timeout_s: float, verbose: bool, since: int = 0) -> An
 
 @contextlib.contextmanager
 def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
-             script: Path | None) -> Iterator[tuple[dict[str, Any], bool]]:
+             script: Path | None) -> Iterator[dict[str, Any]]:
     """The LLM config to use, serving a scripted server while it is in use."""
-    if model and not script:
+    if script is None:
         llm: dict[str, Any] = {"model": model, "base_url": base_url}
         if api_key:
             llm["api_key"] = api_key
-        yield llm, False
+        yield llm
         return
     from .testing import FakeLLMServer, load_script
 
-    demo = script is None
-    source = script if script is not None else Path(__file__).parent / "testing" / \
-        "demo_script.json"
-    with FakeLLMServer(load_script(source)) as server:
-        yield {"model": model or DEMO_MODEL, "base_url": server.url, "api_key": "scripted"}, demo
+    with FakeLLMServer(load_script(script)) as server:
+        yield {"model": model or SCRIPTED_MODEL, "base_url": server.url,
+               "api_key": SCRIPTED_KEY}
 
 
 @main.command("fake-llm")

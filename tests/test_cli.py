@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -19,16 +20,52 @@ def trouper_cmd(*args: str, home: Path, timeout: float = 120) -> subprocess.Comp
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def test_demo_runs_with_no_model_and_makes_files(tmp_path):
-    workspace = tmp_path / "ws"
-    result = trouper_cmd("run", "--workspace", str(workspace), home=tmp_path / "home")
+def readme_first_command() -> list[str]:
+    """The trouper part of README's first command (the one that installs and runs)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    command = first.split("&&")[-1].split()
+    assert command[0] == ".venv/bin/trouper", first
+    return command[1:]
+
+
+def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "state → finished" in result.stdout
     assert "run: mkdir -p wordcount" in result.stdout
+    workspace, = (home / "sessions").glob("*/workspace")
     assert (workspace / "wordcount" / "wordcount.py").is_file()
     tests = subprocess.run([sys.executable, "-m", "unittest", "-q", "test_wordcount"],
                            cwd=workspace / "wordcount", capture_output=True, text=True)
     assert tests.returncode == 0, tests.stderr
+
+
+def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path):
+    home = tmp_path / "home"
+    assert_demo_made_a_tested_program(trouper_cmd(*readme_first_command(), home=home), home)
+
+
+def test_run_with_no_task_and_no_model_is_the_demo(tmp_path):
+    home = tmp_path / "home"
+    assert_demo_made_a_tested_program(trouper_cmd("run", home=home), home)
+
+
+@pytest.mark.parametrize("args", [["demo", "--workspace", "{ws}"], ["run", "--workspace", "{ws}"]])
+def test_the_demo_never_works_in_a_folder_the_user_names(tmp_path, args):
+    workspace = tmp_path / "mine"
+    result = trouper_cmd(*[a.format(ws=workspace) for a in args], home=tmp_path / "home")
+    assert result.returncode == 2
+    assert "never in a folder you name" in result.stderr
+    assert not workspace.exists()
+
+
+def test_a_task_with_no_model_is_a_usage_error_saying_how_to_give_one(tmp_path):
+    result = trouper_cmd("run", "fix the failing test", home=tmp_path / "home")
+    assert result.returncode == 2
+    line, = result.stderr.splitlines()
+    for way in ("--model", "TROUPER_MODEL", "trouper demo"):
+        assert way in line
+    assert not (tmp_path / "home" / "sessions").exists()
 
 
 def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):

@@ -78,6 +78,11 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 # ---- usage and configuration: exit 2 ----
 
 
+def test_a_task_without_a_model_says_how_to_give_one(tmp_path):
+    line = one_error_line(trouper_cmd("run", "fix the failing test", home=tmp_path), USAGE)
+    assert "--model" in line and "TROUPER_MODEL" in line and "trouper demo" in line
+
+
 @pytest.mark.parametrize("args, words", [
     (["run", "--runtime", "nope"], "'nope' is not 'local'"),
     (["run", "t", "--modle", "x"], "'--model'?"),
@@ -111,7 +116,8 @@ def test_a_bad_script_file_is_a_usage_error(tmp_path, script_files, name, words,
 # ---- environment: exit 3 ----
 
 
-@pytest.mark.parametrize("args", [["sessions"], ["run", "t", "--script", "{script}"]])
+@pytest.mark.parametrize("args", [["sessions"], ["run", "t", "--script", "{script}"],
+                                  ["demo"]])
 @pytest.mark.parametrize("inside", [False, True], ids=["home-is-ro", "home-under-ro"])
 def test_a_read_only_home_is_an_environment_error(tmp_path, read_only_dir, args, inside):
     script = tmp_path / "ok.json"
