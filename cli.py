@@ -13,8 +13,17 @@ from typing import Any
 import click
 from rich.console import Console
 
-from .cli_support import DEBUG_ENV, ENVIRONMENT, CliError, TrouperGroup, open_home, os_message
-from .paths import HOME_ENV
+from .cli_support import (
+    DEBUG_ENV,
+    ENVIRONMENT,
+    CliError,
+    TrouperGroup,
+    debug_enabled,
+    log_to_home,
+    open_home,
+    os_message,
+)
+from .paths import HOME_ENV, Home
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
@@ -39,7 +48,7 @@ console = Console(highlight=False)
 @click.group(cls=TrouperGroup)
 @click.version_option(package_name="trouper")
 @click.option("--debug", is_flag=True, envvar=DEBUG_ENV,
-              help=f"Print tracebacks with errors (env {DEBUG_ENV}=1).")
+              help=f"Print tracebacks with errors; log at DEBUG (env {DEBUG_ENV}=1).")
 def main(debug: bool) -> None:
     """trouper: run LLM coding-agent sessions as supervised actors.
 
@@ -118,7 +127,7 @@ def _run_session(home: Path | None, task: str, llm: dict[str, Any], timeout_s: f
     from .masking import mask_known
     from .messages.events import AgentState
 
-    trouper_home = open_home(home)
+    trouper_home = _home_with_log(home)
     with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
         trouper = stack.enter_context(Trouper(home=trouper_home.root, resume=False))
         session = trouper.start_session(task, llm=llm, **options)
@@ -153,7 +162,7 @@ def resume(session_id: str, message: str | None, home: Path | None, timeout_s: f
     from .messages.events import AgentState
     from .store import open_store
 
-    trouper_home = open_home(home)
+    trouper_home = _home_with_log(home)
     store = open_store(trouper_home)
     try:
         store.session(session_id)  # an unknown id is an error before any actor starts
@@ -173,6 +182,12 @@ def resume(session_id: str, message: str | None, home: Path | None, timeout_s: f
         console.print(f"[red]session {session_id} is {state.value}: "
                       f"{mask_known(record.state_reason)}[/red]")
         sys.exit(1)
+
+
+def _home_with_log(home: Path | None) -> Home:
+    trouper_home = open_home(home)
+    log_to_home(trouper_home, debug_enabled())
+    return trouper_home
 
 
 def _stream(session: Any, timeout_s: float, verbose: bool, since: int = 0) -> Any:

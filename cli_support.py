@@ -192,3 +192,40 @@ def install_stderr_log() -> None:
     stderr.addFilter(lambda record: not getattr(record, _SHOWN, False))
     stderr._trouper_cli = True  # type: ignore[attr-defined]
     root.addHandler(stderr)
+
+
+def log_to_home(home: Home, debug: bool) -> Path:
+    """Append this process's trouper records to ``<home>/logs/trouper.log`` too.
+
+    The file, its format and its level are the actors' (``actor_system``'s log
+    definitions, which also create the file owner-only), so there is one definition.
+    With ``debug``, this process logs at DEBUG.
+    """
+    from .actor_system import _log_defs
+
+    try:
+        defs = _log_defs(home)
+    except OSError as exc:
+        raise home_error(home.root, exc) from exc
+    spec = defs["handlers"]["file"]
+    handler = logging.FileHandler(spec["filename"], encoding="utf-8")
+    handler.setLevel(logging.DEBUG if debug else spec["level"])
+    handler.setFormatter(logging.Formatter(defs["formatters"][spec["formatter"]]["format"]))
+    handler._trouper_cli = True  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, logging.FileHandler)
+                and getattr(h, "_trouper_cli", False)]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    logging.getLogger("trouper").setLevel(
+        logging.DEBUG if debug else defs["loggers"]["trouper"]["level"])
+    return Path(spec["filename"])
+
+
+def debug_enabled() -> bool:
+    """Whether the running command was given ``--debug`` (or ``TROUPER_DEBUG``)."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and root.params.get("debug"))
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -43,6 +44,10 @@ def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home:
 def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path):
     home = tmp_path / "home"
     assert_demo_made_a_tested_program(trouper_cmd(*readme_first_command(), home=home), home)
+    log = home / "logs" / "trouper.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    # written by the CLI's own process (it closes the actor system), beside the actors'
+    assert "trouper.actor_system: closed sandboxes of 1 session(s)" in log.read_text()
 
 
 def test_run_with_no_task_and_no_model_is_the_demo(tmp_path):

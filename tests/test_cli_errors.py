@@ -98,6 +98,10 @@ def test_click_usage_errors_are_one_line_with_the_help_hint(tmp_path, args, word
 def test_an_unknown_session_is_a_usage_error(tmp_path, command):
     line = one_error_line(trouper_cmd(command, "s-missing", home=tmp_path), USAGE)
     assert line == "trouper: error: no session has the id 's-missing'"
+    if command == "resume":  # it opened its log first: the log keeps the traceback
+        log = (tmp_path / "logs" / "trouper.log").read_text()
+        assert "ERROR trouper.cli_support: exit 2: no session has the id 's-missing'" in log
+        assert "Traceback" in log
 
 
 @pytest.mark.parametrize("name, words", [
