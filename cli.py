@@ -1,4 +1,8 @@
-"""The ``trouper`` command line."""
+"""The ``trouper`` command line (docs/cli.md).
+
+Errors, exit codes and the log are ``cli_support``'s; streaming a session, signals and
+the summary are ``cli_session``'s. This module only declares the commands.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,16 @@ import contextlib
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
+from .cli_session import Begun, console, drive, scripted_port
 from .cli_support import (
     DEBUG_ENV,
     ENVIRONMENT,
+    USAGE,
     CliError,
     TrouperGroup,
     debug_enabled,
@@ -25,13 +29,17 @@ from .cli_support import (
 )
 from .paths import HOME_ENV, Home
 
+if TYPE_CHECKING:
+    from .api import Trouper
+
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
 DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
 DEMO_MODEL = "hosted_vllm/trouper-demo"
+"""The demo's model name; ``resume`` knows a demo session by it and plays the demo again."""
 DEMO_SCRIPT = Path(__file__).parent / "testing" / "demo_script.json"
 SCRIPTED_MODEL = "hosted_vllm/scripted"
-"""The model name of a ``--script`` run without ``--model``."""
+"""The model name of a ``--script`` run without ``--model``: ``resume`` asks for the script."""
 SCRIPTED_KEY = "trouper-fake-llm-key"
 """The scripted server's API key. Every key is masked wherever it appears, so it must be
 a word no model name or output holds (``scripted`` turned the model name into
@@ -42,7 +50,14 @@ NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FIL
 DEMO_NO_WORKSPACE = ("the demo works in a fresh folder under the trouper home, never in a "
                      "folder you name: drop --workspace (or give a TASK and --model)")
 
-console = Console(highlight=False)
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
+    help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+timeout_option = click.option(
+    "--timeout", "timeout_s", default=3600.0, show_default=True,
+    help="Stop after this many seconds: the session is paused, resume carries it on.")
+verbose_option = click.option("-v", "--verbose", is_flag=True,
+                              help="Show thoughts, token counts, full output.")
 
 
 @click.group(cls=TrouperGroup)
@@ -53,7 +68,7 @@ def main(debug: bool) -> None:
     """trouper: run LLM coding-agent sessions as supervised actors.
 
     Exit codes: 0 finished, 1 the session ended otherwise, 2 usage or configuration,
-    3 environment, 4 unexpected. See cli_support.py.
+    3 environment, 4 unexpected, 130/143 interrupted (resumable). See docs/cli.md.
     """
 
 
@@ -62,19 +77,18 @@ def main(debug: bool) -> None:
 @click.option("--model", envvar=MODEL_ENV,
               help=f"litellm model, e.g. openai/gpt-4o (env {MODEL_ENV}); needed unless "
                    "--script.")
-@click.option("--base-url", envvar=BASE_URL_ENV, help="API base of the model's server.")
+@click.option("--base-url", envvar=BASE_URL_ENV,
+              help=f"API base of the model's server (env {BASE_URL_ENV}).")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
 @click.option("--runtime", default="local", show_default=True, type=click.Choice(["local"]))
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Folder the agent works in (default: a new folder under the home).")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
-              help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+@home_option
 @click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Answer with a scripted LLM server (a JSON script) instead of a model.")
 @click.option("--max-iterations", default=50, show_default=True, type=click.IntRange(1))
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
-              help="Give up waiting after this many seconds.")
-@click.option("-v", "--verbose", is_flag=True, help="Show thoughts, token counts, full output.")
+@timeout_option
+@verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         runtime: str, workspace: Path | None, home: Path | None, script: Path | None,
         max_iterations: int, timeout_s: float, verbose: bool) -> None:
@@ -85,24 +99,23 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
     if task is None and not model and not script:
         if workspace is not None:
             raise click.UsageError(DEMO_NO_WORKSPACE)
-        _demo(home, timeout_s, verbose)
-        return
+        _exit(_demo(home, timeout_s, verbose))
     if task is None:
         raise click.UsageError("give a TASK (or run 'trouper demo' for the built-in demo)")
     if not model and not script:
         raise click.UsageError(NO_MODEL)
-    with _llm_for(model, base_url, api_key, script) as llm:
-        _run_session(home, task, llm, timeout_s, verbose, runtime=runtime,
-                     workspace=workspace, max_iterations=max_iterations)
+    llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
+    if api_key:
+        llm["api_key"] = api_key
+    _exit(_start(home, task, llm, script, timeout_s=timeout_s, verbose=verbose,
+                 runtime=runtime, workspace=workspace, max_iterations=max_iterations))
 
 
 @main.command()
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
-              help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+@home_option
 @click.option("--workspace", hidden=True, help="Refused: the demo never uses your folders.")
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
-              help="Give up waiting after this many seconds.")
-@click.option("-v", "--verbose", is_flag=True, help="Show thoughts, token counts, full output.")
+@timeout_option
+@verbose_option
 def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bool) -> None:
     """Run the built-in demo in a fresh folder under the home (no key, no network).
 
@@ -111,77 +124,94 @@ def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bo
     """
     if workspace is not None:
         raise click.UsageError(DEMO_NO_WORKSPACE)
-    _demo(home, timeout_s, verbose)
+    _exit(_demo(home, timeout_s, verbose))
 
 
-def _demo(home: Path | None, timeout_s: float, verbose: bool) -> None:
-    console.print("[dim]the built-in demo: a scripted LLM server on loopback plays the "
-                  "model (give a TASK and --model for a real one)[/dim]")
-    with _llm_for(DEMO_MODEL, None, None, DEMO_SCRIPT) as llm:
-        _run_session(home, DEMO_TASK, llm, timeout_s, verbose)  # the default workspace
+def _demo(home: Path | None, timeout_s: float, verbose: bool) -> int:
+    llm = {"model": DEMO_MODEL}
+    return _start(home, DEMO_TASK, llm, DEMO_SCRIPT, timeout_s=timeout_s, verbose=verbose)
 
 
-def _run_session(home: Path | None, task: str, llm: dict[str, Any], timeout_s: float,
-                 verbose: bool, **options: Any) -> None:
-    from .api import Trouper
-    from .masking import mask_known
-    from .messages.events import AgentState
+def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | None, *,
+           timeout_s: float, verbose: bool, **options: Any) -> int:
+    """Start a session (on a scripted server when ``script``) and drive it."""
+    from .testing import load_script
 
+    loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
     trouper_home = _home_with_log(home)
-    with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
-        trouper = stack.enter_context(Trouper(home=trouper_home.root, resume=False))
-        session = trouper.start_session(task, llm=llm, **options)
-        stack.pop_all()
-    try:
-        state = _stream(session, timeout_s, verbose)
-    except KeyboardInterrupt:
-        session.stop()
-        state = session.wait(timeout=10)
-    finally:
-        record = session.record
-        with console.status("stopping…"):
-            trouper.close()
-    console.print(f"workspace: {record.config.workspace}")
-    if state != AgentState.FINISHED:
-        console.print(f"[red]session {session.id} ended {state.value}: "
-                      f"{mask_known(record.state_reason)}[/red]")
-        sys.exit(1)
+    hint = f" --script {script}" if script is not None and script != DEMO_SCRIPT else ""
+
+    def begin(trouper: Trouper, stack: contextlib.ExitStack) -> Begun:
+        config = dict(llm)
+        if loaded is not None:
+            config.update(base_url=_serve(stack, loaded, 0), api_key=SCRIPTED_KEY)
+        if config["model"] == DEMO_MODEL:
+            console.print("[dim]the built-in demo: a scripted LLM server on loopback plays "
+                          "the model (give a TASK and --model for a real one)[/dim]")
+        session = trouper.start_session(task, llm=config, **options)
+        return Begun(session, 0, f"trouper resume {session.id}{hint}")
+
+    return drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
 
 
 @main.command()
 @click.argument("session_id")
 @click.option("--message", "-m", help="Send this message to the agent instead of resuming.")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True)
-@click.option("-v", "--verbose", is_flag=True)
-def resume(session_id: str, message: str | None, home: Path | None, timeout_s: float,
-           verbose: bool) -> None:
+@click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The script of a session run with --script: served again at the address "
+                   "the session knows (a demo's is found by itself).")
+@home_option
+@timeout_option
+@verbose_option
+def resume(session_id: str, message: str | None, script: Path | None, home: Path | None,
+           timeout_s: float, verbose: bool) -> None:
     """Carry on a stored session (or give it a message) and stream it until it settles."""
-    from .api import Trouper, remember_session_secrets
-    from .masking import mask_known
-    from .messages.events import AgentState
-    from .store import open_store
+    from .api import remember_session_secrets
 
     trouper_home = _home_with_log(home)
-    store = open_store(trouper_home)
-    try:
-        store.session(session_id)  # an unknown id is an error before any actor starts
-    finally:
-        store.close()
-    with Trouper(home=trouper_home.root, resume=False) as trouper:
+    served, port = _script_to_serve(trouper_home, session_id, script)
+
+    def begin(trouper: Trouper, stack: contextlib.ExitStack) -> Begun:
         remember_session_secrets(trouper.home, session_id)  # shown output is masked
         session = trouper.session(session_id)
+        if served is not None:
+            _serve(stack, served, port)
         before = session.record.last_seq
         if message:
             session.send(message)
         else:
             session.resume()
-        state = _stream(session, timeout_s, verbose, since=before)
-        record = session.record
-    if state != AgentState.FINISHED:
-        console.print(f"[red]session {session_id} is {state.value}: "
-                      f"{mask_known(record.state_reason)}[/red]")
-        sys.exit(1)
+        hint = f" --script {script}" if script else ""
+        return Begun(session, before, f"trouper resume {session_id}{hint}")
+
+    _exit(drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose))
+
+
+def _script_to_serve(home: Home, session_id: str, script: Path | None) -> tuple[Any, int]:
+    """The script to serve again for a scripted session (``--script``, or the demo's),
+    and the port the session knows it at; (None, 0) for a real model. Read from the
+    store, so an unknown id or a missing ``--script`` is an error before any actor starts.
+    """
+    from .store import open_store
+    from .testing import load_script
+
+    loaded = load_script(script) if script is not None else None
+    store = open_store(home)
+    try:
+        llm = store.session(session_id).config.llm
+    finally:
+        store.close()
+    if loaded is None and llm.model == SCRIPTED_MODEL:
+        raise CliError(f"session {session_id} was run with --script: give the same "
+                       "--script FILE to resume it", USAGE)
+    served = loaded or (load_script(DEMO_SCRIPT) if llm.model == DEMO_MODEL else None)
+    if served is None:
+        return None, 0
+    port = scripted_port(llm.base_url)
+    if port is None:
+        raise CliError(f"session {session_id} does not use a scripted server on loopback: "
+                       "resume it without --script", USAGE)
+    return served, port
 
 
 def _home_with_log(home: Path | None) -> Home:
@@ -190,44 +220,25 @@ def _home_with_log(home: Path | None) -> Home:
     return trouper_home
 
 
-def _stream(session: Any, timeout_s: float, verbose: bool, since: int = 0) -> Any:
-    from .messages.events import ActionEvent, ObservationEvent
-    from .render import describe_action, render
+def _serve(stack: contextlib.ExitStack, script: Any, port: int) -> str:
+    """Serve a scripted LLM until the stack closes; its URL."""
+    from .testing import FakeLLMServer
 
-    console.print(f"[bold]session {session.id}[/bold]")
-    status = console.status("waiting for the model…")
-    status.start()
     try:
-        for event in session.events(since, follow=True, timeout_s=timeout_s):
-            line = render(event, verbose=verbose)
-            if line is not None:
-                status.stop()
-                console.print(line)
-                status.start()
-            if isinstance(event, ActionEvent):
-                status.update(f"running {describe_action(event)[:60]}…")
-            elif isinstance(event, ObservationEvent):
-                status.update("waiting for the model…")
-    finally:
-        status.stop()
-    return session.wait(timeout=0)
+        server = stack.enter_context(FakeLLMServer(script, port=port))
+    except OSError as exc:
+        raise _port_error("127.0.0.1", port, exc) from exc
+    return server.url
 
 
-@contextlib.contextmanager
-def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
-             script: Path | None) -> Iterator[dict[str, Any]]:
-    """The LLM config to use, serving a scripted server while it is in use."""
-    if script is None:
-        llm: dict[str, Any] = {"model": model, "base_url": base_url}
-        if api_key:
-            llm["api_key"] = api_key
-        yield llm
-        return
-    from .testing import FakeLLMServer, load_script
+def _port_error(host: str, port: int, exc: OSError) -> CliError:
+    if exc.errno == errno.EADDRINUSE:
+        return CliError(f"port {port} on {host} is in use", ENVIRONMENT)
+    return CliError(f"cannot listen on {host} port {port}: {os_message(exc)}", ENVIRONMENT)
 
-    with FakeLLMServer(load_script(script)) as server:
-        yield {"model": model or SCRIPTED_MODEL, "base_url": server.url,
-               "api_key": SCRIPTED_KEY}
+
+def _exit(code: int) -> None:
+    click.get_current_context().exit(code)
 
 
 @main.command("fake-llm")
@@ -243,14 +254,11 @@ def fake_llm(script: str, port: int, host: str) -> None:
     try:
         serve(script, host, port)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise CliError(f"port {port} on {host} is in use", ENVIRONMENT) from exc
-        raise CliError(f"cannot listen on {host} port {port}: {os_message(exc)}",
-                       ENVIRONMENT) from exc
+        raise _port_error(host, port, exc) from exc
 
 
 @main.command()
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@home_option
 def sessions(home: Path | None) -> None:
     """List the sessions in the store, newest first."""
     from .masking import mask_known
@@ -268,10 +276,10 @@ def sessions(home: Path | None) -> None:
 
 @main.command()
 @click.argument("session_id")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@home_option
 @click.option("--since", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def events(session_id: str, home: Path | None, since: int, as_json: bool,
            verbose: bool) -> None:
     """Print a session's events from the store."""

@@ -30,11 +30,20 @@ def readme_first_command() -> list[str]:
     return command[1:]
 
 
+def summary(stdout: str) -> dict[str, str]:
+    """The run summary's ``key  value`` lines."""
+    rows = stdout.split("── summary", 1)[1].strip().splitlines()
+    return dict(line.split(None, 1) for line in rows)
+
+
 def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "state → finished" in result.stdout
     assert "run: mkdir -p wordcount" in result.stdout
-    workspace, = (home / "sessions").glob("*/workspace")
+    rows = summary(result.stdout)
+    assert rows["state"] == "finished" and "resume" not in rows
+    workspace = Path(rows["workspace"])
+    assert workspace == home.resolve() / "sessions" / rows["session"] / "workspace"
     assert (workspace / "wordcount" / "wordcount.py").is_file()
     tests = subprocess.run([sys.executable, "-m", "unittest", "-q", "test_wordcount"],
                            cwd=workspace / "wordcount", capture_output=True, text=True)
@@ -43,7 +52,8 @@ def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home:
 
 def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path):
     home = tmp_path / "home"
-    assert_demo_made_a_tested_program(trouper_cmd(*readme_first_command(), home=home), home)
+    result = trouper_cmd(*readme_first_command(), home=home)
+    assert_demo_made_a_tested_program(result, home)
     log = home / "logs" / "trouper.log"
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     # written by the CLI's own process (it closes the actor system), beside the actors'
@@ -85,6 +95,12 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     assert result.returncode == 1
     assert "awaiting_user_input" in result.stdout
     assert (tmp_path / "ws" / "out.txt").read_text() == "hello\n"
+    rows = summary(result.stdout)
+    assert rows["state"] == "awaiting_user_input"
+    assert rows["steps"] == "2 model calls, 1 action"
+    assert rows["workspace"] == str((tmp_path / "ws").resolve())
+    assert rows["resume"] == (f"trouper resume {rows['session']} --script {script} "
+                              "-m 'YOUR ANSWER'")
 
     listed = trouper_cmd("sessions", home=home)
     assert listed.returncode == 0 and "awaiting_user_input" in listed.stdout
@@ -96,6 +112,20 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     assert missing.returncode == 2 and "s-missing" in missing.stderr
     unknown = trouper_cmd("resume", "s-missing", home=home)
     assert unknown.returncode == 2 and "s-missing" in unknown.stderr
+    unscripted = trouper_cmd("resume", session_id, "-m", "hi", home=home)
+    assert unscripted.returncode == 2 and "--script" in unscripted.stderr
+
+
+def test_timeout_pauses_the_session_and_says_how_to_resume_it(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool": "run", "args": {"command": "sleep 600"}}]))
+    result = trouper_cmd("run", "wait", "--script", str(script), "--timeout", "3",
+                         home=tmp_path / "home")
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = summary(result.stdout)
+    assert rows["state"] == "paused"
+    assert rows["reason"].endswith("when --timeout (3 s) passed; paused while trouper closed")
+    assert rows["resume"] == f"trouper resume {rows['session']} --script {script}"
 
 
 def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
