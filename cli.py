@@ -7,7 +7,6 @@ the summary are ``cli_session``'s. This module only declares the commands.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 from pathlib import Path
@@ -15,18 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_session import Begun, console, drive, scripted_port
-from .cli_support import (
-    DEBUG_ENV,
-    ENVIRONMENT,
-    USAGE,
-    CliError,
-    TrouperGroup,
-    debug_enabled,
-    log_to_home,
-    open_home,
-    os_message,
+from .cli_scripted import (
+    DEMO_MODEL,
+    DEMO_SCRIPT,
+    DEMO_TASK,
+    SCRIPTED_KEY,
+    SCRIPTED_MODEL,
+    port_error,
+    script_to_serve,
+    serve,
 )
+from .cli_session import Begun, console, drive
+from .cli_support import DEBUG_ENV, TrouperGroup, debug_enabled, log_to_home, open_home
 from .paths import HOME_ENV, Home
 
 if TYPE_CHECKING:
@@ -34,16 +33,6 @@ if TYPE_CHECKING:
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
-DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
-DEMO_MODEL = "hosted_vllm/trouper-demo"
-"""The demo's model name; ``resume`` knows a demo session by it and plays the demo again."""
-DEMO_SCRIPT = Path(__file__).parent / "testing" / "demo_script.json"
-SCRIPTED_MODEL = "hosted_vllm/scripted"
-"""The model name of a ``--script`` run without ``--model``: ``resume`` asks for the script."""
-SCRIPTED_KEY = "trouper-fake-llm-key"
-"""The scripted server's API key. Every key is masked wherever it appears, so it must be
-a word no model name or output holds (``scripted`` turned the model name into
-``hosted_vllm/<secret:LLM_API_KEY>``)."""
 NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FILE for a "
             "scripted one; to watch the built-in demo, run 'trouper demo' (or 'trouper run' "
             "with no task)")
@@ -140,18 +129,19 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
     loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
     trouper_home = _home_with_log(home)
     hint = f" --script {script}" if script is not None and script != DEMO_SCRIPT else ""
-
-    def begin(trouper: Trouper, stack: contextlib.ExitStack) -> Begun:
+    with contextlib.ExitStack() as servers:  # left after drive: it answers until the end
         config = dict(llm)
         if loaded is not None:
-            config.update(base_url=_serve(stack, loaded, 0), api_key=SCRIPTED_KEY)
-        if config["model"] == DEMO_MODEL:
-            console.print("[dim]the built-in demo: a scripted LLM server on loopback plays "
-                          "the model (give a TASK and --model for a real one)[/dim]")
-        session = trouper.start_session(task, llm=config, **options)
-        return Begun(session, 0, f"trouper resume {session.id}{hint}")
+            config.update(base_url=serve(servers, loaded), api_key=SCRIPTED_KEY)
 
-    return drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
+        def begin(trouper: Trouper) -> Begun:
+            if config["model"] == DEMO_MODEL:
+                console.print("[dim]the built-in demo: a scripted LLM server on loopback "
+                              "plays the model (give a TASK and --model for a real one)[/dim]")
+            session = trouper.start_session(task, llm=config, **options)
+            return Begun(session, 0, f"trouper resume {session.id}{hint}")
+
+        return drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
 
 
 @main.command()
@@ -169,72 +159,30 @@ def resume(session_id: str, message: str | None, script: Path | None, home: Path
     from .api import remember_session_secrets
 
     trouper_home = _home_with_log(home)
-    served, port = _script_to_serve(trouper_home, session_id, script)
+    served, port = script_to_serve(trouper_home, session_id, script)
+    hint = f" --script {script}" if script else ""
 
-    def begin(trouper: Trouper, stack: contextlib.ExitStack) -> Begun:
+    def begin(trouper: Trouper) -> Begun:
         remember_session_secrets(trouper.home, session_id)  # shown output is masked
         session = trouper.session(session_id)
-        if served is not None:
-            _serve(stack, served, port)
         before = session.record.last_seq
         if message:
             session.send(message)
         else:
             session.resume()
-        hint = f" --script {script}" if script else ""
         return Begun(session, before, f"trouper resume {session_id}{hint}")
 
-    _exit(drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose))
-
-
-def _script_to_serve(home: Home, session_id: str, script: Path | None) -> tuple[Any, int]:
-    """The script to serve again for a scripted session (``--script``, or the demo's),
-    and the port the session knows it at; (None, 0) for a real model. Read from the
-    store, so an unknown id or a missing ``--script`` is an error before any actor starts.
-    """
-    from .store import open_store
-    from .testing import load_script
-
-    loaded = load_script(script) if script is not None else None
-    store = open_store(home)
-    try:
-        llm = store.session(session_id).config.llm
-    finally:
-        store.close()
-    if loaded is None and llm.model == SCRIPTED_MODEL:
-        raise CliError(f"session {session_id} was run with --script: give the same "
-                       "--script FILE to resume it", USAGE)
-    served = loaded or (load_script(DEMO_SCRIPT) if llm.model == DEMO_MODEL else None)
-    if served is None:
-        return None, 0
-    port = scripted_port(llm.base_url)
-    if port is None:
-        raise CliError(f"session {session_id} does not use a scripted server on loopback: "
-                       "resume it without --script", USAGE)
-    return served, port
+    with contextlib.ExitStack() as servers:  # before the actors: none of them takes the port
+        if served is not None:
+            serve(servers, served, port)
+        code = drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
+    _exit(code)
 
 
 def _home_with_log(home: Path | None) -> Home:
     trouper_home = open_home(home)
     log_to_home(trouper_home, debug_enabled())
     return trouper_home
-
-
-def _serve(stack: contextlib.ExitStack, script: Any, port: int) -> str:
-    """Serve a scripted LLM until the stack closes; its URL."""
-    from .testing import FakeLLMServer
-
-    try:
-        server = stack.enter_context(FakeLLMServer(script, port=port))
-    except OSError as exc:
-        raise _port_error("127.0.0.1", port, exc) from exc
-    return server.url
-
-
-def _port_error(host: str, port: int, exc: OSError) -> CliError:
-    if exc.errno == errno.EADDRINUSE:
-        return CliError(f"port {port} on {host} is in use", ENVIRONMENT)
-    return CliError(f"cannot listen on {host} port {port}: {os_message(exc)}", ENVIRONMENT)
 
 
 def _exit(code: int) -> None:
@@ -254,7 +202,7 @@ def fake_llm(script: str, port: int, host: str) -> None:
     try:
         serve(script, host, port)
     except OSError as exc:
-        raise _port_error(host, port, exc) from exc
+        raise port_error(host, port, exc) from exc
 
 
 @main.command()

@@ -95,8 +95,8 @@ class Begun:
     """How to carry the session on; ``trouper resume <id>`` when empty."""
 
 
-Begin = Callable[["Trouper", contextlib.ExitStack], Begun]
-"""Starts or resumes a session in an open Trouper; may keep resources on the stack."""
+Begin = Callable[["Trouper"], Begun]
+"""Starts or resumes a session in an open Trouper."""
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,12 @@ def drive(home: Home, begin: Begin, *, timeout_s: float, verbose: bool) -> int:
     started = time.monotonic()
     interrupts = Interrupts()
     outcome = None
-    # the servers' stack is left last: a scripted model answers until the actors are gone
-    with interrupts.installed(), contextlib.ExitStack() as servers:
+    with interrupts.installed():
         with console.status("starting the actor system…"):
             trouper = Trouper(home=home.root, resume=False)
         try:
             if not interrupts.stop.is_set():
-                begun = begin(trouper, servers)
+                begun = begin(trouper)
                 outcome = _follow(begun, timeout_s, verbose, interrupts)
         finally:
             closing = "closing: stopping the sandbox and the actors…"
@@ -251,17 +250,4 @@ def _resume_command(outcome: Outcome) -> str:
     return command
 
 
-def scripted_port(base_url: str | None) -> int | None:
-    """The port of a scripted server on loopback at ``base_url``, or None."""
-    from urllib.parse import urlsplit
-
-    if not base_url:
-        return None
-    parts = urlsplit(base_url)
-    if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
-        return None
-    return parts.port
-
-
-__all__ = ["Begun", "Interrupts", "Outcome", "drive", "print_summary", "scripted_port",
-           "stream"]
+__all__ = ["Begun", "Interrupts", "Outcome", "drive", "print_summary", "stream"]

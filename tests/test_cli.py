@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -148,6 +149,19 @@ def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "user: answer.txt" in again.stdout and "state → finished" in again.stdout
     assert (workspace / "answer.txt").read_text() == "done\n"
+
+
+def test_a_scripted_server_listens_where_the_kernel_hands_out_no_port():
+    """So that ``resume --script`` can listen at the same address again."""
+    from trouper.cli_scripted import scripted_port, serve
+    from trouper.testing import load_script
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    with contextlib.ExitStack() as stack:
+        url = serve(stack, load_script([{"say": "hi"}]))
+        assert scripted_port(url) < low
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10) as r:
+            assert r.status == 200
 
 
 def test_fake_llm_command_serves_a_script(tmp_path):
