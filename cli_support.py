@@ -114,6 +114,8 @@ class TrouperGroup(click.Group):
             if not standalone_mode:
                 raise
             sys.exit(code)
+        finally:
+            remove_cli_logging()  # a caller in the same process (a test) gets its logging back
         # without standalone_mode click returns ctx.exit()'s code, or the command's value
         code = result if isinstance(result, int) else OK
         if standalone_mode:
@@ -183,9 +185,8 @@ def install_stderr_log() -> None:
     On the root logger, not ``trouper``'s: actor processes forked later move trouper's
     loggers under Thespian's root, so they do not write to this terminal twice.
     """
+    remove_cli_logging()
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_trouper_cli", False)]:
-        root.removeHandler(handler)
     stderr = _Stderr()
     stderr.setLevel(logging.WARNING)
     stderr.setFormatter(_OneLine())
@@ -212,15 +213,19 @@ def log_to_home(home: Home, debug: bool) -> Path:
     handler.setLevel(logging.DEBUG if debug else spec["level"])
     handler.setFormatter(logging.Formatter(defs["formatters"][spec["formatter"]]["format"]))
     handler._trouper_cli = True  # type: ignore[attr-defined]
-    root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, logging.FileHandler)
-                and getattr(h, "_trouper_cli", False)]:
-        root.removeHandler(old)
-        old.close()
-    root.addHandler(handler)
+    logging.getLogger().addHandler(handler)
     logging.getLogger("trouper").setLevel(
         logging.DEBUG if debug else defs["loggers"]["trouper"]["level"])
     return Path(spec["filename"])
+
+
+def remove_cli_logging() -> None:
+    """Take the handlers and the level the CLI set off again (idempotent)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_trouper_cli", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    logging.getLogger("trouper").setLevel(logging.NOTSET)
 
 
 def debug_enabled() -> bool:
