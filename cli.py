@@ -1,7 +1,8 @@
 """The ``trouper`` command line (docs/cli.md).
 
 Errors, exit codes and the log are ``cli_support``'s; streaming a session, signals and
-the summary are ``cli_session``'s. This module only declares the commands.
+the summary ``cli_session``'s; the demo and scripted servers ``cli_scripted``'s. This
+module declares the commands and checks what they were given.
 """
 
 from __future__ import annotations
