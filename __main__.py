@@ -2,4 +2,4 @@
 
 from .cli import main
 
-main()
+main(prog_name="trouper")

@@ -1,159 +1,193 @@
-"""The ``trouper`` command line."""
+"""The ``trouper`` command line (docs/cli.md).
+
+Errors, exit codes and the log are ``cli_support``'s; streaming a session, signals and
+the summary ``cli_session``'s; the demo and scripted servers ``cli_scripted``'s. This
+module declares the commands and checks what they were given.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
-from .paths import HOME_ENV
+from .cli_scripted import (
+    DEMO_MODEL,
+    DEMO_SCRIPT,
+    DEMO_TASK,
+    SCRIPTED_KEY,
+    SCRIPTED_MODEL,
+    port_error,
+    script_to_serve,
+    serve,
+)
+from .cli_session import Begun, console, drive
+from .cli_support import DEBUG_ENV, TrouperGroup, debug_enabled, log_to_home, open_home
+from .paths import HOME_ENV, Home
+
+if TYPE_CHECKING:
+    from .api import Trouper
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
-DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
-DEMO_MODEL = "hosted_vllm/trouper-demo"
+NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FILE for a "
+            "scripted one; to watch the built-in demo, run 'trouper demo' (or 'trouper run' "
+            "with no task)")
+DEMO_NO_WORKSPACE = ("the demo works in a fresh folder under the trouper home, never in a "
+                     "folder you name: drop --workspace (or give a TASK and --model)")
 
-console = Console(highlight=False)
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
+    help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+timeout_option = click.option(
+    "--timeout", "timeout_s", default=3600.0, show_default=True,
+    help="Stop after this many seconds: the session is paused, resume carries it on.")
+verbose_option = click.option("-v", "--verbose", is_flag=True,
+                              help="Show thoughts, token counts, full output.")
 
 
-@click.group()
+@click.group(cls=TrouperGroup)
 @click.version_option(package_name="trouper")
-def main() -> None:
-    """trouper: run LLM coding-agent sessions as supervised actors."""
+@click.option("--debug", is_flag=True, envvar=DEBUG_ENV,
+              help=f"Print tracebacks with errors; log at DEBUG (env {DEBUG_ENV}=1).")
+def main(debug: bool) -> None:
+    """trouper: run LLM coding-agent sessions as supervised actors.
+
+    Exit codes: 0 finished, 1 the session ended otherwise, 2 usage or configuration,
+    3 environment, 4 unexpected, 130/143 interrupted (resumable). See docs/cli.md.
+    """
 
 
 @main.command()
 @click.argument("task", required=False)
-@click.option("--model", envvar=MODEL_ENV, help="litellm model, e.g. openai/gpt-4o "
-              f"(env {MODEL_ENV}). Without a model, a scripted demo runs.")
-@click.option("--base-url", envvar=BASE_URL_ENV, help="API base of the model's server.")
+@click.option("--model", envvar=MODEL_ENV,
+              help=f"litellm model, e.g. openai/gpt-4o (env {MODEL_ENV}); needed unless "
+                   "--script.")
+@click.option("--base-url", envvar=BASE_URL_ENV,
+              help=f"API base of the model's server (env {BASE_URL_ENV}).")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
 @click.option("--runtime", default="local", show_default=True, type=click.Choice(["local"]))
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Folder the agent works in (default: a new folder under the home).")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
-              help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+@home_option
 @click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Answer with a scripted LLM server (a JSON script) instead of a model.")
 @click.option("--max-iterations", default=50, show_default=True, type=click.IntRange(1))
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
-              help="Give up waiting after this many seconds.")
-@click.option("-v", "--verbose", is_flag=True, help="Show thoughts, token counts, full output.")
+@timeout_option
+@verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         runtime: str, workspace: Path | None, home: Path | None, script: Path | None,
         max_iterations: int, timeout_s: float, verbose: bool) -> None:
-    """Run one session on TASK and stream it; exit 0 when it FINISHED."""
-    from .api import Trouper
-    from .masking import mask_known
-    from .messages.events import AgentState
+    """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
-    with _llm_for(model, base_url, api_key, script) as (llm, demo):
-        task = task or (DEMO_TASK if demo else None)
-        if not task:
-            raise click.UsageError("give a TASK")
-        if demo:
-            console.print("[dim]no model configured: running the built-in demo on a scripted "
-                          "LLM server (set --model or TROUPER_MODEL for a real one)[/dim]")
-        with console.status("starting the actor system…"), contextlib.ExitStack() as stack:
-            trouper = stack.enter_context(Trouper(home=home, resume=False))
-            session = trouper.start_session(task, llm=llm, runtime=runtime,
-                                            workspace=workspace, max_iterations=max_iterations)
-            stack.pop_all()
-        try:
-            state = _stream(session, timeout_s, verbose)
-        except KeyboardInterrupt:
-            session.stop()
-            state = session.wait(timeout=10)
-        finally:
-            record = session.record
-            with console.status("stopping…"):
-                trouper.close()
-        console.print(f"workspace: {record.config.workspace}")
-        if state != AgentState.FINISHED:
-            console.print(f"[red]session {session.id} ended {state.value}: "
-                          f"{mask_known(record.state_reason)}[/red]")
-            sys.exit(1)
+    With no TASK and no model, runs the built-in demo (as 'trouper demo').
+    """
+    if task is None and not model and not script:
+        if workspace is not None:
+            raise click.UsageError(DEMO_NO_WORKSPACE)
+        _exit(_demo(home, timeout_s, verbose))
+    if task is None:
+        raise click.UsageError("give a TASK (or run 'trouper demo' for the built-in demo)")
+    if not model and not script:
+        raise click.UsageError(NO_MODEL)
+    llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
+    if api_key:
+        llm["api_key"] = api_key
+    _exit(_start(home, task, llm, script, timeout_s=timeout_s, verbose=verbose,
+                 runtime=runtime, workspace=workspace, max_iterations=max_iterations))
+
+
+@main.command()
+@home_option
+@click.option("--workspace", hidden=True, help="Refused: the demo never uses your folders.")
+@timeout_option
+@verbose_option
+def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bool) -> None:
+    """Run the built-in demo in a fresh folder under the home (no key, no network).
+
+    A scripted model on loopback has the agent write, run, test and improve a small
+    program. It never works in a folder you name: --workspace is refused.
+    """
+    if workspace is not None:
+        raise click.UsageError(DEMO_NO_WORKSPACE)
+    _exit(_demo(home, timeout_s, verbose))
+
+
+def _demo(home: Path | None, timeout_s: float, verbose: bool) -> int:
+    llm = {"model": DEMO_MODEL}
+    return _start(home, DEMO_TASK, llm, DEMO_SCRIPT, timeout_s=timeout_s, verbose=verbose)
+
+
+def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | None, *,
+           timeout_s: float, verbose: bool, **options: Any) -> int:
+    """Start a session (on a scripted server when ``script``) and drive it."""
+    from .testing import load_script
+
+    loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
+    trouper_home = _home_with_log(home)
+    hint = f" --script {script}" if script is not None and script != DEMO_SCRIPT else ""
+    with contextlib.ExitStack() as servers:  # left after drive: it answers until the end
+        config = dict(llm)
+        if loaded is not None:
+            config.update(base_url=serve(servers, loaded), api_key=SCRIPTED_KEY)
+
+        def begin(trouper: Trouper) -> Begun:
+            if config["model"] == DEMO_MODEL:
+                console.print("[dim]the built-in demo: a scripted LLM server on loopback "
+                              "plays the model (give a TASK and --model for a real one)[/dim]")
+            session = trouper.start_session(task, llm=config, **options)
+            return Begun(session, 0, f"trouper resume {session.id}{hint}")
+
+        return drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
 
 
 @main.command()
 @click.argument("session_id")
 @click.option("--message", "-m", help="Send this message to the agent instead of resuming.")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True)
-@click.option("-v", "--verbose", is_flag=True)
-def resume(session_id: str, message: str | None, home: Path | None, timeout_s: float,
-           verbose: bool) -> None:
+@click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The script of a session run with --script: served again at the address "
+                   "the session knows (a demo's is found by itself).")
+@home_option
+@timeout_option
+@verbose_option
+def resume(session_id: str, message: str | None, script: Path | None, home: Path | None,
+           timeout_s: float, verbose: bool) -> None:
     """Carry on a stored session (or give it a message) and stream it until it settles."""
-    from .api import Trouper, remember_session_secrets
-    from .exceptions import TrouperError
-    from .masking import mask_known
-    from .messages.events import AgentState
+    from .api import remember_session_secrets
 
-    with Trouper(home=home, resume=False) as trouper:
-        try:
-            remember_session_secrets(trouper.home, session_id)  # shown output is masked
-            session = trouper.session(session_id)
-            before = session.record.last_seq
-            if message:
-                session.send(message)
-            else:
-                session.resume()
-        except TrouperError as exc:
-            raise click.ClickException(str(exc)) from exc
-        state = _stream(session, timeout_s, verbose, since=before)
-        record = session.record
-    if state != AgentState.FINISHED:
-        console.print(f"[red]session {session_id} is {state.value}: "
-                      f"{mask_known(record.state_reason)}[/red]")
-        sys.exit(1)
+    trouper_home = _home_with_log(home)
+    served, port = script_to_serve(trouper_home, session_id, script)
+    hint = f" --script {script}" if script else ""
 
+    def begin(trouper: Trouper) -> Begun:
+        remember_session_secrets(trouper.home, session_id)  # shown output is masked
+        session = trouper.session(session_id)
+        before = session.record.last_seq
+        if message:
+            session.send(message)
+        else:
+            session.resume()
+        return Begun(session, before, f"trouper resume {session_id}{hint}")
 
-def _stream(session: Any, timeout_s: float, verbose: bool, since: int = 0) -> Any:
-    from .messages.events import ActionEvent, ObservationEvent
-    from .render import describe_action, render
-
-    console.print(f"[bold]session {session.id}[/bold]")
-    status = console.status("waiting for the model…")
-    status.start()
-    try:
-        for event in session.events(since, follow=True, timeout_s=timeout_s):
-            line = render(event, verbose=verbose)
-            if line is not None:
-                status.stop()
-                console.print(line)
-                status.start()
-            if isinstance(event, ActionEvent):
-                status.update(f"running {describe_action(event)[:60]}…")
-            elif isinstance(event, ObservationEvent):
-                status.update("waiting for the model…")
-    finally:
-        status.stop()
-    return session.wait(timeout=0)
+    with contextlib.ExitStack() as servers:  # before the actors: none of them takes the port
+        if served is not None:
+            serve(servers, served, port)
+        code = drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
+    _exit(code)
 
 
-@contextlib.contextmanager
-def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
-             script: Path | None) -> Iterator[tuple[dict[str, Any], bool]]:
-    """The LLM config to use, serving a scripted server while it is in use."""
-    if model and not script:
-        llm: dict[str, Any] = {"model": model, "base_url": base_url}
-        if api_key:
-            llm["api_key"] = api_key
-        yield llm, False
-        return
-    from .testing import FakeLLMServer, load_script
+def _home_with_log(home: Path | None) -> Home:
+    trouper_home = open_home(home)
+    log_to_home(trouper_home, debug_enabled())
+    return trouper_home
 
-    demo = script is None
-    source = script if script is not None else Path(__file__).parent / "testing" / \
-        "demo_script.json"
-    with FakeLLMServer(load_script(source)) as server:
-        yield {"model": model or DEMO_MODEL, "base_url": server.url, "api_key": "scripted"}, demo
+
+def _exit(code: int) -> None:
+    click.get_current_context().exit(code)
 
 
 @main.command("fake-llm")
@@ -162,20 +196,24 @@ def _llm_for(model: str | None, base_url: str | None, api_key: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True)
 def fake_llm(script: str, port: int, host: str) -> None:
     """Serve an OpenAI-compatible scripted LLM (for tests and demos) until interrupted."""
+    from .testing import load_script
     from .testing.fake_llm import serve
 
-    serve(script, host, port)
+    load_script(script)  # a bad script is a usage error before anything listens
+    try:
+        serve(script, host, port)
+    except OSError as exc:
+        raise port_error(host, port, exc) from exc
 
 
 @main.command()
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@home_option
 def sessions(home: Path | None) -> None:
     """List the sessions in the store, newest first."""
     from .masking import mask_known
-    from .paths import Home
     from .store import open_store
 
-    store = open_store(Home.at(home))
+    store = open_store(open_home(home))
     try:
         for record in store.sessions():
             console.print(f"{record.session_id}  {record.state.value:<22} "
@@ -187,31 +225,28 @@ def sessions(home: Path | None) -> None:
 
 @main.command()
 @click.argument("session_id")
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV)
+@home_option
 @click.option("--since", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
-@click.option("-v", "--verbose", is_flag=True)
+@verbose_option
 def events(session_id: str, home: Path | None, since: int, as_json: bool,
            verbose: bool) -> None:
     """Print a session's events from the store."""
     from .api import remember_session_secrets
-    from .exceptions import UnknownSession
     from .masking import known_masker
-    from .paths import Home
     from .render import render
     from .store import open_store
 
-    trouper_home = Home.at(home)
+    trouper_home = open_home(home)
     store = open_store(trouper_home)
     try:
+        store.session(session_id)  # an unknown id is an error before anything is printed
         remember_session_secrets(trouper_home, session_id)  # shown output is masked
         for event in store.read(session_id, since=since):
             if as_json:
                 click.echo(known_masker().mask_event(event).model_dump_json())
             elif (line := render(event, verbose=verbose)) is not None:
                 console.print(line)
-    except UnknownSession as exc:
-        raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -19,16 +22,66 @@ def trouper_cmd(*args: str, home: Path, timeout: float = 120) -> subprocess.Comp
                           capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def test_demo_runs_with_no_model_and_makes_files(tmp_path):
-    workspace = tmp_path / "ws"
-    result = trouper_cmd("run", "--workspace", str(workspace), home=tmp_path / "home")
+def readme_first_command() -> list[str]:
+    """The trouper part of README's first command (the one that installs and runs)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    command = first.split("&&")[-1].split()
+    assert command[0] == ".venv/bin/trouper", first
+    return command[1:]
+
+
+def summary(stdout: str) -> dict[str, str]:
+    """The run summary's ``key  value`` lines."""
+    rows = stdout.split("── summary", 1)[1].strip().splitlines()
+    return dict(line.split(None, 1) for line in rows)
+
+
+def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "state → finished" in result.stdout
     assert "run: mkdir -p wordcount" in result.stdout
+    rows = summary(result.stdout)
+    assert rows["state"] == "finished" and "resume" not in rows
+    workspace = Path(rows["workspace"])
+    assert workspace == home.resolve() / "sessions" / rows["session"] / "workspace"
     assert (workspace / "wordcount" / "wordcount.py").is_file()
     tests = subprocess.run([sys.executable, "-m", "unittest", "-q", "test_wordcount"],
                            cwd=workspace / "wordcount", capture_output=True, text=True)
     assert tests.returncode == 0, tests.stderr
+
+
+def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path):
+    home = tmp_path / "home"
+    result = trouper_cmd(*readme_first_command(), home=home)
+    assert_demo_made_a_tested_program(result, home)
+    log = home / "logs" / "trouper.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    # written by the CLI's own process (it closes the actor system), beside the actors'
+    assert "trouper.actor_system: closed sandboxes of 1 session(s)" in log.read_text()
+
+
+def test_run_with_no_task_and_no_model_is_the_demo(tmp_path):
+    home = tmp_path / "home"
+    assert_demo_made_a_tested_program(trouper_cmd("run", home=home), home)
+
+
+@pytest.mark.parametrize("args", [["demo", "--workspace", "{ws}"], ["run", "--workspace", "{ws}"]])
+def test_the_demo_never_works_in_a_folder_the_user_names(tmp_path, args):
+    workspace = tmp_path / "mine"
+    result = trouper_cmd(*[a.format(ws=workspace) for a in args], home=tmp_path / "home")
+    assert result.returncode == 2
+    assert "never in a folder you name" in result.stderr
+    assert not workspace.exists()
+
+
+def test_a_task_with_no_model_is_a_usage_error_saying_how_to_give_one(tmp_path):
+    result = trouper_cmd("run", "fix the failing test", home=tmp_path / "home")
+    assert result.returncode == 2
+    line, = result.stderr.splitlines()
+    for way in ("--model", "TROUPER_MODEL", "trouper demo"):
+        assert way in line
+    assert not (tmp_path / "home" / "sessions").exists()
 
 
 def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
@@ -43,6 +96,12 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     assert result.returncode == 1
     assert "awaiting_user_input" in result.stdout
     assert (tmp_path / "ws" / "out.txt").read_text() == "hello\n"
+    rows = summary(result.stdout)
+    assert rows["state"] == "awaiting_user_input"
+    assert rows["steps"] == "2 model calls, 1 action"
+    assert rows["workspace"] == str((tmp_path / "ws").resolve())
+    assert rows["resume"] == (f"trouper resume {rows['session']} --script {script} "
+                              "-m 'YOUR ANSWER'")
 
     listed = trouper_cmd("sessions", home=home)
     assert listed.returncode == 0 and "awaiting_user_input" in listed.stdout
@@ -51,9 +110,23 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     kinds = [json.loads(line)["kind"] for line in dumped.stdout.splitlines()]
     assert kinds[0] == "message" and "action" in kinds and "observation" in kinds
     missing = trouper_cmd("events", "s-missing", home=home)
-    assert missing.returncode != 0 and "s-missing" in missing.stderr
+    assert missing.returncode == 2 and "s-missing" in missing.stderr
     unknown = trouper_cmd("resume", "s-missing", home=home)
-    assert unknown.returncode == 1 and "s-missing" in unknown.stderr
+    assert unknown.returncode == 2 and "s-missing" in unknown.stderr
+    unscripted = trouper_cmd("resume", session_id, "-m", "hi", home=home)
+    assert unscripted.returncode == 2 and "--script" in unscripted.stderr
+
+
+def test_timeout_pauses_the_session_and_says_how_to_resume_it(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool": "run", "args": {"command": "sleep 600"}}]))
+    result = trouper_cmd("run", "wait", "--script", str(script), "--timeout", "3",
+                         home=tmp_path / "home")
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = summary(result.stdout)
+    assert rows["state"] == "paused"
+    assert rows["reason"].endswith("when --timeout (3 s) passed; paused while trouper closed")
+    assert rows["resume"] == f"trouper resume {rows['session']} --script {script}"
 
 
 def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
@@ -76,6 +149,19 @@ def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "user: answer.txt" in again.stdout and "state → finished" in again.stdout
     assert (workspace / "answer.txt").read_text() == "done\n"
+
+
+def test_a_scripted_server_listens_where_the_kernel_hands_out_no_port():
+    """So that ``resume --script`` can listen at the same address again."""
+    from trouper.cli_scripted import scripted_port, serve
+    from trouper.testing import load_script
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    with contextlib.ExitStack() as stack:
+        url = serve(stack, load_script([{"say": "hi"}]))
+        assert scripted_port(url) < low
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10) as r:
+            assert r.status == 200
 
 
 def test_fake_llm_command_serves_a_script(tmp_path):
