@@ -24,10 +24,10 @@ from .actors import (
     root,  # noqa: E402, F401 - imported before the fork, on purpose
 )
 from .actors.transport import seal  # noqa: E402
-from .actors.wiring import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
 from .messages.protocol import Accepted, Refused  # noqa: E402
+from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .paths import Home, private_dir, private_file  # noqa: E402
 from .processes import children_of  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402

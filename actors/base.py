@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from thespian.actors import (
     Actor,
@@ -43,6 +43,7 @@ from thespian.actors import (
 
 from ..exceptions import StoreUnavailable
 from ..messages.base import Frozen
+from ..messages.tree import Failing
 from ..paths import write_private
 from ..processes import start_time
 
@@ -53,17 +54,6 @@ _HOOK_PREFIXES = ("child_", "timer_")
 _HOOKS = frozenset({"wakeup", "exit_request", "poison", "unknown"})
 
 Handler = Callable[[Any, ActorAddress], None]
-
-
-@dataclass(frozen=True)
-class Failing:
-    """Told to the parent by an actor that is about to exit on purpose, with the reason."""
-
-    kind: ClassVar[str] = "failing"
-    role: str
-    reason: str
-    error_class: str = ""
-    traceback: str = ""
 
 
 @dataclass(frozen=True)
@@ -265,7 +255,8 @@ class TrouperActor(Actor):
         error_class = f"{type(exc).__module__}.{type(exc).__qualname__}" if exc else ""
         parent = getattr(self, "_parent_address", None)
         if parent is not None:
-            self.send(parent, Failing(self.role, reason, error_class, tb))
+            self.send(parent, Failing(role=self.role, reason=reason, error_class=error_class,
+                                      traceback=tb))
         self.send(self.myAddress, ActorExitRequest())
 
     # -- default handlers ----------------------------------------------------------

@@ -46,6 +46,7 @@ from ..core.session import SessionCore
 from ..exceptions import LeaseLost, StoreUnavailable
 from ..fold import SessionView
 from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
+from ..messages import tree as wiring
 from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import (
     Accepted,
@@ -64,12 +65,11 @@ from ..messages.protocol import (
     StoreFault,
     UserCommand,
 )
+from ..messages.tree import BootController, Relay, Rewire, RuntimeGaveUp, Superseded
 from ..paths import Home
 from ..settings import settings
 from ..store import EventStore, open_store
-from . import wiring
 from .base import TrouperActor
-from .wiring import BootController, Relay, Rewire, RuntimeGaveUp, Superseded
 
 logger = logging.getLogger(__name__)
 

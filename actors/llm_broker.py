@@ -36,10 +36,10 @@ from ..messages.protocol import (
     CompletionFailed,
     RetryScheduled,
 )
+from ..messages.tree import BootBroker
 from ..paths import Home
 from ..settings import settings
 from .base import Timer, TrouperActor
-from .wiring import BootBroker
 
 logger = logging.getLogger(__name__)
 

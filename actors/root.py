@@ -34,13 +34,7 @@ from ..messages.protocol import (
     StoreFault,
     UserCommand,
 )
-from ..paths import Home
-from ..settings import settings
-from .base import Timer
-from .llm_broker import LLMBroker
-from .session_supervisor import SessionSupervisor
-from .supervision import ChildSpec, Supervisor
-from .wiring import (
+from ..messages.tree import (
     BootBroker,
     BootRoot,
     BootSession,
@@ -50,6 +44,12 @@ from .wiring import (
     ShutdownDone,
     Superseded,
 )
+from ..paths import Home
+from ..settings import settings
+from .base import Timer
+from .llm_broker import LLMBroker
+from .session_supervisor import SessionSupervisor
+from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from ..messages.protocol import (
     RuntimeReady,
     SandboxClosed,
 )
+from ..messages.tree import BootRuntime, Superseded
 from ..paths import Home
 from ..runtimes import load_sandbox
 from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
 from ..settings import settings
 from .base import Timer, TrouperActor
-from .wiring import BootRuntime, Superseded
 
 logger = logging.getLogger(__name__)
 

@@ -29,12 +29,7 @@ from ..messages.protocol import (
     StoreFault,
     UserCommand,
 )
-from ..paths import Home
-from ..store import open_store
-from .controller import Controller
-from .runtime_proxy import RuntimeProxy
-from .supervision import ChildSpec, Supervisor
-from .wiring import (
+from ..messages.tree import (
     BootController,
     BootRuntime,
     BootSession,
@@ -47,6 +42,11 @@ from .wiring import (
     ShutdownDone,
     Superseded,
 )
+from ..paths import Home
+from ..store import open_store
+from .controller import Controller
+from .runtime_proxy import RuntimeProxy
+from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from thespian.actors import Actor, ActorSystem, WakeupMessage
 
 from trouper.actors import base
 from trouper.actors.controller import Controller
-from trouper.actors.wiring import BootController, Relay, Rewire, RuntimeGaveUp
 from trouper.config import LLMConfig, SessionConfig
 from trouper.fold import SessionView
 from trouper.messages.events import AgentState
@@ -34,6 +33,7 @@ from trouper.messages.protocol import (
     ToolCall,
     UserCommand,
 )
+from trouper.messages.tree import BootController, Relay, Rewire, RuntimeGaveUp
 from trouper.paths import Home
 from trouper.store import open_store
 

@@ -26,7 +26,6 @@ from thespian.actors import ActorExitRequest, WakeupMessage
 from trouper.actors.base import Timer
 from trouper.actors.llm_broker import LLMBroker
 from trouper.actors.runtime_proxy import RuntimeProxy
-from trouper.actors.wiring import BootBroker, BootRuntime
 from trouper.config import LLMConfig, SessionConfig
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
@@ -45,6 +44,7 @@ from trouper.messages.protocol import (
     SandboxClosed,
     StartSession,
 )
+from trouper.messages.tree import BootBroker, BootRuntime
 from trouper.paths import Home
 from trouper.processes import pid_alive
 from trouper.testing import wait_until

@@ -28,23 +28,10 @@ from thespian.actors import (
 )
 
 from trouper.actors import base
-from trouper.actors.base import Failing, Timer, describe
+from trouper.actors.base import Timer, describe
 from trouper.actors.controller import Controller
 from trouper.actors.root import RootSupervisor
 from trouper.actors.session_supervisor import SessionSupervisor
-from trouper.actors.wiring import (
-    BootBroker,
-    BootController,
-    BootRoot,
-    BootRuntime,
-    BootSession,
-    BrokerMoved,
-    Relay,
-    RestartRuntime,
-    Shutdown,
-    ShutdownDone,
-    Superseded,
-)
 from trouper.config import LLMConfig, SessionConfig
 from trouper.fold import SessionView
 from trouper.messages.events import AgentState
@@ -66,6 +53,20 @@ from trouper.messages.protocol import (
     StartSession,
     StoreFault,
     UserCommand,
+)
+from trouper.messages.tree import (
+    BootBroker,
+    BootController,
+    BootRoot,
+    BootRuntime,
+    BootSession,
+    BrokerMoved,
+    Failing,
+    Relay,
+    RestartRuntime,
+    Shutdown,
+    ShutdownDone,
+    Superseded,
 )
 from trouper.paths import Home
 from trouper.restarts import RestartPolicy
@@ -259,7 +260,7 @@ def test_session_supervisor_before_its_boot_drops_all_and_starts_nothing(
         RestartRuntime(reason="early"), BrokerMoved(broker=tree.stranger),
         Superseded(session_id=sid, reason="early"),
         SandboxClosed(request_id="early", session_id=sid),
-        Failing("runtime", "early"), ChildActorExited(tree.stranger),
+        Failing(role="runtime", reason="early"), ChildActorExited(tree.stranger),
         *_junk(sid),
     ]
     tree.tell(*early)
@@ -291,7 +292,7 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from a child"),
         SandboxClosed(request_id="nobody asked", session_id=sid),
-        Failing("controller", "not a child"), ChildActorExited(tree.stranger),
+        Failing(role="controller", reason="not a child"), ChildActorExited(tree.stranger),
         Relay(msg=Completed(request_id="r", session_id=sid), reply_to=None),
         *_junk(sid),
     ]
@@ -421,7 +422,7 @@ def test_root_before_its_boot_answers_or_drops_and_starts_nothing(system, drops,
     early = [
         ShutdownDone(request_id="nobody"), Superseded(session_id=start.session_id, reason="x"),
         StoreFault(session_id=start.session_id, cause="disk full"),
-        Failing("broker", "not a child"), ChildActorExited(root.stranger),
+        Failing(role="broker", reason="not a child"), ChildActorExited(root.stranger),
         Relay(msg=UserCommand(request_id="r", session_id=start.session_id, command="stop"),
               reply_to=None),
         *_junk(start.session_id),
@@ -457,7 +458,7 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from its session"),
         ShutdownDone(request_id="nobody asked"),
-        Failing("broker", "not a child"), ChildActorExited(root.stranger),
+        Failing(role="broker", reason="not a child"), ChildActorExited(root.stranger),
         *_junk(sid),
     ]
     root.tell(*late)

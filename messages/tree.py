@@ -1,0 +1,141 @@
+"""Messages inside the actor tree: boots, rewiring, relays, shutdown, and last words.
+
+They carry actor addresses, so they never leave the actor system and are never stored.
+``messages/`` imports no Thespian: an ``Address`` field holds a Thespian ``ActorAddress``
+(checked by nobody but Thespian). Grouped by who sends them to whom.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..restarts import RestartPolicy
+from .base import Frozen
+from .protocol import StartSession
+
+Address = Any
+"""A Thespian ``ActorAddress``."""
+
+
+# ---- the program and the root -------------------------------------------------------
+
+
+class BootRoot(Frozen):
+    """Program -> RootSupervisor: the home and the restart policy of the tree."""
+
+    kind: Literal["boot_root"] = "boot_root"
+    home: str
+    policy: RestartPolicy
+
+
+class Shutdown(Frozen):
+    """Down the tree: close gracefully, stop sandboxes, then answer ``ShutdownDone``."""
+
+    kind: Literal["shutdown"] = "shutdown"
+    request_id: str
+    stop_sandboxes: bool = True
+
+
+class ShutdownDone(Frozen):
+    kind: Literal["shutdown_done"] = "shutdown_done"
+    request_id: str
+    sessions: list[str] = Field(default_factory=list)
+
+
+class Relay(Frozen):
+    """A request passed down the tree; whoever handles it answers ``reply_to`` directly."""
+
+    kind: Literal["relay"] = "relay"
+    msg: Any
+    reply_to: Address | None
+
+
+# ---- the root and the session supervisors ------------------------------------------
+
+
+class BootBroker(Frozen):
+    kind: Literal["boot_broker"] = "boot_broker"
+    home: str
+
+
+class BootSession(Frozen):
+    """Root -> SessionSupervisor: start (or restore) one session."""
+
+    kind: Literal["boot_session"] = "boot_session"
+    start: StartSession
+    broker: Address
+    policy: RestartPolicy
+    reply_to: Address | None = None
+
+
+class BrokerMoved(Frozen):
+    """Root -> SessionSupervisors: the broker was restarted at a new address."""
+
+    kind: Literal["broker_moved"] = "broker_moved"
+    broker: Address
+
+
+class Superseded(Frozen):
+    """Up the tree: a newer Controller owns the session's log (another Trouper restored
+    it), or the session cannot go on: stand down."""
+
+    kind: Literal["superseded"] = "superseded"
+    session_id: str
+    reason: str
+
+
+# ---- a session supervisor and its children ------------------------------------------
+
+
+class BootController(Frozen):
+    kind: Literal["boot_controller"] = "boot_controller"
+    start: StartSession
+    broker: Address | None
+    runtime: Address | None
+    reply_to: Address | None = None
+
+
+class BootRuntime(Frozen):
+    kind: Literal["boot_runtime"] = "boot_runtime"
+    start: StartSession
+
+
+class Rewire(Frozen):
+    """SessionSupervisor -> Controller: a sibling has a new address (it was restarted)."""
+
+    kind: Literal["rewire"] = "rewire"
+    broker: Address | None = None
+    runtime: Address | None = None
+    reason: str = ""
+
+
+class RuntimeGaveUp(Frozen):
+    """SessionSupervisor -> Controller: the sandbox is down until ``resumes_at`` (the
+    supervisor then starts a fresh one by itself) or, with None, until a resume."""
+
+    kind: Literal["runtime_gave_up"] = "runtime_gave_up"
+    reason: str
+    resumes_at: datetime | None = None
+
+
+class RestartRuntime(Frozen):
+    """Controller -> SessionSupervisor: a user's resume; start a fresh runtime proxy."""
+
+    kind: Literal["restart_runtime"] = "restart_runtime"
+    reason: str
+
+
+# ---- any child and its supervisor ---------------------------------------------------
+
+
+class Failing(Frozen):
+    """Child -> supervisor: it is about to exit on purpose, and why (its last words)."""
+
+    kind: Literal["failing"] = "failing"
+    role: str
+    reason: str
+    error_class: str = ""
+    traceback: str = ""
