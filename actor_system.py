@@ -26,7 +26,7 @@ from .actors import (
 from .actors.transport import seal  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
-from .messages.protocol import Accepted, Refused  # noqa: E402
+from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
 from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .paths import Home, private_dir, private_file  # noqa: E402
 from .processes import children_of  # noqa: E402
@@ -41,9 +41,9 @@ _OPENING = threading.Lock()
 """An owner-only file holding the actor transport's key, shared by every host of a
 multi-host system; unset (the default), each program makes a random key of its own."""
 
-_ERRORS: dict[str, type[TrouperError]] = {
-    "UnknownSession": UnknownSession,
-    "InvalidRequest": InvalidRequest,
+_ERRORS: dict[Refusal, type[TrouperError]] = {
+    Refusal.UNKNOWN_SESSION: UnknownSession,
+    Refusal.INVALID_REQUEST: InvalidRequest,
 }
 
 

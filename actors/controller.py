@@ -55,6 +55,7 @@ from ..messages.protocol import (
     CompletionFailed,
     Executed,
     JournalFault,
+    Refusal,
     Refused,
     ResolveAction,
     Resolved,
@@ -249,7 +250,7 @@ class Controller(TrouperActor):
                                    seq=effect.seq)
         else:
             answer = Refused(request_id=effect.request_id, session_id=self.session_id,
-                             error="InvalidRequest", message=effect.error)
+                             error=Refusal.INVALID_REQUEST, message=effect.error)
         self.send(reply_to, answer)
 
     # -- store-fault mode (see the module doc) ------------------------------------------
@@ -275,7 +276,7 @@ class Controller(TrouperActor):
             if msg.reply_to is not None:
                 self.send(msg.reply_to, Refused(
                     request_id=msg.msg.request_id, session_id=self.session_id,
-                    error="InvalidRequest",
+                    error=Refusal.INVALID_REQUEST,
                     message=f"the session cannot record anything now: {fault.cause}"))
 
     def on_timer_store_probe(self, delay_s: float) -> None:

@@ -29,6 +29,7 @@ from ..messages.protocol import (
     Accepted,
     FaultQuery,
     FaultStatus,
+    Refusal,
     Refused,
     StartSession,
     StoreFault,
@@ -95,7 +96,7 @@ class RootSupervisor(Supervisor):
     def on_start_session(self, msg: StartSession, sender: ActorAddress) -> None:
         if not self.booted:  # no broker yet: the session could never ask its model
             self.send(sender, Refused(request_id=msg.request_id, session_id=msg.session_id,
-                                      error="InvalidRequest",
+                                      error=Refusal.INVALID_REQUEST,
                                       message="the actor tree is not booted yet"))
             return
         self._start_session(msg, sender)
@@ -126,7 +127,7 @@ class RootSupervisor(Supervisor):
             if msg.reply_to is not None:
                 self.send(msg.reply_to, Refused(
                     request_id=cmd.request_id, session_id=cmd.session_id,
-                    error="UnknownSession",
+                    error=Refusal.UNKNOWN_SESSION,
                     message=f"no live session {cmd.session_id!r} in this actor system"))
             return
         self.send(session, msg)

@@ -29,6 +29,7 @@ from ..messages.protocol import (
     ResolveAction,
     Resolved,
     RuntimeFailed,
+    RuntimeFailure,
     RuntimeReady,
     SandboxClosed,
 )
@@ -95,7 +96,7 @@ class RuntimeProxy(TrouperActor):
             self._close_now()
             return
         if error is not None:
-            self._report_failure("start_failed", error)
+            self._report_failure(RuntimeFailure.START_FAILED, error)
             return
         self._ready = True
         self._epoch = self._sandbox.epoch or 0 if self._sandbox is not None else 0
@@ -115,15 +116,16 @@ class RuntimeProxy(TrouperActor):
 
     def _health_checked(self, health: SandboxHealth | None, error: BaseException | None) -> None:
         if error is not None or health is None or not health.alive:
-            cause = health.cause if health is not None else "unreachable"
+            cause = (health.cause if health is not None else None) or RuntimeFailure.UNREACHABLE
             detail = health.detail if health is not None else str(error)
-            self._report_failure(cause or "unreachable", error, detail)
+            self._report_failure(cause, error, detail)
             return
         self.after(settings().sandbox_health_every_s, "health")
 
-    def _report_failure(self, cause: str, error: BaseException | None, detail: str = "") -> None:
+    def _report_failure(self, cause: RuntimeFailure, error: BaseException | None,
+                        detail: str = "") -> None:
         """Tell the supervisor what failed, then exit so it restarts a clean proxy."""
-        if isinstance(error, StaleEpoch) or cause == "superseded":
+        if isinstance(error, StaleEpoch) or cause == RuntimeFailure.SUPERSEDED:
             # Another proxy owns the sandbox: if it is not our supervisor's, another
             # Trouper restored this session; the supervisor decides (it checks the sender).
             self.send(self._parent_address, Superseded(
@@ -243,7 +245,7 @@ class RuntimeProxy(TrouperActor):
 
 
 
-def _cause(error: BaseException | None) -> str:
+def _cause(error: BaseException | None) -> RuntimeFailure:
     if isinstance(error, RuntimeUnavailable):
-        return "unreachable"
-    return "failed"
+        return RuntimeFailure.UNREACHABLE
+    return RuntimeFailure.FAILED

@@ -21,8 +21,10 @@ from thespian.actors import ActorAddress
 from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import CloseSandbox as CloseSandboxMsg
 from ..messages.protocol import (
+    Refusal,
     Refused,
     RuntimeFailed,
+    RuntimeFailure,
     RuntimeReady,
     SandboxClosed,
     StartSession,
@@ -123,7 +125,8 @@ class SessionSupervisor(Supervisor):
         if role == RUNTIME and self.start is not None and self.ready is not None:
             self.ready = None
             self._to_controller(RuntimeFailed(
-                session_id=self.start.session_id, epoch=0, cause="exited", detail=reason))
+                session_id=self.start.session_id, epoch=0, cause=RuntimeFailure.EXITED,
+                detail=reason))
 
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
@@ -167,7 +170,7 @@ class SessionSupervisor(Supervisor):
         for reply_to, request_id in waiting:
             if reply_to is not None:
                 self.send(reply_to, Refused(request_id=request_id, session_id=session_id,
-                                            error="InvalidRequest", message=text))
+                                            error=Refusal.INVALID_REQUEST, message=text))
         if resumes_at is None:
             self.down_for_good = text  # the root stops this session; refuse until then
             self.send(self._parent_address, Superseded(session_id=session_id, reason=text))

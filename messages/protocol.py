@@ -7,6 +7,7 @@ questions even after restarts or timeouts.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import Field
@@ -14,7 +15,18 @@ from pydantic import Field
 from ..config import LLMConfig, SessionConfig
 from .actions import RuntimeAction
 from .base import Frozen
+from .causes import RuntimeFailure
 from .outcomes import Outcome
+
+
+class Refusal(StrEnum):
+    """Why a request was not taken; the program raises the matching exception."""
+
+    UNKNOWN_SESSION = "UnknownSession"
+    """No live session with that id in this actor system (``UnknownSession``)."""
+    INVALID_REQUEST = "InvalidRequest"
+    """The session cannot take it now: its state, a storage fault (``InvalidRequest``)."""
+
 
 # ---- user commands (API -> RootSupervisor -> SessionSupervisor -> Controller) ----
 
@@ -57,8 +69,7 @@ class Refused(Frozen):
     kind: Literal["refused"] = "refused"
     request_id: str
     session_id: str = ""
-    error: str
-    """A class name from trouper.exceptions, e.g. ``UnknownSession``."""
+    error: Refusal
     message: str
 
 
@@ -170,8 +181,7 @@ class RuntimeFailed(Frozen):
     kind: Literal["runtime_failed"] = "runtime_failed"
     session_id: str
     epoch: int
-    cause: str
-    """Short cause: ``exited``, ``oom``, ``unreachable``, ``start_failed``..."""
+    cause: RuntimeFailure
     detail: str
     error_class: str = ""
     """Class path of the exception, when one was raised."""

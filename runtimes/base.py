@@ -25,6 +25,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from ..messages.actions import RuntimeAction
 from ..messages.base import Frozen
+from ..messages.causes import RuntimeFailure
 from ..messages.outcomes import Outcome
 
 JournalState = Literal["absent", "running", "finished", "unknown"]
@@ -45,8 +46,8 @@ class SandboxHealth(Frozen):
     """The answer of ``Sandbox.alive``."""
 
     alive: bool
-    cause: str = ""
-    """Why not: ``exited``, ``oom``, ``unreachable``...; empty when alive."""
+    cause: RuntimeFailure | None = None
+    """Why not; None when alive."""
     detail: str = ""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
+from ..messages.causes import RuntimeFailure
 from ..paths import creator_umask, private_dir
 from ..processes import children_of, pid_alive
 from ..settings import settings
@@ -166,17 +167,19 @@ class LocalSandbox:
         """Whether the server still runs and answers."""
         client, info = self._client, self._info
         if client is None or info is None:
-            return SandboxHealth(alive=False, cause="not_started", detail="start() was not called")
+            return SandboxHealth(alive=False, cause=RuntimeFailure.NOT_STARTED,
+                                 detail="start() was not called")
         pid = int(info["pid"])
         if not self.pid_alive(pid):
-            return SandboxHealth(alive=False, cause="exited", detail=self._exit_detail(pid))
+            return SandboxHealth(alive=False, cause=RuntimeFailure.EXITED,
+                                 detail=self._exit_detail(pid))
         try:
             answer = client.alive()
         except RuntimeUnavailable as e:
-            return SandboxHealth(alive=False, cause="unreachable", detail=str(e))
+            return SandboxHealth(alive=False, cause=RuntimeFailure.UNREACHABLE, detail=str(e))
         if client.epoch is not None and int(answer.get("epoch", 0)) > client.epoch:
             detail = f"claimed by epoch {answer['epoch']} (this proxy has {client.epoch})"
-            return SandboxHealth(alive=False, cause="superseded", detail=detail)
+            return SandboxHealth(alive=False, cause=RuntimeFailure.SUPERSEDED, detail=detail)
         return SandboxHealth(alive=True)
 
     def stop(self) -> None:
