@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 def trouper_cmd(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "TROUPER_HOME": str(home), "COLUMNS": "200"}

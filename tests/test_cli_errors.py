@@ -33,6 +33,8 @@ from trouper.testing import ScriptError
 USAGE, ENVIRONMENT, UNEXPECTED = 2, 3, 4
 
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 def trouper_cmd(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TROUPER_HOME": str(home), "COLUMNS": "200", **env}
     for name in ("TROUPER_MODEL", "TROUPER_DEBUG", "TROUPER_TRANSPORT_KEY_FILE"):

@@ -21,6 +21,8 @@ import pytest
 from trouper.processes import children_of, pid_alive, start_time
 from trouper.testing import FakeLLMServer, check_log, wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 SCRIPT = [
     {"tool": "run", "args": {"command": "touch started && sleep 600"}},
     {"tool": "finish", "args": {"message": "carried on after the signal"}},

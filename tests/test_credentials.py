@@ -17,6 +17,8 @@ from trouper.exceptions import MissingCredentials
 from trouper.llm.credentials import check_llm, missing_key_vars
 from trouper.llm.errors import classify, sdk_refused_to_start
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 WRONG_KEY = "sk-wrong-key-for-tests-0192"
 """The OPENAI_API_KEY the module's actors start with; the fake refuses it."""
 FINISH = {"tool": "finish", "args": {"message": "done"}}

@@ -13,14 +13,17 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 import litellm  # noqa: E402
-import pytest  # noqa: E402
 
 from trouper.testing import FakeLLMServer, Script, ScriptError, load_script  # noqa: E402
 
 litellm.suppress_debug_info = True
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 ROUTE = "hosted_vllm/fake"
 TOOLS = [
@@ -396,6 +399,7 @@ def test_loader_accepts_a_file_a_list_and_a_steps_object(tmp_path):
         ({"nope": []}, "JSON list of steps"),
     ],
 )
+
 def test_loader_names_the_step_and_field_of_a_bad_script(steps, fragment):
     with pytest.raises(ScriptError) as error:
         load_script(steps)

@@ -7,6 +7,8 @@ import pytest
 from trouper import AgentState, ObservationEvent, RestartPolicy, StateChanged, Trouper
 from trouper.testing import check_log, kill_sandbox
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 STEPS = 24
 
 

@@ -13,6 +13,8 @@ import pytest
 from trouper import AgentState, Trouper
 from trouper.paths import creator_umask
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 LONG_OUTPUT = "seq 1 5000"
 
 

@@ -49,6 +49,7 @@ from trouper.paths import Home
 from trouper.processes import pid_alive
 from trouper.testing import wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 def _start(home: Home, workspace: Path) -> StartSession:
     session_id = "s-" + uuid.uuid4().hex[:8]

@@ -16,6 +16,7 @@ import pytest
 from trouper.processes import pid_alive
 from trouper.testing import wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 def _marked(mark: str) -> list[int]:
     """Live processes whose environment carries ``TROUPER_TEST_MARK=mark``."""

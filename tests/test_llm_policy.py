@@ -11,6 +11,8 @@ from trouper.messages.events import PromptCondensed
 from trouper.settings import env_name
 from trouper.testing import check_log, wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 RUN = {"tool": "run", "args": {"command": "echo x >> ledger.txt"}}
 TOO_LONG = ("This model's maximum context length is 50 tokens. However, your messages "

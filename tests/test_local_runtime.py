@@ -23,8 +23,9 @@ from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
 
-LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
+LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
 
 
 def _servers_on(state_dir: Path) -> list[int]:
@@ -257,6 +258,7 @@ def test_a_killed_server_is_replaced_and_its_action_is_unknown(
 def test_two_proxies_starting_at_once_share_one_server(
     make_sandbox: Callable[..., LocalSandbox],
 ) -> None:
+
     sandboxes = [make_sandbox(), make_sandbox()]
     results: list[bool] = []
     threads = [threading.Thread(target=lambda s=s: results.append(s.start(1))) for s in sandboxes]

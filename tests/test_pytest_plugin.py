@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 pytest_plugins = ["pytester"]
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 USER_TEST = '''
 from trouper import AgentState

@@ -22,6 +22,8 @@ from trouper import (
 )
 from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
 
@@ -79,6 +81,7 @@ def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripte
 def test_controller_or_session_killed_mid_command_rebuilds_from_the_log(
     role, trouper, scripted, tmp_path
 ):
+
     """A new Controller (under a new SessionSupervisor, for "session") folds the log and
     asks the journal about the command in flight: its real outcome, recorded once."""
     _, llm = scripted([

@@ -10,6 +10,7 @@ import pytest
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing.runtime_contract import SandboxContract
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 class TestLocalSandboxContract(SandboxContract):
     @pytest.fixture

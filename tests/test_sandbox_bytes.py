@@ -7,9 +7,13 @@ import itertools
 import json
 from collections.abc import Callable
 
+import pytest
+
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
 from trouper.runtimes.local import LocalSandbox
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 _ids = itertools.count(1)
 ODD_PRINTF = r"printf '\xff\xfe\xed\xa0\x80abc\x00'"
@@ -65,6 +69,7 @@ def test_a_storm_of_escapes_and_nuls_is_kept_as_it_came(
 def test_secrets_are_masked_in_the_raw_bytes_next_to_bad_ones(
     make_sandbox: Callable[..., LocalSandbox],
 ) -> None:
+
     sandbox = make_sandbox(max_output_chars=200, env={"TOKEN": TOKEN})
     outcome = run(sandbox, (
         "head -c 3000 /dev/zero | tr '\\0' x; printf '\\xe2'; printf %s \"$TOKEN\"; "

@@ -17,6 +17,8 @@ from trouper.runtimes.sandbox import files, safefs
 from trouper.runtimes.sandbox.files import FileError
 from trouper.runtimes.sandbox.service import Service
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 OUTSIDE_TEXT = "OUTSIDE-SECRET\n"
 
 
@@ -258,6 +260,7 @@ def test_paths_are_normalised_by_name_and_the_workspace_is_not_a_file(ws: Path) 
 def test_a_file_action_past_its_deadline_is_an_error_outcome(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+
     release = threading.Event()
 
     def hang(*args: object) -> str:

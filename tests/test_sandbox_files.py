@@ -12,6 +12,7 @@ from trouper.runtimes.local import LocalSandbox
 from trouper.runtimes.sandbox import files
 from trouper.runtimes.sandbox.files import FileError
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:

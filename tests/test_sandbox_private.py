@@ -18,6 +18,8 @@ import pytest
 from trouper.messages.actions import ReadFile, RunCommand, WriteFile
 from trouper.runtimes.local import LocalSandbox
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 LIMITS = {"timeout_s": 10.0, "no_output_timeout_s": 5.0}
 
 
@@ -53,6 +55,7 @@ def _used_sandbox(tmp_path: Path) -> LocalSandbox:
 def test_state_is_owner_only_and_the_agents_files_keep_the_umask(
     tmp_path: Path, umask: int
 ) -> None:
+
     sandbox = _used_sandbox(tmp_path)
     try:
         state = _modes(sandbox.state_dir)

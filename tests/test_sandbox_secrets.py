@@ -20,6 +20,8 @@ from trouper.messages.actions import ReadFile, RunCommand, WriteFile
 from trouper.messages.outcomes import Outcome
 from trouper.runtimes.local import LocalSandbox
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 SECRET = 's3cr3t-"tok"\\-ünï-4242'
 """Quotes, a backslash and non-ASCII: JSON spells it three different ways."""
 SPELLINGS = {SECRET, json.dumps(SECRET)[1:-1], json.dumps(SECRET, ensure_ascii=False)[1:-1]}
@@ -92,6 +94,7 @@ def test_secrets_in_output_commands_and_errors_are_masked(sandbox: LocalSandbox)
 def test_a_secret_split_by_a_soft_timeout_is_held_back_then_masked_whole(
     sandbox: LocalSandbox,
 ) -> None:
+
     first = run(sandbox, 'printf "start %s" "${MY_TOKEN:0:8}"; sleep 1; '
                          'printf "%s end\\n" "${MY_TOKEN:8}"', soft_s=0.3)
     assert first.still_running and first.content.startswith("start ")

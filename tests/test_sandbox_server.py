@@ -28,6 +28,8 @@ from trouper.runtimes.local import _BOOT, RUNTIMES_DIR, LocalSandbox
 from trouper.runtimes.sandbox import MAX_BODY_BYTES
 from trouper.testing import wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 MB = 1024 * 1024
 
 
@@ -275,6 +277,7 @@ def test_the_client_outlives_idle_connections_the_server_closed(
 def test_an_action_over_the_body_cap_is_rejected_before_sending(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+
     monkeypatch.setattr(client_module, "MAX_BODY_BYTES", 1000)
     sandbox = LocalSandbox("cap-test", tmp_path / "ws", tmp_path / "rt")
     try:

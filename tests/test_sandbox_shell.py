@@ -17,8 +17,9 @@ from trouper.processes import pid_alive
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
 
-_ids = itertools.count(1)
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
+_ids = itertools.count(1)
 
 
 @pytest.fixture
@@ -158,6 +159,7 @@ def test_interrupt_sends_ctrl_c_and_returns_what_remains(sandbox: LocalSandbox) 
 def test_long_output_keeps_head_and_tail_and_the_full_text(
     make_sandbox: Callable[..., LocalSandbox],
 ) -> None:
+
     sandbox = make_sandbox(max_output_chars=1000)
     outcome = run(sandbox, "seq 1 20000")
     total = sum(len(f"{i}\n") for i in range(1, 20001))

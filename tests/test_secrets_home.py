@@ -19,6 +19,8 @@ import pytest
 from trouper import AgentState, ObservationEvent, Trouper
 from trouper.testing import FakeLLMServer, load_script
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 FANCY = 'Zq"7/w\\é-Fancy-91'
 """A secret with characters JSON escapes: a quote, a slash, a backslash, a non-ASCII."""
 PLAIN = "plainsecret-4f9d2c7b1a"

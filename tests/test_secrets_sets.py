@@ -19,6 +19,8 @@ from trouper.masking import LLM_KEY_NAME, TRANSPORT_KEY_NAME, credentials, sessi
 from trouper.messages.actions import RunCommand
 from trouper.transport_key import TRANSPORT_KEY_FILE_ENV
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 API_KEY = "sk-test-SETS-0a1b2c3d4e5f"
 MINE = "user-token-77e1d0"
 CREDENTIAL_NAMES = (LLM_KEY_NAME, TRANSPORT_KEY_NAME, f"TROUPER_{LLM_KEY_NAME}")

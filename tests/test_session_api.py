@@ -25,6 +25,8 @@ from trouper.session import Session
 from trouper.store import open_store
 from trouper.testing import check_log
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 
 

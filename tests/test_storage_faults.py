@@ -18,6 +18,8 @@ from trouper import AgentState, ObservationEvent, StateChanged, Trouper
 from trouper.store.faults import storage_fault
 from trouper.testing import actor_pid, check_log, wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 GATE = "touch waiting; while [ ! -f go ]; do sleep 0.02; done; "
 
 

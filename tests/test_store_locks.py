@@ -19,7 +19,8 @@ from trouper.actors.forking import release_inherited_descriptors
 from trouper.paths import Home
 from trouper.store import open_store
 
-pytestmark = pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks")]
 
 
 def _locks(pid: int, home: Home) -> set[tuple[str, str, str]]:

@@ -28,6 +28,8 @@ from trouper.actors.transport import (
 from trouper.processes import listening_sockets, pid_alive, socket_inodes
 from trouper.testing import check_log, wait_until
 
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
 GATE = "touch waiting; while [ ! -f go ]; do sleep 0.02; done; echo released"
 
 
@@ -217,6 +219,7 @@ def test_a_system_runs_on_an_operators_key_file(scripted, tmp_path):
     key.chmod(0o600)
     program = f"""
 from trouper import Trouper
+
 with Trouper(home={str(tmp_path / "home")!r}) as t:
     s = t.start_session("t", llm={llm!r}, workspace={str(tmp_path / "ws")!r})
     print(s.wait(timeout=60).value)
