@@ -83,6 +83,10 @@ class Background:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def fileno(self) -> int:
         return self._read_fd
 
@@ -108,6 +112,8 @@ class Background:
 
     def drain(self) -> None:
         """Call the callbacks of finished work, on the caller's (the actor's) thread."""
+        if self._closed:
+            return  # the actor is exiting: its pipe is gone and nobody waits for results
         try:
             while os.read(self._read_fd, 4096):
                 pass
@@ -202,7 +208,14 @@ class TrouperActor(Actor):
             self.store_failed(exc, msg)
         except Exception as exc:  # noqa: BLE001 - a handler must never raise (see module doc)
             self._handler_failed(msg, exc)
-        return ThespianWatch([self._background.fileno] if self._background else [])
+        return ThespianWatch(self._watched())
+
+    def _watched(self) -> list[int]:
+        """The descriptors Thespian should watch for this actor: the worker pool's pipe,
+        unless it is closed (Thespian keeps watching what the last receive returned while
+        it drains on exit, and a closed number reused by a file makes epoll fail: EPERM)."""
+        background = self._background
+        return [] if background is None or background.closed else [background.fileno]
 
     def _dispatch(self, msg: Any, sender: ActorAddress) -> None:
         if isinstance(msg, WatchMessage):
