@@ -127,16 +127,16 @@ class Background:
             on_done(result, error)
 
     def close(self) -> None:
-        """Stop taking work; running threads finish on their own. Idempotent."""
+        """Stop taking work; running threads finish on their own. Idempotent.
+
+        The pipe stays open until the process ends: Thespian handles an exit request
+        without taking the actor's new watch list, and keeps watching the read end while
+        it drains; closed, its number could be reused by a file, and epoll fails on that
+        (EPERM, a traceback on the program's stderr)."""
         if self._closed:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def die_with_parent() -> None:
@@ -211,9 +211,7 @@ class TrouperActor(Actor):
         return ThespianWatch(self._watched())
 
     def _watched(self) -> list[int]:
-        """The descriptors Thespian should watch for this actor: the worker pool's pipe,
-        unless it is closed (Thespian keeps watching what the last receive returned while
-        it drains on exit, and a closed number reused by a file makes epoll fail: EPERM)."""
+        """The descriptors Thespian should watch for this actor: the worker pool's pipe."""
         background = self._background
         return [] if background is None or background.closed else [background.fileno]
 
