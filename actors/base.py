@@ -23,12 +23,13 @@ import os
 import queue
 import signal
 import traceback
+import typing
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from thespian.actors import (
     Actor,
@@ -50,8 +51,6 @@ from ..processes import start_time
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_HOOK_PREFIXES = ("child_", "timer_")
-_HOOKS = frozenset({"wakeup", "exit_request", "poison", "unknown"})
 
 Handler = Callable[[Any, ActorAddress], None]
 
@@ -178,11 +177,12 @@ def _adopt_module_loggers() -> None:
 
 
 class TrouperActor(Actor):
-    """Base actor: handlers are ``on_<kind>`` for trouper messages, never raise, never block.
+    """Base actor: handlers never raise, never block, and are found by the message's type.
 
-    Subclasses set ``role`` and implement ``on_<kind>(msg, sender)`` for each message kind
-    they accept. Thespian's own messages go to ``on_child_exited``, ``on_wakeup``,
-    ``on_exit_request`` and ``on_poison``.
+    Subclasses set ``role`` and implement ``on_<anything>(msg: T, sender)`` for each
+    message type ``T`` they accept (from ``messages/``); a message of any other type is
+    dropped with a log line. Thespian's own messages go to ``on_child_exited``,
+    ``on_wakeup``, ``on_exit_request`` and ``on_poison``.
     """
 
     role: str = "actor"
@@ -239,13 +239,21 @@ class TrouperActor(Actor):
             return
         self._dispatch_own(msg, sender)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._handlers = _handlers_of(cls)
+
+    _handlers: ClassVar[dict[type, str]] = {}
+    """Message type -> the name of the method that handles it, read from each ``on_*``
+    method's annotated message type when the class is made (dispatch is by type)."""
+
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
-        kind = _kind_of(msg)
-        handler: Handler | None = getattr(self, f"on_{kind}", None) if kind else None
-        if kind is None or handler is None:
+        name = self._handlers.get(type(msg))
+        if name is None:
             self.on_unknown(msg, sender)
             return
-        if kind.startswith("boot_"):  # every incarnation is booted once, by its creator
+        handler: Handler = getattr(self, name)
+        if name.startswith("on_boot_"):  # every incarnation is booted once, by its creator
             if self._booted or self._stopping:
                 why = "it is stopping" if self._stopping else "it was booted already"
                 self.drop(msg, why, logging.WARNING)
@@ -345,16 +353,24 @@ class TrouperActor(Actor):
                          Timer(name, token, self._last_timer))
 
 
-def _kind_of(msg: Any) -> str | None:
-    """The kind of a trouper message, or None. Not a hook's name: junk calling itself
-    ``child_gave_up`` or ``timer_restart`` would call that hook with the wrong arguments."""
-    ours = isinstance(msg, Frozen) or type(msg).__module__.split(".")[0] == "trouper"
-    kind = getattr(msg, "kind", None) if ours else None
-    if not isinstance(kind, str) or not kind.isidentifier():
-        return None
-    if kind in _HOOKS or kind.startswith(_HOOK_PREFIXES):
-        return None
-    return kind
+def _handlers_of(cls: type) -> dict[type, str]:
+    """``{message type: method name}`` for every ``on_*(self, msg: T, sender)`` of ``cls``
+    whose ``T`` is a trouper message (``messages/``); hooks that take other arguments
+    (``on_timer_*``, ``on_child_*``, ``on_wakeup``) are called by name, never by a message.
+    An annotation that does not resolve is a bug in the actor: it fails at import."""
+    found: dict[type, str] = {}
+    for name in dir(cls):
+        method = getattr(cls, name, None)
+        if not name.startswith("on_") or not callable(method):
+            continue
+        hints = typing.get_type_hints(method)
+        params = [hint for key, hint in hints.items() if key != "return"]
+        if params and isinstance(params[0], type) and issubclass(params[0], Frozen):
+            if params[0] in found:
+                raise TypeError(f"{cls.__name__}: {found[params[0]]} and {name} both "
+                                f"handle {params[0].__name__}")
+            found[params[0]] = name
+    return found
 
 
 def describe(msg: Any) -> str:
