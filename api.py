@@ -38,7 +38,7 @@ from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
 from .session import Session
 from .settings import Settings
-from .store import EventStore, SessionRecord, open_store
+from .store import EventStore, SessionRecord, open_store, store_url
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Trouper:
         self.store.create_session(session_id, to_mask.mask_event(config))
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
-            secrets=secrets, home=str(self.home.root)))
+            secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
         return Session(self, session_id)
 
     def sessions(self) -> list[SessionRecord]:
@@ -215,7 +215,8 @@ class Trouper:
         remember_secrets(session_maskers(secrets, config.llm)[0].pairs)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
-            secrets=secrets, home=str(self.home.root), restore=True))
+            secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),
+            restore=True))
 
     def _resume_unfinished(self) -> None:
         for record in self.store.sessions():

@@ -120,7 +120,7 @@ class Controller(TrouperActor):
         remember_secrets(self.masker.pairs)  # this process's log records are masked too
         home = Home.at(msg.start.home)
         self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
-        self.store = open_store(home)
+        self.store = open_store(msg.start.store_url)
         self.owner = self.store.claim_owner(self.session_id)
         self.core = self.fresh_core()
         self.perform(self.core.begin(utc_now()))

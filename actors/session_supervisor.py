@@ -157,7 +157,7 @@ class SessionSupervisor(Supervisor):
         assert self.start is not None
         session_id = self.start.session_id
         logger.error("session %s: %s", session_id, text)
-        store = open_store(Home.at(self.start.home))
+        store = open_store(self.start.store_url)
         try:
             store.append(session_id, [StateChanged(state=AgentState.ERROR, reason=text,
                                                    resumes_at=resumes_at)],

@@ -38,7 +38,9 @@ class StartSession(Frozen):
     config: SessionConfig
     secrets: dict[str, str] = Field(default_factory=dict)
     home: str
-    """The trouper home: where the store and the session folders live."""
+    """The trouper home: the session's folders (runtime state, secrets, pid files)."""
+    store_url: str
+    """Where the session's log is (``sqlite:///...``): actors open the store by it."""
     restore: bool = False
     """True when the session already has a log to carry on from."""
 

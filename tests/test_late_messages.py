@@ -35,7 +35,7 @@ from trouper.messages.protocol import (
 )
 from trouper.messages.tree import BootController, Relay, Rewire, RuntimeGaveUp
 from trouper.paths import Home
-from trouper.store import open_store
+from trouper.store import open_store, store_url
 
 
 class Sink(Actor):
@@ -61,7 +61,8 @@ def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
     config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"), workspace=workspace)
     open_store(home).create_session(session_id, config)
     start = StartSession(request_id="boot", session_id=session_id, config=config,
-                         home=str(home.root))
+                         home=str(home.root),
+                         store_url=store_url(home))
     sink = asys.createActor(Sink)
     controller = asys.createActor(Controller)
     answer = asys.ask(controller, BootController(start=start, broker=sink, runtime=sink,
@@ -134,7 +135,8 @@ def test_no_broker_yet_is_no_crash(system, tmp_path):
                            workspace=str(tmp_path))
     open_store(home).create_session(session_id, config)
     start = StartSession(request_id="boot", session_id=session_id, config=config,
-                         home=str(home.root))
+                         home=str(home.root),
+                         store_url=store_url(home))
     sink = system.createActor(Sink)
     controller = system.createActor(Controller)
     system.tell(controller, BootController(start=start, broker=None, runtime=sink))

@@ -47,6 +47,7 @@ from trouper.messages.protocol import (
 from trouper.messages.tree import BootBroker, BootRuntime
 from trouper.paths import Home
 from trouper.processes import pid_alive
+from trouper.store import store_url
 from trouper.testing import wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
@@ -56,7 +57,8 @@ def _start(home: Home, workspace: Path) -> StartSession:
     config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
                            workspace=str(workspace))
     return StartSession(request_id="boot-" + session_id, session_id=session_id,
-                        config=config, home=str(home.root))
+                        config=config, home=str(home.root),
+                         store_url=store_url(home))
 
 
 def _junk(session_id: str) -> list[Any]:

@@ -70,7 +70,7 @@ from trouper.messages.tree import (
 )
 from trouper.paths import Home
 from trouper.restarts import RestartPolicy
-from trouper.store import open_store
+from trouper.store import open_store, store_url
 from trouper.testing import wait_until
 
 
@@ -180,7 +180,8 @@ def _start(home: Home, workspace: Path) -> StartSession:
     finally:
         store.close()
     return StartSession(request_id="boot-" + session_id, session_id=session_id,
-                        config=config, home=str(home.root))
+                        config=config, home=str(home.root),
+                         store_url=store_url(home))
 
 
 def _junk(session_id: str) -> list[Any]:
