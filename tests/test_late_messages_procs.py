@@ -58,7 +58,7 @@ def _start(home: Home, workspace: Path) -> StartSession:
                            workspace=str(workspace))
     return StartSession(request_id="boot-" + session_id, session_id=session_id,
                         config=config, home=str(home.root),
-                         store_url=store_url(home))
+                        store_url=store_url(home))
 
 
 def _junk(session_id: str) -> list[Any]:
