@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import uuid
@@ -37,6 +36,7 @@ from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserComman
 from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
 from .session import Session
+from .session_secrets import read_secrets, write_session_secrets
 from .settings import Settings
 from .store import EventStore, SessionRecord, open_store, store_url
 
@@ -160,7 +160,7 @@ class Trouper:
         folder.mkdir(parents=not named, exist_ok=True)
         to_mask, _ = session_maskers(secrets, config.llm)
         remember_secrets(to_mask.pairs)  # this process's logs and the store's safety net
-        self._write_secrets(session_id, secrets, config.llm)
+        write_session_secrets(self.home, session_id, secrets, config.llm)
         # the task and every other field stored masked; the key is left out by the store
         self.store.create_session(session_id, to_mask.mask_event(config))
         self._system.request(StartSession(
@@ -224,21 +224,6 @@ class Trouper:
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)
 
-    def _write_secrets(
-        self, session_id: str, secrets: dict[str, str], llm: LLMConfig
-    ) -> None:
-        """The one file that holds secret values: 0600 in a 0700 folder, whatever the
-        umask (an existing file with looser modes is tightened before it is written)."""
-        path = self.home.secrets_path(session_id)
-        private_dir(path.parent)
-        data = {"secrets": secrets,
-                "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None}
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out)
-
 
 def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float) -> None:
     if not ask_timeout_s > 0:
@@ -246,23 +231,6 @@ def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: floa
     path = Path(home).expanduser() if home is not None else default_home()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"home: {path} exists and is not a folder", field="home")
-
-
-def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:
-    """A session's sandbox secrets and LLM API key from its secrets file (empty, None
-    when it has none)."""
-    path = home.secrets_path(session_id)
-    if not path.exists():
-        return {}, None
-    data = json.loads(path.read_text())
-    return dict(data.get("secrets") or {}), data.get("llm_api_key")
-
-
-def remember_session_secrets(home: Home, session_id: str) -> None:
-    """Teach this process a stored session's values, so what it shows of the session is
-    masked (e.g. the CLI's ``show``; the log itself was stored masked)."""
-    secrets, api_key = read_secrets(home, session_id)
-    remember_secrets([*sorted(secrets.items()), *([(LLM_KEY_NAME, api_key)] if api_key else [])])
 
 
 def _session_config(

@@ -157,7 +157,7 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
 def resume(session_id: str, message: str | None, script: Path | None, home: Path | None,
            timeout_s: float, verbose: bool) -> None:
     """Carry on a stored session (or give it a message) and stream it until it settles."""
-    from .api import remember_session_secrets
+    from .session_secrets import remember_session_secrets
 
     trouper_home = _home_with_log(home)
     served, port = script_to_serve(trouper_home, session_id, script)
@@ -232,9 +232,9 @@ def sessions(home: Path | None) -> None:
 def events(session_id: str, home: Path | None, since: int, as_json: bool,
            verbose: bool) -> None:
     """Print a session's events from the store."""
-    from .api import remember_session_secrets
     from .masking import known_masker
     from .render import render
+    from .session_secrets import remember_session_secrets
     from .store import open_store
 
     trouper_home = open_home(home)

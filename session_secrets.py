@@ -1,0 +1,47 @@
+"""A session's secrets file: the one file that holds secret values (promise I7).
+
+``<home>/sessions/<id>/secrets.json``, 0600 in a 0700 folder, written by the API when a
+session starts and read back by whatever shows a stored session (so what it shows is
+masked). Light on purpose: no actor system, no litellm, so ``trouper events`` stays quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .config import LLMConfig
+from .masking import LLM_KEY_NAME, remember_secrets
+from .paths import Home, private_dir
+
+
+def write_session_secrets(home: Home, session_id: str, secrets: dict[str, str],
+                          llm: LLMConfig) -> None:
+    """Write the file, owner-only whatever the umask (an existing file with looser modes is
+    tightened before it is written; a symlink in its place is refused)."""
+    path = home.secrets_path(session_id)
+    private_dir(path.parent)
+    data = {"secrets": secrets,
+            "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out)
+
+
+def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:
+    """A session's sandbox secrets and LLM API key from its secrets file (empty, None
+    when it has none)."""
+    path = home.secrets_path(session_id)
+    if not path.exists():
+        return {}, None
+    data = json.loads(path.read_text())
+    return dict(data.get("secrets") or {}), data.get("llm_api_key")
+
+
+def remember_session_secrets(home: Home, session_id: str) -> None:
+    """Teach this process a stored session's values, so what it shows of the session is
+    masked (e.g. the CLI's ``show``; the log itself was stored masked)."""
+    secrets, api_key = read_secrets(home, session_id)
+    remember_secrets([*sorted(secrets.items()), *([(LLM_KEY_NAME, api_key)] if api_key else [])])
