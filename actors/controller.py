@@ -142,7 +142,6 @@ class Controller(TrouperActor):
             instructions=load_workspace_instructions(Path(config.workspace)))
         core.restore(self.store.read(self.session_id))
         old = self.core
-        core.has_broker = self.broker is not None
         if old is not None:
             core.runtime_ready, core.runtime_down = old.runtime_ready, old.runtime_down
             core.lift_token = old.lift_token  # a timer of the old core never matches

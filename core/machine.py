@@ -76,7 +76,6 @@ class SessionMachine:
             system_prompt=self._masked(config.system_prompt),
             workspace_instructions=self._masked(instructions))
         self.cut = 0
-        self.has_broker = True
         self.runtime_ready = False
         self.runtime_down = False
         self.llm_request: Complete | None = None

@@ -142,7 +142,6 @@ class SessionCore(SessionLoop):
         self.resolve_first |= self._runtime_pending()
 
     def _on_broker_back(self, msg: BrokerBack) -> None:
-        self.has_broker = True
         if self.llm_request is not None:  # the old broker's answer will never come
             self._out.append(AskModel(self.llm_request))
 
