@@ -213,6 +213,8 @@ class SessionSupervisor(Supervisor):
                          f"{self.down_for_good}; this session's actors are stopping")
         elif self.child(CONTROLLER) is None:
             self.held.append(msg)  # the Controller is restarting; released when it is up
+            if self.gave_up_on(CONTROLLER):  # in its cooldown: a user's command wakes it now
+                self.restart_child(CONTROLLER, f"the user's {cmd.command} during the cooldown")
         else:
             self._to_controller(msg)
 

@@ -79,6 +79,11 @@ class Supervisor(TrouperActor):
         if forget:
             del self._children[role]
 
+    def gave_up_on(self, role: str) -> bool:
+        """Whether ``role`` is down past its restart intensity (in a cooldown, or for good)."""
+        entry = self._children.get(role)
+        return entry is not None and entry.given_up
+
     def restart_child(self, role: str, reason: str, by_user: bool = True) -> ActorAddress | None:
         """Start a given-up child again from a clean budget (a user's resume, which also
         grants the full number of cooldown rounds again, or a cooldown's end)."""

@@ -30,6 +30,27 @@ def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(scripted, tmp_pa
     assert cooled and all(e.resumes_at is not None for e in cooled)
 
 
+def test_a_command_during_the_agent_loops_cooldown_wakes_it_at_once(scripted, tmp_path):
+    """Past the Controller's intensity the session waits out a long cooldown; a user's
+    resume does not wait for it (nor time out): it starts the agent loop at once."""
+    from trouper.testing import kill_actor, wait_until
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "touch started; sleep 1"}},
+                       {"tool": "finish", "args": {"message": "ok"}}])
+    policy = RestartPolicy(intensity=1, period_s=60, backoff_initial_s=0.01,
+                           giveup_cooldown_s=600, giveup_rounds=3)
+    with Trouper(home=tmp_path / "home", policy=policy, ask_timeout_s=10) as t:
+        session = t.start_session("wake", llm=llm, workspace=tmp_path / "ws")
+        wait_until(lambda: (tmp_path / "ws" / "started").exists(), 30, "the command to run")
+        for _ in range(2):
+            kill_actor(session, "controller")
+        wait_until(lambda: session.view().state == AgentState.ERROR
+                   and session.view().resumes_at is not None, 30, "the cooldown")
+        session.resume()  # answered by the Controller it wakes, well within ask_timeout_s
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        assert check_log(list(session.events())) == []
+
+
 def test_cooldowns_double_and_end(tmp_path):
     policy = RestartPolicy(giveup_cooldown_s=30, giveup_cooldown_max_s=100, giveup_rounds=4)
     assert [policy.cooldown_s(n) for n in range(1, 6)] == [30, 60, 100, 100, None]
