@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
@@ -42,6 +43,9 @@ from ..settings import settings
 from .base import Timer, TrouperActor
 
 logger = logging.getLogger(__name__)
+
+ANSWERED_KEPT = 1024
+"""How many answered request ids the broker remembers, to drop a late duplicate."""
 
 
 @dataclass
@@ -84,6 +88,8 @@ class LLMBroker(TrouperActor):
         self._gates = GateRegistry(clock, margin_s=timing.rate_window_margin_s,
                                    window_s=timing.rate_window_s)
         self._pump_due: dict[GateKey, float] = {}
+        self._answered_ids: OrderedDict[str, None] = OrderedDict()
+        """The last ``ANSWERED_KEPT`` request ids answered: a duplicate is not asked again."""
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
@@ -93,6 +99,9 @@ class LLMBroker(TrouperActor):
     def on_complete(self, msg: Complete, sender: ActorAddress) -> None:
         if msg.request_id in self._calls:
             return  # a re-sent request already in flight (e.g. after a Controller restart)
+        if msg.request_id in self._answered_ids:  # a duplicate that raced its own answer
+            self.drop(msg, "it was answered already; the model is not asked twice")
+            return
         if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
             remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
         call = _Call(request=msg, reply_to=sender)
@@ -167,6 +176,9 @@ class LLMBroker(TrouperActor):
         if self._calls.get(request_id) is call:  # else cancelled meanwhile
             if error is None and result is not None:
                 del self._calls[request_id]
+                self._answered_ids[request_id] = None
+                while len(self._answered_ids) > ANSWERED_KEPT:
+                    self._answered_ids.popitem(last=False)
                 self.send(call.reply_to, result[0])
             else:
                 self._failed(call, error or RuntimeError("no answer"))

@@ -262,3 +262,17 @@ def test_llm_broker_logs_a_late_cancel_and_a_stale_retry_timer(broker, scripted)
     actor.tell(CancelCompletion(request_id="r1", session_id="s-broker"))  # during the wait
     wait_until(lambda: actor.dropped("broker") >= 2, 3, "the two drop lines")
     assert actor.dropped("broker") == 2 and len(server.requests) == 1
+
+
+def test_llm_broker_never_asks_the_model_twice_for_one_request(broker, scripted):
+    """A duplicate Complete that raced its own answer (a Controller re-sending to a broker
+    it thought lost) is dropped, not a second model call."""
+    actor, home = broker
+    server, llm = scripted([{"say": "once"}, {"say": "twice"}])
+    actor.tell(BootBroker(home=str(home.root)))
+    actor.pid = _pid_of(home.actor_pid_path("broker"))
+    actor.tell(_complete(llm, "r1"))
+    actor.until(_got(Completed, request_id="r1"))
+    actor.tell(_complete(llm, "r1"))
+    actor.expect_dropped("broker", 1)
+    assert len(server.requests) == 1
