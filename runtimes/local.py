@@ -142,10 +142,14 @@ class LocalSandbox:
         pid = self.server_pid()
         if pid is None:
             return None
-        groups = {_pgid(child) for child in children_of(pid)} | {_pgid(pid)}
-        for group in groups - {None, os.getpgid(0)}:
+        children = {_pgid(child) for child in children_of(pid)}
+        # the server's group first: once it is dead it cannot see its shell die and journal
+        # an outcome, so what ran in it is lost, as a crash would leave it, on every run
+        for group in [_pgid(pid), *sorted(g for g in children if g is not None)]:
+            if group is None or group == os.getpgid(0):
+                continue
             try:
-                os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
+                os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         return pid
