@@ -142,14 +142,11 @@ class LocalSandbox:
         pid = self.server_pid()
         if pid is None:
             return None
-        children = {_pgid(child) for child in children_of(pid)}
-        # the server's group first: once it is dead it cannot see its shell die and journal
-        # an outcome, so what ran in it is lost, as a crash would leave it, on every run
-        for group in [_pgid(pid), *sorted(g for g in children if g is not None)]:
-            if group is None or group == os.getpgid(0):
-                continue
+        children = sorted({g for g in map(_pgid, children_of(pid)) if g is not None})
+        # the server first: dead, it cannot see its shell die and journal an outcome
+        for group in [g for g in [_pgid(pid), *children] if g not in (None, os.getpgid(0))]:
             try:
-                os.killpg(group, signal.SIGKILL)
+                os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
             except ProcessLookupError:
                 pass
         return pid
