@@ -56,10 +56,19 @@ def system(monkeypatch):
     asys.shutdown()
 
 
+def _with_store(home: Home, use: Any) -> Any:
+    """``use(store)`` on a store closed again afterwards (no connection left open)."""
+    store = open_store(home)
+    try:
+        return use(store)
+    finally:
+        store.close()
+
+
 def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
     session_id = "s-" + uuid.uuid4().hex[:8]
     config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"), workspace=workspace)
-    open_store(home).create_session(session_id, config)
+    _with_store(home, lambda store: store.create_session(session_id, config))
     start = StartSession(request_id="boot", session_id=session_id, config=config,
                          home=str(home.root),
                          store_url=store_url(home))
@@ -82,7 +91,7 @@ def _command(asys: ActorSystem, controller: Any, session_id: str, command: str) 
 
 
 def _view(home: Home, session_id: str) -> SessionView:
-    return SessionView.of(open_store(home).read(session_id))
+    return SessionView.of(_with_store(home, lambda store: store.read(session_id)))
 
 
 def test_late_and_meaningless_messages_change_nothing(system, tmp_path):
@@ -133,7 +142,7 @@ def test_no_broker_yet_is_no_crash(system, tmp_path):
     session_id = "s-" + uuid.uuid4().hex[:8]
     config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
                            workspace=str(tmp_path))
-    open_store(home).create_session(session_id, config)
+    _with_store(home, lambda store: store.create_session(session_id, config))
     start = StartSession(request_id="boot", session_id=session_id, config=config,
                          home=str(home.root),
                          store_url=store_url(home))
