@@ -52,6 +52,14 @@ def _not_blank(value: str) -> str:
     return value
 
 
+def _http_url(value: str | None) -> str | None:
+    # without a scheme httpx fails on every call, which reads as a transient error and
+    # would be retried for minutes
+    if value is not None and not value.lower().startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
 class LLMConfig(Config):
     """How a session reaches its model. Every call goes through litellm."""
 
@@ -86,14 +94,7 @@ class LLMConfig(Config):
 
     _model_given = field_validator("model")(_not_blank)
 
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        # without a scheme httpx fails on every call, which reads as a transient error
-        # and would be retried for minutes
-        if value is not None and not value.lower().startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value
+    _base_url_http = field_validator("base_url")(_http_url)
 
 
 class LocalRuntime(Config):
@@ -104,20 +105,61 @@ class LocalRuntime(Config):
 
 
 class DockerRuntime(Config):
-    """The sandbox runs in a container started from ``image`` (not built yet: a session
-    asking for it is refused until the Docker runtime lands)."""
+    """The sandbox is a container started from ``image`` (any image with a POSIX ``sh``):
+    one per session, the workspace bind-mounted, every capability dropped. See
+    docs/runtimes.md."""
 
     kind: Literal["docker"] = "docker"
     image: str
+    """The image to run, found locally (trouper pulls it only when it is missing)."""
+    network: str = "none"
+    """Docker network mode: ``"none"`` (the default: no network), ``"bridge"`` or a named
+    network. ``"host"`` is refused: it would let the agent reach loopback services."""
+    memory: str = "2g"
+    """Memory limit, in Docker's units (``"512m"``, ``"2g"``)."""
+    cpus: float = Field(default=2.0, gt=0)
+    pids_limit: int = Field(default=512, gt=0)
+    user: str | None = None
+    """``uid:gid`` the shell runs as; ``None``: the host user's, so files the agent makes
+    in the workspace are yours."""
+    workdir: str = "/workspace"
+    """Where the workspace is mounted inside the container."""
+    keep: bool = False
+    """Keep the container when the session stops (it is removed by default)."""
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    """Limit for finding the image, creating and starting the container."""
+
+    @field_validator("network")
+    @classmethod
+    def _not_host(cls, value: str) -> str:
+        if value == "host" or value.startswith("container:"):
+            raise ValueError("host and container: network modes would let the sandbox "
+                             "reach this machine's loopback services")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path inside the container")
+        return value
 
 
 class RemoteRuntime(Config):
-    """The sandbox is a runtime server elsewhere, reached at ``url`` with the token in the
-    environment variable ``token_env`` (not built yet: refused until it lands)."""
+    """The sandbox is a runtime server (``trouper runtime-server``) elsewhere, reached at
+    ``url`` with a bearer token: ``token`` itself (kept with the session's secrets, never
+    in the store) or the environment variable ``token_env``."""
 
     kind: Literal["remote"] = "remote"
     url: str
+    token: SecretStr | None = None
     token_env: str = "TROUPER_RUNTIME_TOKEN"
+    verify: bool | str = True
+    """TLS verification: True, False, or the path of a CA bundle."""
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+    """How long to wait for the server to answer healthy before the start fails."""
+
+    _url_http = field_validator("url")(_http_url)
 
 
 RuntimeConfig = Annotated[LocalRuntime | DockerRuntime | RemoteRuntime,

@@ -75,7 +75,7 @@ class RuntimeProxy(TrouperActor):
         home = Home.at(start.home)
         self.publish_pid(home.actor_pid_path("runtime", start.session_id))
         self._sandbox = load_sandbox(
-            start.config.runtime.kind,
+            start.config.runtime,
             session_id=start.session_id,
             workspace=Path(start.config.workspace),
             state_dir=home.runtime_dir(start.session_id),

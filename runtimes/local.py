@@ -67,6 +67,7 @@ class LocalSandbox:
         interrupt_grace_s: float = 2.0,
         secret_names: tuple[str, ...] | None = None,
         shell_umask: int | None = None,
+        config: object = None,  # LocalRuntime has no options
     ) -> None:
         self.session_id = session_id
         self.workspace = Path(workspace).resolve()

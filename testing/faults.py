@@ -79,7 +79,7 @@ def sandbox_of(session: Session) -> Sandbox:
     (``Sandbox.running``, ``Sandbox.kill``): the harness reads no backend's files."""
     home = session._trouper.home  # noqa: SLF001 - the harness is part of trouper
     config = session.record.config
-    return load_sandbox(config.runtime.kind, session_id=session.id,
+    return load_sandbox(config.runtime, session_id=session.id,
                         workspace=Path(config.workspace), state_dir=home.runtime_dir(session.id))
 
 

@@ -110,7 +110,8 @@ def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
     else:
         assert error.field == "runtime"
         assert f"the {kind} runtime is not available yet" in str(error)
-    assert DockerRuntime(image="x").kind == "docker" and RemoteRuntime(url="u").kind == "remote"
+    assert DockerRuntime(image="x").kind == "docker"
+    assert RemoteRuntime(url="http://h").kind == "remote"
 
 
 def test_the_runtime_is_stored_typed_and_read_by_name_too():
@@ -234,3 +235,23 @@ def test_a_non_positive_ask_timeout_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="ask_timeout_s") as caught:
         Trouper(home=tmp_path / "home", ask_timeout_s=0)
     assert caught.value.field == "ask_timeout_s" and tree(tmp_path) == set()
+
+
+@pytest.mark.parametrize("network", ["host", "container:abc"])
+def test_a_docker_network_that_reaches_loopback_is_refused(network):
+    from pydantic import ValidationError
+
+    from trouper.config import DockerRuntime
+
+    with pytest.raises(ValidationError, match="loopback"):
+        DockerRuntime(image="busybox", network=network)
+    assert DockerRuntime(image="busybox").network == "none"
+
+
+def test_a_remote_runtime_url_needs_a_scheme():
+    from pydantic import ValidationError
+
+    from trouper.config import RemoteRuntime
+
+    with pytest.raises(ValidationError, match="http"):
+        RemoteRuntime(url="127.0.0.1:8000")
