@@ -1,0 +1,1 @@
+"""The remote runtime server: ``trouper runtime-server`` (see docs/runtimes.md)."""
