@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from thespian.actors import ActorAddress
+from thespian.actors import ActorAddress, ActorExitRequest
 
 from ..agent.prompt import load_workspace_instructions
 from ..core.effects import (
@@ -43,11 +43,12 @@ from ..core.effects import (
     TimerFired,
 )
 from ..core.session import SessionCore
+from ..core.states import allowed
 from ..exceptions import LeaseLost, StoreUnavailable
 from ..fold import SessionView
 from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..messages import tree as wiring
-from ..messages.events import AgentState, StateChanged
+from ..messages.events import AgentState, StateChanged, Why
 from ..messages.protocol import (
     Accepted,
     CancelCompletion,
@@ -66,7 +67,15 @@ from ..messages.protocol import (
     StoreFault,
     UserCommand,
 )
-from ..messages.tree import BootController, Relay, Rewire, RuntimeGaveUp, Superseded
+from ..messages.tree import (
+    BootController,
+    DowntimeRecorded,
+    RecordDowntime,
+    Relay,
+    Rewire,
+    RuntimeGaveUp,
+    Superseded,
+)
 from ..paths import Home
 from ..settings import settings
 from ..store import EventStore, open_store
@@ -131,6 +140,27 @@ class Controller(TrouperActor):
             self.send(msg.reply_to, Accepted(request_id=msg.start.request_id,
                                              session_id=self.session_id,
                                              seq=self.view.last_seq))
+
+    def on_record_downtime(self, msg: RecordDowntime, sender: ActorAddress) -> None:
+        """A stand-in's whole life: its supervisor gave up on the agent loop. As the log's
+        only writer it records that (ERROR, unless the session is over), answers, exits."""
+        session_id, error = msg.start.session_id, ""
+        masker, _ = session_maskers(msg.start.secrets, msg.start.config.llm)
+        try:
+            store = open_store(msg.start.store_url)
+            try:
+                owner = store.claim_owner(session_id)
+                state = SessionView.of(store.read(session_id)).state
+                if allowed(Why.LOOP_DOWN, state, AgentState.ERROR):
+                    note = StateChanged(state=AgentState.ERROR, cause=Why.LOOP_DOWN,
+                                        reason=msg.reason, resumes_at=msg.resumes_at)
+                    store.append(session_id, [masker.mask_event(note)], owner=owner)
+            finally:
+                store.close()
+        except Exception as exc:  # noqa: BLE001 - the store's trouble: said to the supervisor
+            error = masker.mask_text(f"{type(exc).__name__}: {exc}")
+        self.send(sender, DowntimeRecorded(session_id=session_id, error=error))
+        self.send(self.myAddress, ActorExitRequest())
 
     def fresh_core(self) -> SessionCore:
         """A core rebuilt from the whole log; what was in flight is asked of the journal.

@@ -18,7 +18,6 @@ from typing import Any
 
 from thespian.actors import ActorAddress
 
-from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import CloseSandbox as CloseSandboxMsg
 from ..messages.protocol import (
     Refusal,
@@ -36,6 +35,8 @@ from ..messages.tree import (
     BootRuntime,
     BootSession,
     BrokerMoved,
+    DowntimeRecorded,
+    RecordDowntime,
     Relay,
     RestartRuntime,
     Rewire,
@@ -45,7 +46,6 @@ from ..messages.tree import (
     Superseded,
 )
 from ..paths import Home
-from ..store import open_store
 from .controller import Controller
 from .runtime_proxy import RuntimeProxy
 from .supervision import ChildSpec, Supervisor
@@ -70,6 +70,8 @@ class SessionSupervisor(Supervisor):
         self.first_reply: ActorAddress | None = None
         self.down_for_good = ""
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
+        self.recording: RecordDowntime | None = None
+        """The agent loop's downtime, while a stand-in Controller records it."""
 
     @property
     def session_id(self) -> str:
@@ -153,17 +155,34 @@ class SessionSupervisor(Supervisor):
             self._controller_gave_up(text, resumes_at)
 
     def _controller_gave_up(self, text: str, resumes_at: datetime | None) -> None:
-        """Nobody drives the session now: record ERROR for it and answer who waits."""
+        """Nobody drives the session now. The Controller is the log's only writer, so a
+        stand-in incarnation records ERROR; who waits is answered once it is recorded."""
         assert self.start is not None
+        logger.error("session %s: %s", self.session_id, text)
+        self.recording = RecordDowntime(start=self.start, reason=text, resumes_at=resumes_at)
+        self.start_helper(self.controller_class, self.recording)
+
+    def on_downtime_recorded(self, msg: DowntimeRecorded, sender: ActorAddress) -> None:
+        if self.recording is None or msg.session_id != self.session_id:
+            self.drop(msg, "no downtime of this session is being recorded")
+            return
+        if msg.error:
+            logger.error("session %s: the downtime is not in the log: %s",
+                         self.session_id, msg.error)
+        self._downtime_settled()
+
+    def on_helper_exited(self, address: ActorAddress) -> None:
+        if self.recording is not None:  # it died before it answered
+            logger.error("session %s: the stand-in Controller exited before it recorded "
+                         "the downtime", self.session_id)
+            self._downtime_settled()
+
+    def _downtime_settled(self) -> None:
+        """Answer who waits for the loop, and (down for good) ask the root to stop it."""
+        assert self.start is not None and self.recording is not None
+        text, resumes_at = self.recording.reason, self.recording.resumes_at
+        self.recording = None
         session_id = self.start.session_id
-        logger.error("session %s: %s", session_id, text)
-        store = open_store(self.start.store_url)
-        try:
-            store.append(session_id, [StateChanged(state=AgentState.ERROR, reason=text,
-                                                   resumes_at=resumes_at)],
-                         owner=store.claim_owner(session_id))
-        finally:
-            store.close()
         waiting = [(self.first_reply, self.start.request_id)]
         waiting += [(h.reply_to, getattr(h.msg, "request_id", "")) for h in self.held]
         self.held, self.first_reply = [], None

@@ -55,6 +55,7 @@ class Supervisor(TrouperActor):
         self.policy = RestartPolicy()
         self._children: dict[str, _Child] = {}
         self._expected_exits: set[str] = set()
+        self._helpers: set[str] = set()
 
     # -- public ----------------------------------------------------------------
 
@@ -78,6 +79,14 @@ class Supervisor(TrouperActor):
             self.send(entry.address, ActorExitRequest())
         if forget:
             del self._children[role]
+
+    def start_helper(self, actor_class: type, first: Any) -> ActorAddress:
+        """Start a one-shot child, tell it ``first``, and never restart it: its exit is
+        expected (``on_helper_exited`` hears of it)."""
+        address = self.createActor(actor_class)
+        self._helpers.add(str(address))
+        self.send(address, first)
+        return address
 
     def gave_up_on(self, role: str) -> bool:
         """Whether ``role`` is down past its restart intensity (in a cooldown, or for good)."""
@@ -118,6 +127,9 @@ class Supervisor(TrouperActor):
     def on_child_down(self, role: str, reason: str) -> None:
         """A child died and a restart is scheduled (siblings may want to know at once)."""
 
+    def on_helper_exited(self, address: ActorAddress) -> None:
+        """A one-shot child from ``start_helper`` is gone (its work done, or not)."""
+
     # -- machinery -------------------------------------------------------------------
 
     def _start(self, child: _Child) -> ActorAddress:
@@ -141,6 +153,10 @@ class Supervisor(TrouperActor):
             return  # the whole subtree is shutting down; nothing to restart
         if key in self._expected_exits:
             self._expected_exits.discard(key)
+            return
+        if key in self._helpers:
+            self._helpers.discard(key)
+            self.on_helper_exited(child_address)
             return
         for role, child in list(self._children.items()):
             if child.address is not None and child.address == child_address:

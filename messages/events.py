@@ -61,6 +61,7 @@ class Why(StrEnum):
     USER_RESUME = "user_resume"
     USER_STOP = "user_stop"
     STORE_BACK = "store_back"
+    LOOP_DOWN = "loop_down"
 
 
 SETTLED_STATES: frozenset[AgentState] = frozenset(

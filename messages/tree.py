@@ -98,6 +98,26 @@ class BootController(Frozen):
     reply_to: Address | None = None
 
 
+class RecordDowntime(Frozen):
+    """SessionSupervisor -> a one-shot Controller: the agent loop is down past its restart
+    intensity. The Controller is the log's only writer, so a stand-in records it, answers
+    ``DowntimeRecorded`` and exits."""
+
+    kind: Literal["record_downtime"] = "record_downtime"
+    start: StartSession
+    reason: str
+    resumes_at: datetime | None = None
+
+
+class DowntimeRecorded(Frozen):
+    """A stand-in Controller -> its SessionSupervisor: the downtime is in the log (or
+    ``error`` says why it is not)."""
+
+    kind: Literal["downtime_recorded"] = "downtime_recorded"
+    session_id: str
+    error: str = ""
+
+
 class BootRuntime(Frozen):
     kind: Literal["boot_runtime"] = "boot_runtime"
     start: StartSession

@@ -34,7 +34,7 @@ from trouper.actors.root import RootSupervisor
 from trouper.actors.session_supervisor import SessionSupervisor
 from trouper.config import LLMConfig, SessionConfig
 from trouper.fold import SessionView
-from trouper.messages.events import AgentState
+from trouper.messages.events import AgentState, StateChanged, Why
 from trouper.messages.outcomes import Outcome
 from trouper.messages.protocol import (
     Accepted,
@@ -375,6 +375,12 @@ def test_a_command_after_the_agent_loop_gave_up_for_good_is_answered(system, dro
     system.tell(RecordedController.booted[-1], ActorExitRequest())  # down until a resume
     view = tree.view()
     assert view.state == AgentState.ERROR and view.resumes_at is None
+    store = open_store(tree.home)
+    try:
+        last = [e for e in store.read(tree.sid) if isinstance(e, StateChanged)][-1]
+    finally:
+        store.close()
+    assert last.cause == Why.LOOP_DOWN  # recorded by a stand-in Controller, the one writer
     assert tree.got(Superseded, at=tree.parent)  # the root is asked to stop this session
     refused = tree.command("resume")  # not held for ever: the program restores it anew
     assert isinstance(refused, Refused) and refused.error == "UnknownSession"

@@ -116,3 +116,18 @@ def test_import_trouper_starts_no_actor_machinery():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_only_the_controller_writes_a_session_log():
+    """One writer per session log: of the actors, only the Controller (or its stand-in
+    incarnation) opens the store to append; the others reach the log through it."""
+    writers = set()
+    for name, path in _product_files().items():
+        if not name.startswith("trouper.actors."):
+            continue
+        tree = ast.parse(path.read_text())
+        calls = {getattr(node.func, "attr", getattr(node.func, "id", ""))
+                 for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        if {"append", "open_store"} <= calls:
+            writers.add(name)
+    assert writers == {"trouper.actors.controller"}
