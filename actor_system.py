@@ -26,9 +26,10 @@ from .actors import (
 from .actors.transport import seal  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
+from .logfiles import log_definitions  # noqa: E402
 from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
 from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
-from .paths import Home, private_dir, private_file  # noqa: E402
+from .paths import Home  # noqa: E402
 from .processes import children_of  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402
 from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
@@ -52,20 +53,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _log_defs(home: Home) -> dict[str, Any]:
-    logs = private_dir(home.root / "logs")
-    private_file(logs / "trouper.log")
-    private_file(logs / "thespian.log")
-    return {
-        "version": 1,
-        "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s "
-                                           "%(name)s: %(message)s"}},
-        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(logs / "trouper.log"),
-                              "formatter": "plain", "level": "INFO"}},
-        "loggers": {"trouper": {"handlers": ["file"], "level": "INFO"}},
-    }
 
 
 class ActorSystemHandle:
@@ -96,7 +83,7 @@ class ActorSystemHandle:
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
         port = self.admin_port or free_port()
         capabilities = {"Admin Port": port}
-        log_defs = _log_defs(self.home)
+        log_defs = log_definitions(self.home)
         before = set(children_of(os.getpid()))
         with _OPENING:
             forking.prepare_admin(self.home.root, 0 if self.detached else os.getpid())

@@ -202,10 +202,10 @@ def log_to_home(home: Home, debug: bool) -> Path:
     definitions, which also create the file owner-only), so there is one definition.
     With ``debug``, this process logs at DEBUG.
     """
-    from .actor_system import _log_defs
+    from .logfiles import log_definitions
 
     try:
-        defs = _log_defs(home)
+        defs = log_definitions(home)
     except OSError as exc:
         raise home_error(home.root, exc) from exc
     spec = defs["handlers"]["file"]
