@@ -200,8 +200,46 @@ class SessionConfig(Config):
     """Names of the secrets given to the runtime as environment variables."""
     system_prompt: str | None = None
     """Replaces the default agent's system prompt; ``None`` keeps it."""
+    repo: str | None = None
+    """A git repository cloned into the (empty) workspace before the first step: a URL, or
+    a path on the machine the sandbox runs on. Credentials never go in the URL (they would
+    be stored): use git's credential helpers or ssh keys where the sandbox runs."""
+    branch: str | None = None
+    """The branch or tag of ``repo`` to check out; ``None`` takes its default branch."""
+    setup: str | None = None
+    """A shell script run in the sandbox after the clone and before the first step (one
+    command line; its output is an event). A failure ends the session in ERROR naming it."""
+    setup_timeout_s: float = Field(default=1800.0, gt=0)
+    """Hard limit for the clone and for the setup script, each."""
 
     _task_given = field_validator("task")(_not_blank)
+
+    @field_validator("repo")
+    @classmethod
+    def _repo_without_credentials(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@", value, re.I) or re.match(
+                r"^https?://[^/@]+@", value, re.I):
+            raise ValueError("must not carry credentials (they would be stored with the "
+                             "session); use a credential helper or an ssh key where the "
+                             "sandbox runs")
+        return value
+
+    @field_validator("branch")
+    @classmethod
+    def _branch_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or value.startswith("-")):
+            raise ValueError("must be a branch or tag name")
+        return value
+
+    @model_validator(mode="after")
+    def _branch_needs_repo(self) -> SessionConfig:
+        if self.branch is not None and self.repo is None:
+            raise ValueError("branch is given without repo")
+        return self
     _runtime_named = field_validator("runtime", mode="before")(_runtime_by_name)
 
 

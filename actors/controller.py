@@ -35,6 +35,7 @@ from ..core.effects import (
     BrokerBack,
     CancelModel,
     Effect,
+    ReadInstructions,
     RestartRuntime,
     RunAction,
     RuntimeDown,
@@ -252,6 +253,10 @@ class Controller(TrouperActor):
             self.send(self._parent_address, wiring.RestartRuntime(reason=effect.reason))
         elif isinstance(effect, Answer):
             self._answer(effect)
+        elif isinstance(effect, ReadInstructions) and self.core is not None:
+            assert self.start is not None
+            self.core.set_instructions(
+                load_workspace_instructions(Path(self.start.config.workspace)))
 
     def _append(self, effect: Append) -> None:
         """Durable before anything after it; the store raises StoreUnavailable (a state:

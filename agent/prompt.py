@@ -174,7 +174,15 @@ class PromptBuilder:
         self._open_turns: dict[str, _Turn] = {}
         self._waiting: dict[str, _Turn] = {}
         """Action id -> its turn, for actions whose outcome is not in yet."""
+        self._setup: dict[str, ActionEvent] = {}
+        """Setup steps trouper runs (source ``environment``) whose outcome is not in yet:
+        the model never called them, so they reach it as a note, not as tool calls."""
+        self._system_prompt = system_prompt
         self._dirty = False
+
+    def set_workspace_instructions(self, text: str | None) -> None:
+        """The workspace's instructions changed (a clone brought an AGENTS.md)."""
+        self._messages[0] = system_message(self._system_prompt, text)
 
     def add(self, event: Event) -> None:
         """Take the next event of the log (status events are ignored)."""
@@ -211,6 +219,9 @@ class PromptBuilder:
         self._dirty = True
 
     def _add_action(self, event: ActionEvent) -> None:
+        if event.source == "environment":
+            self._setup[event.action_id] = event
+            return
         if event.action_id in self._waiting:
             logger.warning("action %s added twice to the prompt; ignored", event.action_id)
             return
@@ -223,6 +234,14 @@ class PromptBuilder:
         self._dirty = True
 
     def _add_observation(self, event: ObservationEvent) -> None:
+        setup = self._setup.pop(event.action_id, None)
+        if setup is not None:
+            what = f"{setup.tool} {setup.arguments}"
+            self._tail.append({"role": "user", "content": (
+                f"[trouper ran a setup step before you started: {what}]\n"
+                f"{render_outcome(event.outcome)}")})
+            self._dirty = True
+            return
         turn = self._waiting.pop(event.action_id, None)
         if turn is None:
             logger.warning("outcome for unknown or answered action %s; ignored", event.action_id)

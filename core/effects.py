@@ -24,6 +24,12 @@ class Append:
 
 
 @dataclass(frozen=True)
+class ReadInstructions:
+    """The workspace changed under the agent (a repository was cloned into it): read its
+    instructions file again and give the text to ``SessionCore.set_instructions``."""
+
+
+@dataclass(frozen=True)
 class AskModel:
     """Send this completion request to the broker (or hold it until there is one)."""
 
@@ -75,7 +81,7 @@ class Answer:
 
 
 Effect = Append | AskModel | CancelModel | RunAction | AskJournal | StartTimer | \
-    RestartRuntime | Answer
+    RestartRuntime | Answer | ReadInstructions
 
 
 # -- inputs the actor layer turns into plain facts ----------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 from ..agent.condense import condensed
 from ..agent.parse import parse_response
 from ..agent.tools import tool_specs
-from ..messages.actions import Finish, Think
+from ..messages.actions import CloneRepository, Finish, RunCommand, Think
 from ..messages.events import (
     ActionEvent,
     AgentState,
@@ -30,6 +30,7 @@ from .effects import (
     AskJournal,
     AskModel,
     CancelModel,
+    ReadInstructions,
     RunAction,
 )
 from .machine import BACK_AFTER_SANDBOX, SessionMachine
@@ -101,12 +102,48 @@ class SessionLoop(SessionMachine):
 
     def _dispatch(self, event: ActionEvent) -> None:
         action: Any = event.action
-        timeout_s = getattr(action, "timeout_s", None) or self.config.command_timeout_s
+        if event.source == "environment":  # a setup step: no soft timeout hands it back
+            timeout_s = no_output_s = self.config.setup_timeout_s
+        else:
+            timeout_s = getattr(action, "timeout_s", None) or self.config.command_timeout_s
+            no_output_s = self.config.no_output_timeout_s
         self.dispatched = event.action_id
         self._out.append(RunAction(Execute(
             session_id=self.session_id, action_id=event.action_id,
             action=self.revealer.reveal(action), timeout_s=timeout_s,
-            no_output_timeout_s=self.config.no_output_timeout_s)))
+            no_output_timeout_s=no_output_s)))
+
+    # -- setup: the repository and the setup script, before the first step -------------
+
+    def _setup_steps(self) -> list[ActionEvent]:
+        """A new session's setup steps, recorded with its task (intent before anything)."""
+        config, steps = self.config, []
+        if config.repo is not None:
+            steps.append(CloneRepository(url=config.repo, branch=config.branch))
+        if config.setup is not None:
+            steps.append(RunCommand(command=config.setup, timeout_s=config.setup_timeout_s))
+        return [ActionEvent(source="environment", action_id=self.new_id(), turn_id="setup",
+                            tool_call_id=f"setup-{n}", tool=step.kind,
+                            arguments=step.model_dump_json(exclude={"kind"}), action=step)
+                for n, step in enumerate(steps, 1)]
+
+    def _setup_done(self, event: ActionEvent, outcome: Outcome) -> bool:
+        """After a setup step's outcome: False if the session goes on; True if the step
+        failed, the steps after it are skipped and the session is in ERROR."""
+        if isinstance(event.action, CloneRepository):
+            self._out.append(ReadInstructions())  # the clone may bring an AGENTS.md
+        failed = outcome.status != "ok" or outcome.exit_code not in (None, 0)
+        if not failed:
+            return False
+        name = "the clone of the repository" if event.tool == "clone" else "the setup script"
+        first = next((line for line in outcome.content.splitlines() if line.strip()), "")
+        detail = f"exit status {outcome.exit_code}" if outcome.exit_code else outcome.status
+        skipped = [ObservationEvent(action_id=other, outcome=Outcome(
+            status="rejected", content=f"Not run: {name} failed before it."))
+            for other, pending in self.view.pending.items() if pending.source == "environment"]
+        self._transition(Why.SETUP_FAILED, AgentState.ERROR,
+                         f"setup failed: {name} ({detail}): {first[:300]}", along=skipped)
+        return True
 
     def _finish(self, event: ActionEvent, action: Finish) -> None:
         """The finish's outcome, the rest of the turn rejected, and FINISHED: one append,
@@ -123,9 +160,12 @@ class SessionLoop(SessionMachine):
 
     def _record(self, action_id: str, outcome: Outcome, advance: bool = True) -> None:
         self.resolve_first.discard(action_id)
-        if action_id not in self.view.pending:
+        event = self.view.pending.get(action_id)
+        if event is None:
             return  # already has its outcome (promise I1)
         self._append(ObservationEvent(action_id=action_id, outcome=outcome))
+        if event.source == "environment" and self._setup_done(event, outcome):
+            return
         if advance:
             self._check_breaker()
             self._advance()

@@ -70,9 +70,14 @@ class SessionCore(SessionLoop):
         """A new session's first record (its task), or a restored one's lost timers."""
         with self._step(now):
             if self.view.last_seq == 0:
-                self._append(MessageEvent(source="user", text=self.config.task))
+                self._append(MessageEvent(source="user", text=self.config.task),
+                             *self._setup_steps())
             self._schedule_lift()
         return self._take()
+
+    def set_instructions(self, text: str | None) -> None:
+        """The workspace's instructions as the adapter read them (``ReadInstructions``)."""
+        self.prompt.set_workspace_instructions(self._masked(text))
 
     # -- the one entry point -----------------------------------------------------------
 

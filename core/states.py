@@ -40,6 +40,7 @@ TRANSITIONS: dict[Why, tuple[frozenset[AgentState], AgentState | None]] = {
     Why.USER_RESUME: (RESUMABLE, S.RUNNING),
     Why.USER_STOP: (ANY - {S.STOPPED}, S.STOPPED),
     Why.STORE_BACK: (ANY, None),  # back to the state the fault interrupted
+    Why.SETUP_FAILED: (frozenset({S.RUNNING, S.ERROR}), S.ERROR),  # ERROR: lost in recovery
     Why.LOOP_DOWN: (ANY - {S.FINISHED, S.STOPPED}, S.ERROR),  # the Controller gave up
 }
 """``why -> (states it may start from, state it leads to)``."""

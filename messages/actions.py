@@ -123,14 +123,31 @@ class Finish(Frozen):
     message: str = Field(description="The final message to the user.")
 
 
+class CloneRepository(Frozen):
+    """Clone a git repository into the (empty) workspace: a session's setup step, run where
+    the workspace is. Not a tool: the model is never offered it (it is not in ``ACTIONS``)."""
+
+    description: ClassVar[str] = "Clone a git repository into the workspace."
+    in_sandbox: ClassVar[bool] = True
+
+    kind: Literal["clone"] = "clone"
+    url: str
+    """A URL git understands, or a path on the machine the sandbox server runs on."""
+    branch: str | None = None
+    """The branch or tag to check out; ``None`` takes the repository's default."""
+
+
 ACTIONS: tuple[type[Frozen], ...] = (RunCommand, ReadFile, WriteFile, EditFile, Think, Finish)
 """Every tool, in the order the model sees them."""
+SETUP_ACTIONS: tuple[type[Frozen], ...] = (CloneRepository,)
+"""Actions trouper itself runs before the first step (never offered to the model)."""
 
 RuntimeAction = Annotated[
-    RunCommand | ReadFile | WriteFile | EditFile, Field(discriminator="kind")
+    RunCommand | ReadFile | WriteFile | EditFile | CloneRepository, Field(discriminator="kind")
 ]
 Action = Annotated[
-    RunCommand | ReadFile | WriteFile | EditFile | Think | Finish, Field(discriminator="kind")
+    RunCommand | ReadFile | WriteFile | EditFile | Think | Finish | CloneRepository,
+    Field(discriminator="kind"),
 ]
 
 
@@ -140,5 +157,5 @@ def kind_of(model: type[Frozen]) -> str:
 
 
 RUNTIME_KINDS: frozenset[str] = frozenset(
-    kind_of(model) for model in ACTIONS if getattr(model, "in_sandbox", False))
+    kind_of(model) for model in (*ACTIONS, *SETUP_ACTIONS) if getattr(model, "in_sandbox", False))
 """The kinds a runtime executes."""

@@ -62,6 +62,7 @@ class Why(StrEnum):
     USER_STOP = "user_stop"
     STORE_BACK = "store_back"
     LOOP_DOWN = "loop_down"
+    SETUP_FAILED = "setup_failed"
 
 
 SETTLED_STATES: frozenset[AgentState] = frozenset(

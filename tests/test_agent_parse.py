@@ -272,13 +272,25 @@ def test_one_registry_of_tools_and_the_unions_agree():
     specs and the runtime kinds all follow ``ACTIONS``."""
     import typing
 
-    from trouper.messages.actions import ACTIONS, RUNTIME_KINDS, Action, RuntimeAction, kind_of
+    from trouper.messages.actions import (
+        ACTIONS,
+        RUNTIME_KINDS,
+        SETUP_ACTIONS,
+        Action,
+        RuntimeAction,
+        kind_of,
+    )
 
     def members(union: object) -> set[type]:
         return set(typing.get_args(typing.get_args(union)[0]))
 
-    assert members(Action) == set(ACTIONS)
-    assert members(RuntimeAction) == {m for m in ACTIONS if m.in_sandbox}
+    assert members(Action) == set(ACTIONS) | set(SETUP_ACTIONS)
+    assert members(RuntimeAction) == {m for m in (*ACTIONS, *SETUP_ACTIONS) if m.in_sandbox}
     assert RUNTIME_KINDS == {kind_of(m) for m in members(RuntimeAction)}
     assert [s["function"]["name"] for s in tool_specs()] == [kind_of(m) for m in ACTIONS]
     assert all(s["function"]["description"] for s in tool_specs())
+
+
+def test_the_model_cannot_call_a_setup_action():
+    content = rejection_of("clone", '{"url": "https://example.test/r.git"}')
+    assert "clone" in content and "unknown" in content.lower()

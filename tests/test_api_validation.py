@@ -255,3 +255,23 @@ def test_a_remote_runtime_url_needs_a_scheme():
 
     with pytest.raises(ValidationError, match="http"):
         RemoteRuntime(url="127.0.0.1:8000")
+
+
+@pytest.mark.parametrize("options, field, words", [
+    ({"repo": "https://user:pw@example.test/r.git"}, "repo", "credentials"),
+    ({"repo": "https://ghp_token@example.test/r.git"}, "repo", "credentials"),
+    ({"repo": "   "}, "repo", "blank"),
+    ({"branch": "main"}, "", "branch is given without repo"),
+    ({"repo": "/srv/r", "branch": "--upload-pack=x"}, "branch", "branch or tag"),
+])
+def test_a_repository_session_is_checked_before_anything_starts(options, field, words):
+    from pydantic import ValidationError
+
+    from trouper.config import SessionConfig
+
+    with pytest.raises(ValidationError, match=words) as caught:
+        SessionConfig(task="t", llm={"model": "m"}, workspace="/w", **options)
+    assert [".".join(map(str, e["loc"])) for e in caught.value.errors()] == [field] or not field
+    fine = SessionConfig(task="t", llm={"model": "m"}, workspace="/w",
+                         repo="git@example.test:team/r.git", branch="dev", setup="make")
+    assert (fine.repo, fine.branch, fine.setup) == ("git@example.test:team/r.git", "dev", "make")

@@ -527,3 +527,75 @@ def test_a_state_change_says_why_in_a_field_and_an_old_log_is_read_by_its_words(
     renamed.apply(StateChanged(seq=1, state=S.RUNNING, reason="carry on",
                                cause=Why.USER_RESUME))
     assert renamed.iterations == 0  # the words may change; the cause is what counts
+
+
+# -- setup: a repository and a setup script before the first step -----------------------
+
+
+def setup_running(**options: Any) -> tuple[SessionCore, Clock, list[Any]]:
+    core, clock = make(**options)
+    begun = core.begin(clock.now)
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=1, attached=False), clock.tick())
+    return core, clock, [*begun, *effects]
+
+
+def test_setup_steps_are_recorded_with_the_task_and_run_before_the_model_is_asked():
+    core, clock, effects = setup_running(repo="https://example.test/r.git", branch="dev",
+                                         setup="make deps")
+    steps = [e for e in appended(effects) if isinstance(e, ActionEvent)]
+    assert [(e.source, e.tool) for e in steps] == [("environment", "clone"),
+                                                   ("environment", "run")]
+    assert steps[0].action.url == "https://example.test/r.git" and steps[0].action.branch == "dev"
+    assert appended(effects)[0] == core.recorded[0] and isinstance(core.recorded[0], MessageEvent)
+    assert not [e for e in effects if isinstance(e, AskModel)]
+    clone = only(effects, RunAction)
+    assert clone.request.action.kind == "clone"
+    # no soft timeout hands a setup step back: it gets its whole time
+    assert clone.request.timeout_s == clone.request.no_output_timeout_s == 1800.0
+    effects = executed(core, clone, clock, content="Cloned", exit_code=0)
+    assert kinds(effects) == ["Append", "ReadInstructions", "RunAction"]
+    script = only(effects, RunAction)
+    assert script.request.action.command == "make deps"
+    effects = executed(core, script, clock, content="deps ready", exit_code=0)
+    ask = only(effects, AskModel)
+    notes = [m["content"] for m in ask.request.messages if m["role"] == "user"]
+    assert notes[0] == "fix it" and "setup step" in notes[1] and "deps ready" in notes[2]
+    assert not [m for m in ask.request.messages if m.get("tool_calls")]  # never tool calls
+
+
+@pytest.mark.parametrize("failing, named", [(0, "the clone of the repository"),
+                                            (1, "the setup script")])
+def test_a_failed_setup_step_ends_in_error_naming_it_and_nothing_after_it_runs(failing, named):
+    core, clock, effects = setup_running(repo="/srv/repo", setup="./bootstrap")
+    run = only(effects, RunAction)
+    for _ in range(failing):  # the steps before the failing one succeed
+        run = only(executed(core, run, clock, exit_code=0), RunAction)
+    effects = executed(core, run, clock, status="ok", exit_code=3, content="\nno such thing")
+    assert not [e for e in effects if isinstance(e, (AskModel, RunAction))]
+    assert core.view.state == S.ERROR and core.view.resumes_at is None
+    change = [e for e in appended(effects) if isinstance(e, StateChanged)][-1]
+    assert change.cause == Why.SETUP_FAILED
+    assert change.reason == f"setup failed: {named} (exit status 3): no such thing"
+    assert core.view.pending == {}  # the script after a failed clone is recorded as not run
+    assert [e.outcome.status for e in core.recorded if isinstance(e, ObservationEvent)] == (
+        ["ok"] * (failing + 1) + ["rejected"] * (1 - failing))
+
+
+def test_a_setup_step_lost_with_its_sandbox_keeps_the_session_in_error():
+    core, clock, effects = setup_running(setup="sleep 100")
+    run = only(effects, RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="killed"),
+                clock.tick())
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=False), clock.tick())
+    asked = only(effects, AskJournal)
+    assert asked.action_id == run.request.action_id
+    effects = core.handle(Resolved(session_id="s-1", action_id=asked.action_id,
+                                   state="unknown"), clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at is None
+    assert not [e for e in effects if isinstance(e, AskModel)]
+
+
+def test_a_session_without_setup_has_no_setup_steps():
+    core, clock, effects = setup_running()
+    assert not [e for e in appended(effects) if isinstance(e, ActionEvent)]
+    only(effects, AskModel)

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict
 
 from . import files
+from .clone import clone
 from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
@@ -35,6 +36,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "read_file": {"path": (str,), "start_line": (int, type(None)), "end_line": (int, type(None))},
     "write_file": {"path": (str,), "content": (str,)},
     "edit_file": {"path": (str,), "old": (str,), "new": (str,)},
+    "clone": {"url": (str,), "branch": (str, type(None))},
 }
 """The fields of each action kind (as in trouper's messages/actions.py) and their types."""
 _REQUIRED = {
@@ -42,6 +44,7 @@ _REQUIRED = {
     "read_file": ("path",),
     "write_file": ("path", "content"),
     "edit_file": ("path", "old", "new"),
+    "clone": ("url",),
 }
 
 
@@ -190,6 +193,9 @@ class Service:
         """Do one action and return its outcome (never raises for the agent's mistakes)."""
         if action["kind"] == "run":
             return self._run(action_id, action, timeout_s, soft_s)
+        if action["kind"] == "clone":
+            return clone(self.workspace, action["url"], action.get("branch"), timeout_s,
+                         self.shell_umask)
         do = self._file_action(action)
 
         def whole() -> Outcome:  # the deadline covers saving the full text too (same disk)
