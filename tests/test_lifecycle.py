@@ -52,6 +52,7 @@ def test_a_program_killed_while_opening_leaves_no_process(tmp_path, delay_ms):
     mark = uuid.uuid4().hex
     ready = tmp_path / "importing-done"
     program = _program(tmp_path / "home", f"""
+        import trouper.actor_system  # the heavy imports first: the kill hits the opening
         open({str(ready)!r}, "w").close()
         Trouper(home=home)
         time.sleep(60)
