@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .config import LLMConfig, SessionConfig
+from .config import ConfirmationPolicy, LLMConfig, SessionConfig
 from .exceptions import (
     ConfigError,
     InvalidRequest,
@@ -23,6 +23,7 @@ from .exceptions import (
 from .messages.events import (
     ActionEvent,
     AgentState,
+    ConfirmationEvent,
     Event,
     LLMCompleted,
     LLMRetry,
@@ -56,6 +57,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ActionEvent",
     "AgentState",
+    "ConfirmationEvent",
+    "ConfirmationPolicy",
     "ConfigError",
     "Event",
     "InvalidRequest",

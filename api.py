@@ -193,10 +193,12 @@ class Trouper:
             return None
         return answer.cause if isinstance(answer, FaultStatus) else None
 
-    def command(self, session_id: str, command: str, text: str = "") -> int:
+    def command(self, session_id: str, command: str, text: str = "", *,
+                action_id: str = "") -> int:
         """Send a user command; start the session's actors first if they are not running."""
         msg = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
-                          command=command, text=text)  # type: ignore[arg-type]
+                          command=command, text=text,  # type: ignore[arg-type]
+                          action_id=action_id)
         try:
             return self._system.request(msg).seq
         except UnknownSession:

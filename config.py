@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from .confirmation import ConfirmationPolicy
 from .exceptions import ConfigError
 from .runtimes import BACKENDS
 from .text import LONE_SURROGATE, storable
@@ -211,6 +212,8 @@ class SessionConfig(Config):
     command line; its output is an event). A failure ends the session in ERROR naming it."""
     setup_timeout_s: float = Field(default=1800.0, gt=0)
     """Hard limit for the clone and for the setup script, each."""
+    confirm: ConfirmationPolicy = ConfirmationPolicy()
+    """Confirmation mode: which actions wait for the user's approval (default: none)."""
 
     _task_given = field_validator("task")(_not_blank)
 

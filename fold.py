@@ -13,6 +13,7 @@ from datetime import datetime
 from .messages.events import (
     ActionEvent,
     AgentState,
+    ConfirmationEvent,
     Event,
     LLMCompleted,
     MessageEvent,
@@ -45,6 +46,8 @@ class SessionView:
     """Actions without an outcome, in log order."""
     outcomes: int = 0
     actions: int = 0
+    approved: set[str] = field(default_factory=set)
+    """Actions the user approved (confirmation mode) that have no outcome yet."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> SessionView:
@@ -52,6 +55,14 @@ class SessionView:
         for event in events:
             view.apply(event)
         return view
+
+    @property
+    def awaiting_confirmation(self) -> ActionEvent | None:
+        """The action waiting for the user's approval, if the session waits for one."""
+        if self.state != AgentState.AWAITING_USER_CONFIRMATION:
+            return None
+        return next((e for e in self.pending.values() if e.action_id not in self.approved),
+                    None)
 
     @property
     def settled(self) -> bool:
@@ -75,6 +86,8 @@ class SessionView:
             self._apply_outcome(event)
         elif isinstance(event, MessageEvent) and event.source == "user":
             self.iterations = 0
+        elif isinstance(event, ConfirmationEvent) and event.approved:
+            self.approved.add(event.action_id)
 
     def _apply_state(self, event: StateChanged) -> None:
         self.state = event.state
@@ -88,6 +101,7 @@ class SessionView:
     def _apply_outcome(self, event: ObservationEvent) -> None:
         self.outcomes += 1
         self.pending.pop(event.action_id, None)
+        self.approved.discard(event.action_id)
         if event.outcome.timed_out == "hard":  # a quiet command still running is no fault
             self.consecutive_timeouts += 1
         else:

@@ -15,6 +15,7 @@ from .masking import known_masker
 from .messages.events import (
     ActionEvent,
     AgentState,
+    ConfirmationEvent,
     Event,
     LLMCompleted,
     LLMRetry,
@@ -83,6 +84,10 @@ def render(event: Event, *, verbose: bool = False) -> Text | None:
             f"{event.error_class}", style="yellow")
     if isinstance(event, RuntimeEvent):
         return seq + Text(f"sandbox {event.phase} {event.detail}".rstrip(), style="dim")
+    if isinstance(event, ConfirmationEvent):
+        verdict = "approved" if event.approved else "rejected"
+        return seq + Text(f"user {verdict} the action {event.action_id}", style="bold") + (
+            Text(f": {_clip(event.reason, 200)}", style="dim") if event.reason else Text())
     if isinstance(event, LLMCompleted) and verbose:
         return seq + Text(
             f"model {event.model}: {event.prompt_tokens}+{event.completion_tokens} tokens, "

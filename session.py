@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from .fold import SessionView
-from .messages.events import AgentState, Event
+from .messages.events import ActionEvent, AgentState, Event
 from .settings import settings
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ class SessionHost(Protocol):
 
     def fault(self, session_id: str) -> str | None: ...
 
-    def command(self, session_id: str, command: str, text: str = "") -> int: ...
+    def command(self, session_id: str, command: str, text: str = "", *,
+                action_id: str = "") -> int: ...
 
 
 class Session:
@@ -81,6 +82,21 @@ class Session:
 
     def stop(self) -> int:
         return self._trouper.command(self.id, "stop")
+
+    def approve(self, action_id: str = "") -> int:
+        """Run the action waiting for approval (confirmation mode). With ``action_id``,
+        only if that is the one waiting (else InvalidRequest)."""
+        return self._trouper.command(self.id, "approve", action_id=action_id)
+
+    def reject(self, reason: str = "", action_id: str = "") -> int:
+        """Do not run the action waiting for approval: it is recorded ``rejected`` with
+        ``reason`` (the agent reads it) and the session carries on."""
+        return self._trouper.command(self.id, "reject", reason, action_id=action_id)
+
+    @property
+    def awaiting_confirmation(self) -> ActionEvent | None:
+        """The action waiting for the user's approval, or None."""
+        return self.view().awaiting_confirmation
 
     # -- reading -------------------------------------------------------------------
 

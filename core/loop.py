@@ -14,6 +14,7 @@ from typing import Any
 from ..agent.condense import condensed
 from ..agent.parse import parse_response
 from ..agent.tools import tool_specs
+from ..confirmation import needs_confirmation, summary
 from ..messages.actions import CloneRepository, Finish, RunCommand, Think
 from ..messages.events import (
     ActionEvent,
@@ -97,8 +98,22 @@ class SessionLoop(SessionMachine):
             self._record(event.action_id, Outcome(status="ok", content="Thought recorded."))
         elif isinstance(action, Finish):
             self._finish(event, action)
-        elif event.action_id not in self.resolve_first:  # else its journal is being asked
+        elif event.action_id in self.resolve_first:
+            return  # its journal is being asked
+        elif not self._waits_for_approval(event):
             self._dispatch(event)
+
+    def _waits_for_approval(self, event: ActionEvent) -> bool:
+        """Confirmation mode: an agent's action the policy holds, not yet approved, moves
+        the session to AWAITING_USER_CONFIRMATION (the user's approve or reject goes on)."""
+        if event.source != "agent" or event.action_id in self.view.approved:
+            return False
+        why = needs_confirmation(self.config.confirm, event.action)
+        if why is None:
+            return False
+        self._transition(Why.AWAITING_CONFIRMATION, AgentState.AWAITING_USER_CONFIRMATION,
+                         f"waiting for approval of {summary(event.action)} ({why})")
+        return True
 
     def _dispatch(self, event: ActionEvent) -> None:
         action: Any = event.action

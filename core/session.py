@@ -25,6 +25,7 @@ from ..agent.parse import parse_response
 from ..fold import RESUMED_BY_USER, SessionView
 from ..messages.events import (
     AgentState,
+    ConfirmationEvent,
     LLMCompleted,
     LLMRetry,
     MessageEvent,
@@ -283,6 +284,8 @@ class SessionCore(SessionLoop):
             "pause": self._cmd_pause,
             "resume": self._cmd_resume,
             "stop": self._cmd_stop,
+            "approve": self._cmd_answer,
+            "reject": self._cmd_answer,
         }[cmd.command](cmd)
         self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
 
@@ -330,6 +333,30 @@ class SessionCore(SessionLoop):
             if action_id != self.dispatched and action_id not in self.resolve_first]
         self._transition(Why.USER_STOP, AgentState.STOPPED, "stopped by the user",
                          along=never_run)
+        return None
+
+    def _cmd_answer(self, cmd: UserCommand) -> str | None:
+        """approve (it runs) or reject (recorded ``rejected`` with the reason; the agent
+        carries on) the action waiting in confirmation mode."""
+        waiting = self.view.awaiting_confirmation
+        if waiting is None:
+            return f"no action waits for approval (the session is {self.view.state.value})"
+        if cmd.action_id and cmd.action_id != waiting.action_id:
+            return (f"action {cmd.action_id} is not the one waiting for approval "
+                    f"({waiting.action_id}); nothing was {cmd.command}d")
+        approved = cmd.command == "approve"
+        answer = ConfirmationEvent(action_id=waiting.action_id, approved=approved,
+                                   reason=cmd.text)
+        if approved:
+            self._transition(Why.USER_APPROVE, AgentState.RUNNING, "approved by the user",
+                             along=[answer])
+        else:
+            reason = cmd.text.strip() or "no reason given"
+            rejected = ObservationEvent(action_id=waiting.action_id, outcome=Outcome(
+                status="rejected", content=f"The user rejected this action: {reason}"))
+            self._transition(Why.USER_REJECT, AgentState.RUNNING,
+                             f"rejected by the user: {reason}", along=[answer, rejected])
+        self._advance()
         return None
 
     _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {

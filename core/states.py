@@ -40,6 +40,9 @@ TRANSITIONS: dict[Why, tuple[frozenset[AgentState], AgentState | None]] = {
     Why.USER_RESUME: (RESUMABLE, S.RUNNING),
     Why.USER_STOP: (ANY - {S.STOPPED}, S.STOPPED),
     Why.STORE_BACK: (ANY, None),  # back to the state the fault interrupted
+    Why.AWAITING_CONFIRMATION: (frozenset({S.RUNNING}), S.AWAITING_USER_CONFIRMATION),
+    Why.USER_APPROVE: (frozenset({S.AWAITING_USER_CONFIRMATION}), S.RUNNING),
+    Why.USER_REJECT: (frozenset({S.AWAITING_USER_CONFIRMATION}), S.RUNNING),
     Why.SETUP_FAILED: (frozenset({S.RUNNING, S.ERROR}), S.ERROR),  # ERROR: lost in recovery
     Why.LOOP_DOWN: (ANY - {S.FINISHED, S.STOPPED}, S.ERROR),  # the Controller gave up
 }

@@ -62,6 +62,9 @@ class Why(StrEnum):
     USER_STOP = "user_stop"
     STORE_BACK = "store_back"
     LOOP_DOWN = "loop_down"
+    AWAITING_CONFIRMATION = "awaiting_confirmation"
+    USER_APPROVE = "user_approve"
+    USER_REJECT = "user_reject"
     SETUP_FAILED = "setup_failed"
 
 
@@ -127,6 +130,19 @@ class ObservationEvent(EventBase):
     kind: Literal["observation"] = "observation"
     action_id: str
     outcome: Outcome
+
+
+class ConfirmationEvent(EventBase):
+    """The user's answer to an action that waited for approval (confirmation mode). A
+    rejection reaches the agent as the action's ``rejected`` outcome, so this event is a
+    status event: never in the prompt."""
+
+    kind: Literal["confirmation"] = "confirmation"
+    is_status: ClassVar[bool] = True
+    source: Source = "user"
+    action_id: str
+    approved: bool
+    reason: str = ""
 
 
 class StateChanged(EventBase):
@@ -210,7 +226,8 @@ Event = Annotated[
     | LLMCompleted
     | LLMRetry
     | RuntimeEvent
-    | PromptCondensed,
+    | PromptCondensed
+    | ConfirmationEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

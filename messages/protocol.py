@@ -51,9 +51,12 @@ class UserCommand(Frozen):
     kind: Literal["user_command"] = "user_command"
     request_id: str
     session_id: str
-    command: Literal["send", "pause", "resume", "stop"]
+    command: Literal["send", "pause", "resume", "stop", "approve", "reject"]
     text: str = ""
-    """The message, for ``send``."""
+    """The message, for ``send``; the reason, for ``reject``."""
+    action_id: str = ""
+    """For ``approve`` and ``reject``: the action the user saw waiting ("": whichever
+    waits). Another action waiting now is refused, never approved in its place."""
 
 
 class Accepted(Frozen):
