@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict
 
 from . import files
+from .container import ContainerShell
 from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
@@ -78,8 +79,13 @@ class Service:
         masker: TextMasker | None = None,
         shell_umask: int | None = None,
         file_timeout_s: float = files.FILE_TIMEOUT_S,
+        container: ContainerShell | None = None,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
+        self.container = container
+        """Where the shell runs when it runs in a container (None: here, as bash)."""
+        self.on_gone: Callable[[], None] | None = None
+        """Called once the container is found gone (the server then shuts down)."""
         self.journal = Journal(os.path.join(state_dir, "journal"), boot_id)
         self.masker = masker or TextMasker({})
         """Masks the session's secret values in everything the server writes."""
@@ -94,6 +100,8 @@ class Service:
             interrupt_grace_s,
             masker=self.masker,
             umask=shell_umask,
+            spawn=container.spawn if container is not None else None,
+            shown_workspace=container.workdir if container is not None else None,
         )
         self.max_output_chars = max_output_chars
         self._epoch_path = os.path.join(state_dir, "epoch.json")
@@ -164,15 +172,34 @@ class Service:
     def _perform_and_journal(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
     ) -> None:
-        began = time.monotonic()
+        began, exits = time.monotonic(), self.shell.exits
         try:
             outcome = self.perform(action_id, action, timeout_s, soft_s)
         except Exception as e:  # noqa: BLE001 - the action must end with an outcome
+            if self._container_gone(action_id):
+                return
             logger.exception("action %s failed inside the sandbox", action_id)
             outcome = {"status": "error", "content": f"The sandbox failed: {type(e).__name__}: {e}"}
+        if self.shell.exits != exits and self._container_gone(action_id):
+            return
         outcome["content"] = self.masker.mask(str(outcome.get("content", "")))
         outcome["duration_s"] = round(time.monotonic() - began, 6)
         self.journal.finish(action_id, outcome)
+
+    def _container_gone(self, action_id: str) -> bool:
+        """True (and the server told to stop) when the shell's container is not running:
+        what the action did is then unknown, so it is NOT journaled as finished (it reads
+        ``unknown`` to the next server, and is recorded lost), never as a made-up error."""
+        if self.container is None:
+            return False
+        state = self.container.state()
+        if state == "running":
+            return False
+        logger.warning("action %s: the container is %s; its outcome is unknown (not "
+                       "journaled); shutting down", action_id, state)
+        if self.on_gone is not None:
+            self.on_gone()
+        return True
 
     def mask_data(self, value: Any) -> Any:
         """A copy of JSON-like ``value`` with every string in it (keys too) masked."""
@@ -208,19 +235,35 @@ class Service:
                 whole, min(self.file_timeout_s, timeout_s), action["kind"]
             )
         except files.FileError as e:
-            return {"status": "error", "content": str(e)}
+            return {"status": "error", "content": self._shown(str(e))}
+
+    def _host_path(self, path: str) -> str:
+        """A path as the container's commands see it (``/workspace/x``), on this host."""
+        workdir = self.container.workdir.rstrip("/") if self.container is not None else ""
+        if workdir and (path == workdir or path.startswith(workdir + "/")):
+            return self.workspace + path[len(workdir):]
+        return path
+
+    def _shown(self, text: str) -> str:
+        """``text`` with this host's workspace path written as the container's."""
+        if self.container is None:
+            return text
+        return text.replace(self.workspace, self.container.workdir.rstrip("/") or "/")
 
     def _file_action(self, action: dict[str, Any]) -> Callable[[], str]:
         kind, workspace = action["kind"], self.workspace
+        if self.container is not None:
+            action = dict(action, path=self._host_path(action["path"]))
         if kind == "read_file":
             return lambda: files.read_file(
                 workspace, action["path"], action.get("start_line"), action.get("end_line")
             )
         if kind == "write_file":
-            return lambda: files.write_file(
+            return lambda: self._shown(files.write_file(
                 workspace, action["path"], action["content"], self.shell_umask
-            )
-        return lambda: files.edit_file(workspace, action["path"], action["old"], action["new"])
+            ))
+        return lambda: self._shown(
+            files.edit_file(workspace, action["path"], action["old"], action["new"]))
 
     def _run(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
