@@ -250,6 +250,7 @@ class DockerSandbox(LocalSandbox):
             "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
             "mem_limit": config.memory, "nano_cpus": int(config.cpus * 1e9),
             "pids_limit": config.pids_limit, "network_mode": config.network,
+            "tmpfs": {"/tmp": "rw,nosuid,nodev,mode=1777"},  # images without a /tmp too
             "volumes": {str(self.workspace): {"bind": config.workdir, "mode": "rw"},
                         str(self.io_dir): {"bind": IO_MOUNT, "mode": "ro"}},
         }
