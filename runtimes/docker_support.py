@@ -54,10 +54,23 @@ def docker_client(timeout_s: float = 60.0) -> Any:
     return client
 
 
+def list_containers(client: Any, labels: list[str]) -> list[Any]:
+    """The containers (running or not) with all ``labels`` (``name=value`` or ``name``);
+    one removed meanwhile is left out (the SDK's own list fails on it)."""
+    from docker.errors import NotFound
+
+    found = []
+    for row in client.api.containers(all=True, filters={"label": labels}):
+        try:
+            found.append(client.containers.get(row["Id"]))
+        except NotFound:
+            continue
+    return found
+
+
 def find_container(client: Any, session_id: str, owner: str) -> Any:
     """The container of ``session_id`` made by ``owner`` (the newest, if several); None."""
-    found = client.containers.list(all=True, filters={
-        "label": [f"{LABEL_SESSION}={session_id}", f"{LABEL_OWNER}={owner}"]})
+    found = list_containers(client, [f"{LABEL_SESSION}={session_id}", f"{LABEL_OWNER}={owner}"])
     found.sort(key=lambda c: c.attrs.get("Created", ""), reverse=True)
     return found[0] if found else None
 
@@ -91,8 +104,7 @@ def gc_containers(
     client = client or docker_client()
     owner = owner_of_home(home)
     removed = []
-    for container in client.containers.list(all=True, filters={
-            "label": [f"{LABEL_OWNER}={owner}", LABEL_SESSION]}):
+    for container in list_containers(client, [f"{LABEL_OWNER}={owner}", LABEL_SESSION]):
         labels = container.labels or {}
         session_id = labels.get(LABEL_SESSION, "")
         if labels.get(LABEL_OWNER) != owner or not session_id:
@@ -123,3 +135,27 @@ def session_keeper(sessions: Iterable[tuple[str, str, bool]]) -> Callable[[str],
         return keep or state not in ("finished", "stopped")
 
     return keep_session
+
+
+def gc_sessions(home: Path, records: Iterable[Any], client: Any = None) -> list[str]:
+    """``gc_containers`` for the sessions of a store (``SessionRecord``s): containers of
+    sessions that are finished, stopped or not in the store are removed."""
+    rows = [(r.session_id, r.state.value, bool(getattr(r.config.runtime, "keep", False)))
+            for r in records]
+    return gc_containers(home, session_keeper(rows), client)
+
+
+def gc_at_start(home: Path, records: list[Any]) -> None:
+    """At a Trouper's start: when any stored session ran in Docker, remove the containers
+    of its ended or missing sessions. Never raises (an engine that does not answer is
+    logged): the start goes on."""
+    if not any(getattr(r.config.runtime, "kind", "") == "docker" for r in records):
+        return
+    try:
+        removed = gc_sessions(home, records, docker_client(10.0))
+    except Exception as e:  # noqa: BLE001 - a cleanup must never stop trouper from starting
+        logger.warning("gc of the containers of ended sessions skipped: %s", e)
+        return
+    if removed:
+        logger.info("removed %d container(s) of ended sessions: %s", len(removed),
+                    ", ".join(removed))

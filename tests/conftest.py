@@ -124,7 +124,7 @@ def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
     """``docker_homes(home)`` registers a trouper home the module's tests use; at the
     module's end no container labelled with its owner may be left (they are removed,
     and the module fails)."""
-    from trouper.runtimes.docker_support import LABEL_OWNER, owner_of_home
+    from trouper.runtimes.docker_support import LABEL_OWNER, list_containers, owner_of_home
 
     homes: list[Path] = []
 
@@ -135,8 +135,7 @@ def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
     yield register
     left = []
     for home in homes:
-        for container in docker_client.containers.list(
-                all=True, filters={"label": f"{LABEL_OWNER}={owner_of_home(home)}"}):
+        for container in list_containers(docker_client, [f"{LABEL_OWNER}={owner_of_home(home)}"]):
             left.append(f"{container.name} ({container.labels.get('trouper.session')})")
             container.remove(force=True)
     assert not left, f"containers left behind: {left}"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docker.errors import NotFound
 
 from trouper.config import DockerRuntime
 from trouper.exceptions import RuntimeUnavailable
@@ -20,6 +21,7 @@ from trouper.runtimes.docker_support import (
     LABEL_OWNER,
     LABEL_SESSION,
     gc_containers,
+    list_containers,
     owner_of_home,
     session_keeper,
 )
@@ -185,8 +187,8 @@ def test_a_killed_container_leaves_the_action_unknown_and_is_replaced(make, dock
     assert again.runtime.resolve("a1").state == "finished"
     assert (sandbox.workspace / "kept.txt").read_text() == "kept\n"
     assert not (sandbox.workspace / "late.txt").exists()
-    assert [c.id for c in docker_client.containers.list(
-        all=True, filters={"label": f"{LABEL_SESSION}=s-1"})] == [again.container_id]
+    assert [c.id for c in list_containers(docker_client, [
+        f"{LABEL_SESSION}=s-1", f"{LABEL_OWNER}={again.owner}"])] == [again.container_id]
 
 
 def test_a_removed_container_is_seen_with_its_cause(make, docker_client):
@@ -232,10 +234,12 @@ def test_gc_removes_only_labelled_containers_of_finished_or_missing_sessions(
                                  ("s-kept", "stopped", True)])
         removed = gc_containers(home, keeper, docker_client)
         assert sorted(removed) == sorted([made["finished"].name, made["missing"].name])
-        left = {c.id for c in docker_client.containers.list(all=True)}
+        left = {row["Id"] for row in docker_client.api.containers(all=True)}
         assert {name for name, c in made.items() if c.id in left} == {
             "running", "kept", "other home", "unlabelled"}
     finally:
         for c in made.values():
-            c.remove(force=True) if c.id in {x.id for x in docker_client.containers.list(
-                all=True)} else None
+            try:
+                c.remove(force=True)
+            except NotFound:
+                pass

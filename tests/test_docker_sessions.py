@@ -13,7 +13,7 @@ import pytest
 
 from trouper import AgentState, ObservationEvent, RestartPolicy, RuntimeEvent, StateChanged
 from trouper.config import DockerRuntime
-from trouper.runtimes.docker_support import LABEL_SESSION
+from trouper.runtimes.docker_support import LABEL_SESSION, list_containers
 from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -37,8 +37,7 @@ def outcomes(session: Any) -> list:
 
 
 def containers(client: Any, session: Any) -> list[str]:
-    return [c.id for c in client.containers.list(
-        all=True, filters={"label": f"{LABEL_SESSION}={session.id}"})]
+    return [c.id for c in list_containers(client, [f"{LABEL_SESSION}={session.id}"])]
 
 
 def started(workspace: Path) -> None:

@@ -46,6 +46,13 @@ _REQUIRED = {
 }
 
 
+GONE_CONFIRM_S = 1.0
+"""After its shell exited, how long a container that still reads ``running`` is watched
+before the exit is taken for the shell's own (the engine marks a killed container a little
+after the streams of its exec processes close)."""
+GONE_CONFIRM_TRIES = 5
+
+
 class StaleEpoch(Exception):
     """The request carries an older epoch than the one claimed."""
 
@@ -103,6 +110,8 @@ class Service:
             spawn=container.spawn if container is not None else None,
             shown_workspace=container.workdir if container is not None else None,
         )
+        if container is not None:  # a shell dying with its container, even when idle
+            self.shell.on_exit = lambda: self._container_gone(None)
         self.max_output_chars = max_output_chars
         self._epoch_path = os.path.join(state_dir, "epoch.json")
         stored = read_json(self._epoch_path) or {}
@@ -186,17 +195,23 @@ class Service:
         outcome["duration_s"] = round(time.monotonic() - began, 6)
         self.journal.finish(action_id, outcome)
 
-    def _container_gone(self, action_id: str) -> bool:
+    def _container_gone(self, action_id: str | None) -> bool:
         """True (and the server told to stop) when the shell's container is not running:
         what the action did is then unknown, so it is NOT journaled as finished (it reads
         ``unknown`` to the next server, and is recorded lost), never as a made-up error."""
         if self.container is None:
             return False
         state = self.container.state()
+        for _ in range(GONE_CONFIRM_TRIES):  # the engine may not know yet that it died
+            if state != "running":
+                break
+            time.sleep(GONE_CONFIRM_S / GONE_CONFIRM_TRIES)
+            state = self.container.state()
         if state == "running":
             return False
-        logger.warning("action %s: the container is %s; its outcome is unknown (not "
-                       "journaled); shutting down", action_id, state)
+        what = f"action {action_id}: its outcome is unknown (not journaled)" if action_id else (
+            "the shell exited with it")
+        logger.warning("the container is %s (%s); shutting down", state, what)
         if self.on_gone is not None:
             self.on_gone()
         return True

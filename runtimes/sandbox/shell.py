@@ -101,6 +101,8 @@ class Shell:
         """The workspace as the agent's commands see it (in notes to the agent)."""
         self.exits = 0
         """How many shells have exited so far (the service asks why when this moves)."""
+        self.on_exit: Callable[[], None] | None = None
+        """Called (on the reader thread) after a shell exited that was not closed."""
         self._masker = masker
         """Masks secret values in the output, as it arrives (before it is written)."""
         self._umask = umask
@@ -368,7 +370,9 @@ class Shell:
             self._cond.notify_all()
             closed = self._closed
         if not closed:
-            logger.warning("bash pid %d exited with status %d", bash.pid, status)
+            logger.warning("shell pid %d exited with status %d", bash.pid, status)
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _ensure_alive(self) -> str:
         """Start a new shell if the current one died; returns a note for the agent."""
