@@ -35,6 +35,7 @@ from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
 from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
+from .runtimes.docker_support import gc_at_start
 from .session import Session
 from .session_secrets import read_secrets, write_session_secrets
 from .settings import Settings
@@ -92,6 +93,7 @@ class Trouper:
             # this process held a connection would share its locks instead of taking its own
             self._system.open()
             self.store = open_store(self.home)
+            gc_at_start(self.home.root, self.store.sessions())  # containers of ended sessions
             if resume:
                 self._resume_unfinished()
         except BaseException:

@@ -70,7 +70,10 @@ def main(debug: bool) -> None:
 @click.option("--base-url", envvar=BASE_URL_ENV,
               help=f"API base of the model's server (env {BASE_URL_ENV}).")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
-@click.option("--runtime", default="local", show_default=True, type=click.Choice(["local"]))
+@click.option("--runtime", default="local", show_default=True,
+              type=click.Choice(["local", "docker"]),
+              help="Where the shell runs: here, or in a container (needs --image).")
+@click.option("--image", help="The image of a --runtime docker session (any image with sh).")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Folder the agent works in (default: a new folder under the home).")
 @home_option
@@ -80,8 +83,8 @@ def main(debug: bool) -> None:
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
-        runtime: str, workspace: Path | None, home: Path | None, script: Path | None,
-        max_iterations: int, timeout_s: float, verbose: bool) -> None:
+        runtime: str, image: str | None, workspace: Path | None, home: Path | None,
+        script: Path | None, max_iterations: int, timeout_s: float, verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
     With no TASK and no model, runs the built-in demo (as 'trouper demo').
@@ -94,11 +97,15 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         raise click.UsageError("give a TASK (or run 'trouper demo' for the built-in demo)")
     if not model and not script:
         raise click.UsageError(NO_MODEL)
+    if (runtime == "docker") != (image is not None):
+        raise click.UsageError("--image goes with --runtime docker, and --runtime docker "
+                               "needs --image")
+    chosen: Any = {"kind": "docker", "image": image} if runtime == "docker" else runtime
     llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
     if api_key:
         llm["api_key"] = api_key
     _exit(_start(home, task, llm, script, timeout_s=timeout_s, verbose=verbose,
-                 runtime=runtime, workspace=workspace, max_iterations=max_iterations))
+                 runtime=chosen, workspace=workspace, max_iterations=max_iterations))
 
 
 @main.command()
@@ -249,6 +256,35 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool,
                 console.print(line)
     finally:
         store.close()
+
+
+@main.group()
+def runtime() -> None:
+    """Sandbox runtimes: clean up what they leave behind."""
+
+
+@runtime.command("gc")
+@home_option
+def runtime_gc(home: Path | None) -> None:
+    """Remove the Docker containers of this home's sessions that are finished, stopped or
+    gone from the store; never a container trouper did not label."""
+    from .exceptions import RuntimeUnavailable
+    from .runtimes.docker_support import docker_client, gc_sessions
+    from .store import open_store
+
+    trouper_home = open_home(home)
+    store = open_store(trouper_home)
+    try:
+        records = store.sessions()
+    finally:
+        store.close()
+    try:
+        removed = gc_sessions(trouper_home.root, records, docker_client(30.0))
+    except RuntimeUnavailable as e:
+        raise click.ClickException(str(e)) from e
+    for name in removed:
+        console.print(f"removed {name}")
+    console.print(f"{len(removed)} container(s) removed")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,6 +63,7 @@ from ..messages.protocol import (
     Resolved,
     RetryScheduled,
     RuntimeFailed,
+    RuntimeProgress,
     RuntimeReady,
     StartSession,
     StoreFault,
@@ -194,8 +195,8 @@ class Controller(TrouperActor):
             return  # only the probe writes until the store is back (store-fault mode)
         self.perform(self.core.handle(msg, utc_now()))
 
-    CORE_INPUTS = (RuntimeReady, RuntimeFailed, Executed, Resolved, JournalFault, Completed,
-                   RetryScheduled, CompletionFailed)
+    CORE_INPUTS = (RuntimeReady, RuntimeFailed, RuntimeProgress, Executed, Resolved,
+                   JournalFault, Completed, RetryScheduled, CompletionFailed)
     """Messages that go to the core as they are (dispatched by type)."""
 
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:

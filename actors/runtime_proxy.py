@@ -30,6 +30,7 @@ from ..messages.protocol import (
     Resolved,
     RuntimeFailed,
     RuntimeFailure,
+    RuntimeProgress,
     RuntimeReady,
     SandboxClosed,
 )
@@ -84,8 +85,30 @@ class RuntimeProxy(TrouperActor):
             max_output_chars=start.config.max_output_chars,
         )
         sandbox = self._sandbox
+        if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
+            sandbox.progress = self._progress_from_worker  # type: ignore[attr-defined]
         self._starting = True  # the sandbox counts the epoch: a stepped clock cannot fence us
         self.background.submit(sandbox.start, self._started)
+
+    def _progress_from_worker(self, phase: str, detail: str) -> None:
+        """Called on the worker thread that starts the sandbox: hand it to the actor."""
+        self.background.submit(lambda: (phase, detail), self._progressed)
+
+    def _progressed(self, step: tuple[str, str] | None, error: BaseException | None) -> None:
+        if step is None or self._stopping:
+            return
+        phase, detail = step
+        detail = mask_known(detail)
+        logger.info("session %s: sandbox start: %s: %s", self._session_id, phase, detail)
+        self.send(self._parent_address, RuntimeProgress(
+            session_id=self._session_id, phase=phase, detail=detail))
+
+    def _health_every_s(self) -> float:
+        """The health period: the settings', or the backend's when it asks for less (a
+        container's death is cheap to see and should be seen within a second)."""
+        wanted = getattr(self._sandbox, "health_every_s", None)
+        every = settings().sandbox_health_every_s
+        return min(every, wanted) if isinstance(wanted, (int, float)) and wanted > 0 else every
 
     def _started(self, attached: bool | None, error: BaseException | None) -> None:
         self._starting = False
@@ -105,7 +128,7 @@ class RuntimeProxy(TrouperActor):
         waiting, self._waiting = self._waiting, []
         for msg, sender in waiting:
             self._dispatch_own(msg, sender)
-        self.after(settings().sandbox_health_every_s, "health")
+        self.after(self._health_every_s(), "health")
 
     def on_timer_health(self, token: object) -> None:
         sandbox = self._sandbox
@@ -120,7 +143,7 @@ class RuntimeProxy(TrouperActor):
             detail = health.detail if health is not None else str(error)
             self._report_failure(cause, error, detail)
             return
-        self.after(settings().sandbox_health_every_s, "health")
+        self.after(self._health_every_s(), "health")
 
     def _report_failure(self, cause: RuntimeFailure, error: BaseException | None,
                         detail: str = "") -> None:
@@ -138,6 +161,22 @@ class RuntimeProxy(TrouperActor):
             session_id=self._session_id, epoch=self._epoch, cause=cause, detail=text,
             error_class=class_path(error) if error else ""))
         self.fail(f"sandbox {cause}: {text}", error)
+
+    def _failed_with_health(self, error: BaseException) -> None:
+        """A request failed: report the sandbox's own cause when it is dead (an OOM kill
+        says more than the refused connection it led to), else the request's."""
+        sandbox = self._sandbox
+        if sandbox is None or isinstance(error, StaleEpoch):
+            self._report_failure(_cause(error), error)
+            return
+
+        def checked(health: SandboxHealth | None, _error: BaseException | None) -> None:
+            if health is not None and not health.alive and health.cause is not None:
+                self._report_failure(health.cause, error, health.detail)
+            else:
+                self._report_failure(_cause(error), error)
+
+        self.background.submit(sandbox.alive, checked)
 
     def fail(self, reason: str, exc: BaseException | None = None, tb: str = "") -> None:
         """Exit on purpose; the reason and traceback go to the supervisor masked."""
@@ -198,7 +237,7 @@ class RuntimeProxy(TrouperActor):
                 return
             if error is not None:
                 # The action's fate is in the journal; the Controller resolves it from there.
-                self._report_failure(_cause(error), error)
+                self._failed_with_health(error)
                 return
             if self._blocked.pop(msg.action_id, None) is not None:
                 self.send(sender, JournalFault(session_id=self._session_id,

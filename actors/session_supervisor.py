@@ -24,6 +24,7 @@ from ..messages.protocol import (
     Refused,
     RuntimeFailed,
     RuntimeFailure,
+    RuntimeProgress,
     RuntimeReady,
     SandboxClosed,
     StartSession,
@@ -113,6 +114,10 @@ class SessionSupervisor(Supervisor):
         if self._from(sender, RUNTIME, msg):
             self.ready = msg
             self._to_controller(msg)
+
+    def on_runtime_progress(self, msg: RuntimeProgress, sender: ActorAddress) -> None:
+        if self._from(sender, RUNTIME, msg):
+            self._to_controller(msg)  # the Controller records it: the log's one writer
 
     def on_runtime_failed(self, msg: RuntimeFailed, sender: ActorAddress) -> None:
         # from a dead proxy, after its successor said ready, it would leave the Controller

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import docker_runtime
 from common import fmt, median
 
 TARGETS = {
@@ -290,6 +291,7 @@ def render(results: dict[str, Any]) -> str:
         ("concurrency", concurrency_lines),
         ("recovery", recovery_lines),
         ("event_log", event_log_lines),
+        ("docker_runtime", lambda r: docker_runtime.lines(r, fmt, _table)),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

@@ -6,7 +6,8 @@
 Workloads (``--only`` picks some): ``step`` (K-step sessions: bare loop, trouper,
 OpenHands SDK), ``start`` (start_session to the first model request), ``concurrency``
 (N sessions at once, 50 ms model latency), ``recovery`` (SIGKILL an actor mid-command),
-``eventlog`` (durable appends, restoring a 10,000-event session). Every workload uses
+``eventlog`` (durable appends, restoring a 10,000-event session), ``docker`` (the Docker
+runtime next to the local one; skipped without an engine). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
 ``bench/results/bench-<time>.json`` and ``bench/results/latest.json``.
 """
@@ -29,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import concurrency  # noqa: E402
+import docker_runtime  # noqa: E402
 import event_log  # noqa: E402
 import recovery  # noqa: E402
 import session_start  # noqa: E402
@@ -38,7 +40,7 @@ from common import RESULTS_DIR, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render, targets  # noqa: E402
 
-WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog")
+WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,6 +96,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "append_seconds": 0.1 if quick else 1.0,
         "log_events": 1000 if quick else 10_000,
         "restore_samples": 1 if quick else 3,
+        "docker_samples": 1 if quick else 5,
+        "docker_steps": 5 if quick else 50,
+        "docker_k": 3 if quick else 20,
     }
 
 
@@ -135,6 +140,12 @@ def run_workloads(
             "event_log",
             lambda: event_log.run(
                 cfg["append_seconds"], cfg["log_events"], cfg["restore_samples"], workdir
+            ),
+        ),
+        "docker": (
+            "docker_runtime",
+            lambda: docker_runtime.run(
+                cfg["docker_samples"], cfg["docker_steps"], cfg["docker_k"], workdir
             ),
         ),
     }

@@ -42,6 +42,7 @@ from ..messages.protocol import (
     Resolved,
     RetryScheduled,
     RuntimeFailed,
+    RuntimeProgress,
     RuntimeReady,
     UserCommand,
 )
@@ -121,6 +122,12 @@ class SessionCore(SessionLoop):
         if self.view.state == AgentState.LOADING:
             self._transition(Why.RUNTIME_READY, AgentState.RUNNING, "runtime ready")
         self._recovered()
+
+    def _on_runtime_progress(self, msg: RuntimeProgress) -> None:
+        """A step of a sandbox's start (find the image, create, start...): a status line,
+        so a slow start is never a silent wait; no state changes."""
+        self._append(RuntimeEvent(phase="starting", detail=f"{msg.phase}: {msg.detail}"
+                                  if msg.detail else msg.phase))
 
     def _on_runtime_failed(self, msg: RuntimeFailed) -> None:
         """The sandbox or its proxy died; the supervisor is restarting it."""
@@ -362,6 +369,7 @@ class SessionCore(SessionLoop):
     _HANDLERS: dict[type, Callable[[SessionCore, Any], None]] = {
         RuntimeReady: _on_runtime_ready,
         RuntimeFailed: _on_runtime_failed,
+        RuntimeProgress: _on_runtime_progress,
         RuntimeDown: _on_runtime_down,
         RuntimeReplaced: _on_runtime_replaced,
         BrokerBack: _on_broker_back,

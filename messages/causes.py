@@ -24,3 +24,7 @@ class RuntimeFailure(StrEnum):
     """A newer proxy claimed it: this one must stand down."""
     FAILED = "failed"
     """Any other failure of a request to it."""
+    OOM = "oom"
+    """Its container was killed by the kernel for lack of memory."""
+    REMOVED = "removed"
+    """Its container was removed (``docker rm -f``) by someone else."""

@@ -201,7 +201,8 @@ class RuntimeEvent(EventBase):
 
     kind: Literal["runtime"] = "runtime"
     is_status: ClassVar[bool] = True
-    phase: Literal["started", "attached", "restarted", "failed", "closed"]
+    phase: Literal["started", "attached", "restarted", "failed", "closed", "starting"]
+    """``starting``: a step of a start the backend reported (``detail`` says which)."""
     epoch: int = 0
     detail: str = ""
 

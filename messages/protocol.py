@@ -201,6 +201,16 @@ class RuntimeReady(Frozen):
     """True when an existing sandbox was re-attached rather than started anew."""
 
 
+class RuntimeProgress(Frozen):
+    """A step of a sandbox's start, as its backend reports it (the docker runtime: image,
+    pull, create, start, replace, ready), so a slow start is never a silent wait. From the
+    RuntimeProxy to its supervisor; meant to reach the log as ``RuntimeEvent(phase=
+    "starting", detail="<phase>: <detail>")``."""
+
+    kind: Literal["runtime_progress"] = "runtime_progress"
+    session_id: str
+    phase: str
+    detail: str = ""
 
 
 

@@ -122,14 +122,8 @@ class LocalSandbox:
             client.close()
             raise
         self._client, self._info = client, info
-        logger.info(
-            "session %s: sandbox %s pid %s on port %s (epoch %d)",
-            self.session_id,
-            "attached" if attached else "started",
-            info["pid"],
-            info["port"],
-            self._epoch,
-        )
+        logger.info("session %s: sandbox %s pid %s on port %s (epoch %d)", self.session_id,
+                    "attached" if attached else "started", info["pid"], info["port"], self._epoch)
         return attached
 
     def running(self) -> bool:
@@ -256,7 +250,7 @@ class LocalSandbox:
         }
         command = [sys.executable or "python3", "-I", "-S", "-c", _BOOT, str(RUNTIMES_DIR)]
         command += [str(part) for option in options.items() for part in option]
-        command += [part for name in self.secret_names for part in ("--secret-env", name)]
+        command += self._server_args()
         with _open_log(self.state_dir / "server.log") as log:
             self._proc = subprocess.Popen(
                 command,
@@ -285,6 +279,11 @@ class LocalSandbox:
         self._kill_server(proc.pid, None)
         what = f"wrote no server.json within {self.start_timeout_s:g} s"
         raise RuntimeUnavailable(self._start_failure(what))
+
+    def _server_args(self) -> list[str]:
+        """More options of the server's command line (the secrets' names; a backend that
+        runs the shell elsewhere adds where)."""
+        return [part for name in self.secret_names for part in ("--secret-env", name)]
 
     def _start_failure(self, what: str) -> str:
         tail = _tail(self.state_dir / "server.log", 2000)

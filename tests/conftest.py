@@ -78,3 +78,64 @@ def chunked() -> Callable[..., str]:
         return "".join(pieces) + stream.flush()
 
     return mask
+
+
+# -- docker ------------------------------------------------------------------------------
+# Fixtures of the tests/test_docker_*.py modules. Without an engine or the test image they
+# skip, saying why; in CI (CI set, or TROUPER_REQUIRE_DOCKER=1) they fail instead.
+
+DOCKER_TEST_IMAGE = "trouper-test-busybox:latest"
+"""Built by scripts/docker-engine: busybox alone (no bash, no python)."""
+
+
+def _docker_required() -> bool:
+    return bool(os.environ.get("CI")) or os.environ.get("TROUPER_REQUIRE_DOCKER") == "1"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Any:
+    """A docker SDK client of a running engine that has ``DOCKER_TEST_IMAGE``."""
+    import shutil
+
+    problem = ""
+    client = None
+    try:
+        import docker
+
+        client = docker.from_env(timeout=60)
+        client.ping()
+        client.images.get(DOCKER_TEST_IMAGE)
+    except ImportError:
+        problem = "the docker Python SDK is not installed"
+    except Exception as e:  # noqa: BLE001 - whatever it is, the reason is reported
+        problem = f"no Docker engine with the image {DOCKER_TEST_IMAGE}: {e}"
+    if not problem and shutil.which("docker") is None:
+        problem = "the docker CLI is not on PATH"
+    if problem:
+        if _docker_required():
+            pytest.fail(f"{problem} (required: CI or TROUPER_REQUIRE_DOCKER=1; run "
+                        "scripts/docker-engine start)")
+        pytest.skip(problem)
+    return client
+
+
+@pytest.fixture(scope="module")
+def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
+    """``docker_homes(home)`` registers a trouper home the module's tests use; at the
+    module's end no container labelled with its owner may be left (they are removed,
+    and the module fails)."""
+    from trouper.runtimes.docker_support import LABEL_OWNER, list_containers, owner_of_home
+
+    homes: list[Path] = []
+
+    def register(home: Path) -> Path:
+        homes.append(Path(home))
+        return Path(home)
+
+    yield register
+    left = []
+    for home in homes:
+        for container in list_containers(docker_client, [f"{LABEL_OWNER}={owner_of_home(home)}"]):
+            left.append(f"{container.name} ({container.labels.get('trouper.session')})")
+            container.remove(force=True)
+    assert not left, f"containers left behind: {left}"

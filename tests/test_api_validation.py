@@ -95,23 +95,33 @@ def test_an_unknown_runtime_lists_the_known_ones(refused):
     error = refused(runtime="kubernetes")
     assert error.field == "runtime"
     assert "unknown runtime 'kubernetes'" in str(error)
-    assert "known runtimes: local" in str(error)
+    assert "known runtimes: docker, local" in str(error)
 
 
-@pytest.mark.parametrize("runtime", ["docker", {"kind": "docker", "image": "debian"},
-                                     {"kind": "remote", "url": "http://127.0.0.1:9"}])
+@pytest.mark.parametrize("runtime", ["docker", {"kind": "remote", "url": "http://127.0.0.1:9"}])
 def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
-    from trouper.config import DockerRuntime, RemoteRuntime
+    from trouper.config import RemoteRuntime
 
     error = refused(runtime=runtime)
-    kind = runtime if isinstance(runtime, str) else runtime["kind"]
     if isinstance(runtime, str):  # a docker runtime needs its image: that is said first
         assert error.field == "runtime.docker.image" and "is required" in str(error)
     else:
         assert error.field == "runtime"
-        assert f"the {kind} runtime is not available yet" in str(error)
-    assert DockerRuntime(image="x").kind == "docker"
+        assert "the remote runtime is not available yet" in str(error)
     assert RemoteRuntime(url="http://h").kind == "remote"
+
+
+@pytest.mark.parametrize("runtime", [{"kind": "docker", "image": "debian"},
+                                     {"kind": "docker", "image": "debian", "network": "bridge",
+                                      "user": "1000:1000", "keep": True}])
+def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
+    from trouper.config import DockerRuntime, runtime_problems, session_config
+
+    assert runtime_problems(runtime) == []
+    assert runtime_problems(DockerRuntime(image="x")) == []
+    config = session_config("t", LLM, runtime, tmp_path, {}, {})
+    assert config.runtime == DockerRuntime(**runtime)
+    assert config.runtime.network == runtime.get("network", "none")
 
 
 def test_the_runtime_is_stored_typed_and_read_by_name_too():

@@ -86,7 +86,7 @@ def test_a_task_without_a_model_says_how_to_give_one(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["run", "--runtime", "nope"], "'nope' is not 'local'"),
+    (["run", "--runtime", "nope"], "'nope' is not one of 'local', 'docker'"),
     (["run", "t", "--modle", "x"], "'--model'?"),
     (["run", "t", "--model", "m", "--max-iterations", "0"], "--max-iterations"),
     (["nosuchcommand"], "No such command"),

@@ -728,3 +728,17 @@ def test_a_bad_confirmation_policy_is_refused(policy, words):
 
     with pytest.raises(ValidationError, match=words):
         make(confirm=policy)
+
+
+def test_a_sandbox_start_step_is_a_status_line_and_changes_no_state():
+    from trouper.messages.events import RuntimeEvent
+    from trouper.messages.protocol import RuntimeProgress
+
+    core, clock = make()
+    core.begin(clock.now)
+    effects = core.handle(RuntimeProgress(session_id="s-1", phase="create",
+                                          detail="container abc"), clock.tick())
+    [event] = appended(effects)
+    assert isinstance(event, RuntimeEvent)
+    assert (event.phase, event.detail) == ("starting", "create: container abc")
+    assert core.view.state == S.LOADING and kinds(effects) == ["Append"]

@@ -92,7 +92,7 @@ def make_sandbox(dirs: tuple[Path, Path]) -> Iterator[Callable[..., LocalSandbox
 def test_protocols_and_backend_loading(dirs: tuple[Path, Path]) -> None:
     sandbox = load_sandbox("local", session_id="s1", workspace=dirs[0], state_dir=dirs[1])
     assert isinstance(sandbox, LocalSandbox)
-    with pytest.raises(ConfigError, match="known backends: local"):
+    with pytest.raises(ConfigError, match="known backends: docker, local"):
         load_sandbox("kubernetes")
     with pytest.raises(RuntimeUnavailable, match="not started"):
         _ = sandbox.runtime

@@ -26,6 +26,7 @@ import sys
 import threading
 
 from . import EXIT_LOCKED, files, logs
+from .container import ContainerShell
 from .mask import TextMasker
 from .server import MAX_CONNECTIONS, READ_TIMEOUT_S, SandboxServer
 from .service import Service
@@ -60,6 +61,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="octal umask of the shell (default: the one this server was started with)",
     )
+    parser.add_argument("--container", default=None,
+                        help="run the shell in this Docker container (through docker exec)")
+    parser.add_argument("--docker", default="docker", help="the docker CLI")
+    parser.add_argument("--container-workdir", default="/workspace",
+                        help="where the workspace is mounted in the container")
+    parser.add_argument("--container-user", default=None, help="uid:gid of the shell")
+    parser.add_argument("--container-io", default=None, metavar="HOST_DIR:MOUNT",
+                        help="folder for the shell's input, bind-mounted read-only at MOUNT")
+    parser.add_argument("--container-env", action="append", default=[], metavar="NAME",
+                        help="a variable of this process's environment the shell gets")
     parser.add_argument("--read-timeout-s", type=float, default=READ_TIMEOUT_S)
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     parser.add_argument("--file-timeout-s", type=float, default=files.FILE_TIMEOUT_S)
@@ -83,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     boot_id = secrets.token_hex(8)
     env = dict(os.environ)  # the caller passes an allow-list (runtimes/local.py PASSED_ENV)
     env.update(SHELL_ENV)
+    container = _container(args)
     service = Service(
         state_dir,
         workspace,
@@ -94,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         masker=masker,
         shell_umask=started_umask if args.shell_umask is None else args.shell_umask,
         file_timeout_s=args.file_timeout_s,
+        container=container,
     )
     service.start()
     server = SandboxServer(
@@ -104,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         read_timeout_s=args.read_timeout_s,
         max_connections=args.max_connections,
     )
+    service.on_gone = server.stop_soon
     info_path = os.path.join(state_dir, "server.json")
     info = {
         "pid": os.getpid(),
@@ -113,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "boot_id": boot_id,
         "workspace": service.workspace,
         "started_at": wall_time(),
+        "container": args.container,
     }
     write_json_atomic(info_path, info, mode=0o600)
     _serve(server)
@@ -120,6 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         os.unlink(info_path)
     logger.info("sandbox server %s stopped", boot_id)
     return 0
+
+
+def _container(args: argparse.Namespace) -> ContainerShell | None:
+    """Where the shell runs, when ``--container`` says it runs in a container."""
+    if not args.container:
+        return None
+    io_dir, _, io_mount = (args.container_io or "").partition(":")
+    if not io_dir or not io_mount:
+        raise SystemExit("--container needs --container-io HOST_DIR:MOUNT")
+    where = ContainerShell(args.docker, args.container, args.container_workdir, io_dir,
+                           io_mount, args.container_user, args.container_env)
+    where.clean_io()  # an earlier server's FIFOs and command files
+    return where
 
 
 def _serve(server: SandboxServer) -> None:

@@ -30,6 +30,8 @@ _WINSIZE = (50, 200)
 
 LINE_ID_VAR = "__trouper_line"
 """The shell variable each input line sets to its id; PS1 prints it back."""
+INIT_LINE = f"{LINE_ID_VAR}=1; export -n PS1 PS2; set +H; set +o history; unset PROMPT_COMMAND\n"
+"""The first line bash is sent: line id 1, PS1 not exported, no history expansion."""
 
 
 def prompt_string(prefix: str) -> str:
@@ -127,6 +129,14 @@ class BashProcess:
             termios.tcsetattr(self.fd, termios.TCSANOW, _modes(termios.tcgetattr(self.fd)))
         except (OSError, termios.error):
             pass
+
+    def send_init(self) -> None:
+        """Send the first line (line id 1), which readies the shell for the protocol."""
+        self.write(INIT_LINE.encode("ascii"))
+
+    def send(self, line_id: int, command: str) -> None:
+        """Send ``command`` as the input line ``line_id`` (see ``encode_command``)."""
+        self.write(encode_command(line_id, command))
 
     def write(self, data: bytes) -> None:
         """Write all of ``data`` to the shell's input."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict
 
 from . import files
 from .clone import clone
+from .container import ContainerShell
 from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
@@ -46,6 +47,13 @@ _REQUIRED = {
     "edit_file": ("path", "old", "new"),
     "clone": ("url",),
 }
+
+
+GONE_CONFIRM_S = 1.0
+"""After its shell exited, how long a container that still reads ``running`` is watched
+before the exit is taken for the shell's own (the engine marks a killed container a little
+after the streams of its exec processes close)."""
+GONE_CONFIRM_TRIES = 5
 
 
 class StaleEpoch(Exception):
@@ -81,8 +89,13 @@ class Service:
         masker: TextMasker | None = None,
         shell_umask: int | None = None,
         file_timeout_s: float = files.FILE_TIMEOUT_S,
+        container: ContainerShell | None = None,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
+        self.container = container
+        """Where the shell runs when it runs in a container (None: here, as bash)."""
+        self.on_gone: Callable[[], None] | None = None
+        """Called once the container is found gone (the server then shuts down)."""
         self.journal = Journal(os.path.join(state_dir, "journal"), boot_id)
         self.masker = masker or TextMasker({})
         """Masks the session's secret values in everything the server writes."""
@@ -97,7 +110,11 @@ class Service:
             interrupt_grace_s,
             masker=self.masker,
             umask=shell_umask,
+            spawn=container.spawn if container is not None else None,
+            shown_workspace=container.workdir if container is not None else None,
         )
+        if container is not None:  # a shell dying with its container, even when idle
+            self.shell.on_exit = lambda: self._container_gone(None)
         self.max_output_chars = max_output_chars
         self._epoch_path = os.path.join(state_dir, "epoch.json")
         stored = read_json(self._epoch_path) or {}
@@ -167,15 +184,40 @@ class Service:
     def _perform_and_journal(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
     ) -> None:
-        began = time.monotonic()
+        began, exits = time.monotonic(), self.shell.exits
         try:
             outcome = self.perform(action_id, action, timeout_s, soft_s)
         except Exception as e:  # noqa: BLE001 - the action must end with an outcome
+            if self._container_gone(action_id):
+                return
             logger.exception("action %s failed inside the sandbox", action_id)
             outcome = {"status": "error", "content": f"The sandbox failed: {type(e).__name__}: {e}"}
+        if self.shell.exits != exits and self._container_gone(action_id):
+            return
         outcome["content"] = self.masker.mask(str(outcome.get("content", "")))
         outcome["duration_s"] = round(time.monotonic() - began, 6)
         self.journal.finish(action_id, outcome)
+
+    def _container_gone(self, action_id: str | None) -> bool:
+        """True (and the server told to stop) when the shell's container is not running:
+        what the action did is then unknown, so it is NOT journaled as finished (it reads
+        ``unknown`` to the next server, and is recorded lost), never as a made-up error."""
+        if self.container is None:
+            return False
+        state = self.container.state()
+        for _ in range(GONE_CONFIRM_TRIES):  # the engine may not know yet that it died
+            if state != "running":
+                break
+            time.sleep(GONE_CONFIRM_S / GONE_CONFIRM_TRIES)
+            state = self.container.state()
+        if state == "running":
+            return False
+        what = f"action {action_id}: its outcome is unknown (not journaled)" if action_id else (
+            "the shell exited with it")
+        logger.warning("the container is %s (%s); shutting down", state, what)
+        if self.on_gone is not None:
+            self.on_gone()
+        return True
 
     def mask_data(self, value: Any) -> Any:
         """A copy of JSON-like ``value`` with every string in it (keys too) masked."""
@@ -214,19 +256,35 @@ class Service:
                 whole, min(self.file_timeout_s, timeout_s), action["kind"]
             )
         except files.FileError as e:
-            return {"status": "error", "content": str(e)}
+            return {"status": "error", "content": self._shown(str(e))}
+
+    def _host_path(self, path: str) -> str:
+        """A path as the container's commands see it (``/workspace/x``), on this host."""
+        workdir = self.container.workdir.rstrip("/") if self.container is not None else ""
+        if workdir and (path == workdir or path.startswith(workdir + "/")):
+            return self.workspace + path[len(workdir):]
+        return path
+
+    def _shown(self, text: str) -> str:
+        """``text`` with this host's workspace path written as the container's."""
+        if self.container is None:
+            return text
+        return text.replace(self.workspace, self.container.workdir.rstrip("/") or "/")
 
     def _file_action(self, action: dict[str, Any]) -> Callable[[], str]:
         kind, workspace = action["kind"], self.workspace
+        if self.container is not None:
+            action = dict(action, path=self._host_path(action["path"]))
         if kind == "read_file":
             return lambda: files.read_file(
                 workspace, action["path"], action.get("start_line"), action.get("end_line")
             )
         if kind == "write_file":
-            return lambda: files.write_file(
+            return lambda: self._shown(files.write_file(
                 workspace, action["path"], action["content"], self.shell_umask
-            )
-        return lambda: files.edit_file(workspace, action["path"], action["old"], action["new"])
+            ))
+        return lambda: self._shown(
+            files.edit_file(workspace, action["path"], action["old"], action["new"]))
 
     def _run(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float

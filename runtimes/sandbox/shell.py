@@ -15,21 +15,16 @@ import logging
 import secrets
 import threading
 import time
+from typing import Callable, Dict, Optional
 
-from .bash import (
-    LINE_ID_VAR,
-    BashProcess,
-    Prompt,
-    PromptParser,
-    encode_command,
-    prompt_string,
-)
+from .bash import BashProcess, Prompt, PromptParser, prompt_string
 from .mask import TextMasker
 from .output import OutputBuffer, Pending
 
 logger = logging.getLogger(__name__)
 
-_INIT_LINE = f"{LINE_ID_VAR}=1; export -n PS1 PS2; set +H; set +o history; unset PROMPT_COMMAND\n"
+Spawn = Callable[[str, Dict[str, str], Optional[int]], BashProcess]
+"""Starts the shell process: ``spawn(workspace, env, umask)`` (default: ``BashProcess``)."""
 
 
 class ShellError(Exception):
@@ -96,8 +91,18 @@ class Shell:
         start_timeout_s: float = 10.0,
         masker: TextMasker | None = None,
         umask: int | None = None,
+        spawn: Spawn | None = None,
+        shown_workspace: str | None = None,
     ) -> None:
         self.workspace = workspace
+        self._spawn = spawn or BashProcess
+        """Starts the shell process (a local bash, or a ``sh`` in a container)."""
+        self.shown_workspace = shown_workspace or workspace
+        """The workspace as the agent's commands see it (in notes to the agent)."""
+        self.exits = 0
+        """How many shells have exited so far (the service asks why when this moves)."""
+        self.on_exit: Callable[[], None] | None = None
+        """Called (on the reader thread) after a shell exited that was not closed."""
         self._masker = masker
         """Masks secret values in the output, as it arrives (before it is written)."""
         self._umask = umask
@@ -118,14 +123,14 @@ class Shell:
 
     def start(self) -> None:
         """Start bash and wait until it is ready for commands (raises ShellError)."""
-        bash = BashProcess(self.workspace, self._env, self._umask)
+        bash = self._spawn(self.workspace, self._env, self._umask)
         parser = PromptParser(self._prefix)
         with self._cond:
             self._bash = bash
         thread = threading.Thread(target=self._read_loop, args=(bash, parser), daemon=True)
         thread.name = f"shell-reader-{bash.pid}"
         thread.start()
-        bash.write(_INIT_LINE.encode("ascii"))
+        bash.send_init()
         deadline = time.monotonic() + self._start_timeout_s
         with self._cond:
             while bash.last_prompt_id != 1:
@@ -137,7 +142,7 @@ class Shell:
                         f"(exit status {bash.exit_status})"
                     )
                 self._cond.wait(remaining_s)
-        logger.info("shell started: bash pid %d in %s", bash.pid, self.workspace)
+        logger.info("shell started: pid %d in %s", bash.pid, self.shown_workspace)
 
     def close(self) -> None:
         """Kill bash and everything it started (idempotent)."""
@@ -175,7 +180,7 @@ class Shell:
             self._cmd = cmd
             try:
                 bash.apply_modes()
-                bash.write(encode_command(cmd.line_id, command))
+                bash.send(cmd.line_id, command)
             except OSError as e:  # bash just died: its reader ends the command
                 logger.warning("cannot write to bash pid %d: %s", bash.pid, e)
         result = self._wait(cmd, no_output_timeout_s)
@@ -279,7 +284,7 @@ class Shell:
             result.status = "error"
             result.note = (
                 f"\n[The shell exited (status {cmd.shell_exit}). A new shell was started in "
-                f"{self.workspace}: cd and exported variables were reset.]"
+                f"{self.shown_workspace}: cd and exported variables were reset.]"
             )
         elif cmd.exit_code:
             result.note = f"\n[exit code {cmd.exit_code}]"
@@ -353,6 +358,7 @@ class Shell:
 
     def _on_exit(self, bash: BashProcess, tail: str) -> None:
         status = bash.reap_within(1.0)
+        self.exits += 1
         bash.kill_all()  # the jobs it left behind
         bash.close()
         with self._cond:
@@ -364,7 +370,9 @@ class Shell:
             self._cond.notify_all()
             closed = self._closed
         if not closed:
-            logger.warning("bash pid %d exited with status %d", bash.pid, status)
+            logger.warning("shell pid %d exited with status %d", bash.pid, status)
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _ensure_alive(self) -> str:
         """Start a new shell if the current one died; returns a note for the agent."""
@@ -374,8 +382,8 @@ class Shell:
             return ""
         self._restart(bash)
         return (
-            f"[The shell had exited; a new shell was started in {self.workspace}: cd and exported "
-            "variables were reset.]\n"
+            f"[The shell had exited; a new shell was started in {self.shown_workspace}: cd and "
+            "exported variables were reset.]\n"
         )
 
     def _restart(self, old: BashProcess | None) -> None:

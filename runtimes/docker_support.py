@@ -1,0 +1,161 @@
+"""What the Docker runtime and ``trouper runtime gc`` share: labels, the owner of a
+trouper home, finding a session's container, its cause of death, and garbage collection.
+
+The docker SDK is imported inside the functions only: ``import trouper`` never loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import RuntimeUnavailable
+
+logger = logging.getLogger(__name__)
+
+LABEL_SESSION = "trouper.session"
+LABEL_OWNER = "trouper.owner"
+"""Which trouper home made the container: its containers are the only ones it touches."""
+LABEL_EPOCH = "trouper.epoch"
+LABEL_KEEP = "trouper.keep"
+IO_MOUNT = "/.trouper"
+"""Where the shell's input folder is mounted (read-only) inside every container."""
+LOG_TAIL_LINES = 20
+
+
+def owner_of(state_dir: Path) -> str:
+    """The owner label of the trouper home a session's state folder belongs to
+    (``<home>/sessions/<id>/runtime``): a hash of the home's path."""
+    home = Path(state_dir).resolve().parents[2]
+    return owner_of_home(home)
+
+
+def owner_of_home(home: Path) -> str:
+    """The owner label of the trouper home ``home``."""
+    return hashlib.sha256(str(Path(home).resolve()).encode("utf-8")).hexdigest()[:16]
+
+
+def docker_client(timeout_s: float = 60.0) -> Any:
+    """A docker SDK client from the environment (``DOCKER_HOST`` or the local socket);
+    RuntimeUnavailable when the SDK is missing or the engine does not answer."""
+    try:
+        import docker
+    except ImportError as e:
+        raise RuntimeUnavailable("the docker runtime needs the docker Python SDK "
+                                 "(pip install docker)") from e
+    try:
+        client = docker.from_env(timeout=max(1, int(timeout_s)))
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise RuntimeUnavailable(f"the Docker engine does not answer: {e}") from e
+    return client
+
+
+def list_containers(client: Any, labels: list[str]) -> list[Any]:
+    """The containers (running or not) with all ``labels`` (``name=value`` or ``name``);
+    one removed meanwhile is left out (the SDK's own list fails on it)."""
+    from docker.errors import NotFound
+
+    found = []
+    for row in client.api.containers(all=True, filters={"label": labels}):
+        try:
+            found.append(client.containers.get(row["Id"]))
+        except NotFound:
+            continue
+    return found
+
+
+def find_container(client: Any, session_id: str, owner: str) -> Any:
+    """The container of ``session_id`` made by ``owner`` (the newest, if several); None."""
+    found = list_containers(client, [f"{LABEL_SESSION}={session_id}", f"{LABEL_OWNER}={owner}"])
+    found.sort(key=lambda c: c.attrs.get("Created", ""), reverse=True)
+    return found[0] if found else None
+
+
+def container_failure(container: Any) -> str:
+    """Why ``container`` does not run: its status, exit code, OOM kill, error and the last
+    lines of its log."""
+    state = container.attrs.get("State", {})
+    parts = [f"status {state.get('Status', container.status)}",
+             f"exit code {state.get('ExitCode')}"]
+    if state.get("OOMKilled"):
+        parts.append("killed by the kernel for lack of memory (OOMKilled)")
+    if state.get("Error"):
+        parts.append(f"error: {state['Error']}")
+    try:
+        tail = container.logs(tail=LOG_TAIL_LINES).decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - the log is a bonus; a removed container has none
+        tail = ""
+    if tail:
+        parts.append(f"its log ends with:\n{tail}")
+    return ", ".join(parts)
+
+
+def gc_containers(
+    home: Path, keep_session: Callable[[str], bool], client: Any = None
+) -> list[str]:
+    """Remove the containers of ``home``'s sessions for which ``keep_session(id)`` is
+    False (finished, stopped, or gone from the store); only containers labelled with this
+    home's owner, never one it did not label. One labelled ``trouper.keep`` is kept while
+    its session exists. Returns the names of the removed containers."""
+    client = client or docker_client()
+    owner = owner_of_home(home)
+    removed = []
+    for container in list_containers(client, [f"{LABEL_OWNER}={owner}", LABEL_SESSION]):
+        labels = container.labels or {}
+        session_id = labels.get(LABEL_SESSION, "")
+        if labels.get(LABEL_OWNER) != owner or not session_id:
+            continue
+        if keep_session(session_id):
+            continue
+        try:
+            container.remove(force=True)
+        except Exception as e:  # noqa: BLE001 - removed meanwhile, or the engine refused
+            logger.warning("gc: cannot remove container %s of session %s: %s",
+                           container.name, session_id, e)
+            continue
+        logger.info("gc: removed container %s of session %s", container.name, session_id)
+        removed.append(str(container.name))
+    return removed
+
+
+def session_keeper(sessions: Iterable[tuple[str, str, bool]]) -> Callable[[str], bool]:
+    """``keep_session`` for ``gc_containers`` from ``(session_id, state, keep)`` rows: a
+    session's container is kept while the session exists and is not finished or stopped
+    (or its config says keep)."""
+    rows = {sid: (state, keep) for sid, state, keep in sessions}
+
+    def keep_session(session_id: str) -> bool:
+        if session_id not in rows:
+            return False
+        state, keep = rows[session_id]
+        return keep or state not in ("finished", "stopped")
+
+    return keep_session
+
+
+def gc_sessions(home: Path, records: Iterable[Any], client: Any = None) -> list[str]:
+    """``gc_containers`` for the sessions of a store (``SessionRecord``s): containers of
+    sessions that are finished, stopped or not in the store are removed."""
+    rows = [(r.session_id, r.state.value, bool(getattr(r.config.runtime, "keep", False)))
+            for r in records]
+    return gc_containers(home, session_keeper(rows), client)
+
+
+def gc_at_start(home: Path, records: list[Any]) -> None:
+    """At a Trouper's start: when any stored session ran in Docker, remove the containers
+    of its ended or missing sessions. Never raises (an engine that does not answer is
+    logged): the start goes on."""
+    if not any(getattr(r.config.runtime, "kind", "") == "docker" for r in records):
+        return
+    try:
+        removed = gc_sessions(home, records, docker_client(10.0))
+    except Exception as e:  # noqa: BLE001 - a cleanup must never stop trouper from starting
+        logger.warning("gc of the containers of ended sessions skipped: %s", e)
+        return
+    if removed:
+        logger.info("removed %d container(s) of ended sessions: %s", len(removed),
+                    ", ".join(removed))
