@@ -80,11 +80,20 @@ def main(debug: bool) -> None:
 @click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Answer with a scripted LLM server (a JSON script) instead of a model.")
 @click.option("--max-iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--repo", help="Clone this git repository (URL or path) into the empty "
+                             "workspace before the first step.")
+@click.option("--branch", help="The branch or tag of --repo to check out.")
+@click.option("--setup", help="A shell command run in the sandbox after the clone, before "
+                              "the first step (a failure ends the session in ERROR).")
+@click.option("--confirm", default="never", show_default=True, metavar="POLICY",
+              help="Actions that wait for your approval: never, always, risky, or tool "
+                   "names separated by commas (run,write_file).")
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         runtime: str, image: str | None, workspace: Path | None, home: Path | None,
-        script: Path | None, max_iterations: int, timeout_s: float, verbose: bool) -> None:
+        script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
+        setup: str | None, confirm: str, timeout_s: float, verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
     With no TASK and no model, runs the built-in demo (as 'trouper demo').
@@ -104,8 +113,13 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
     llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
     if api_key:
         llm["api_key"] = api_key
+    policy: Any = confirm if confirm in ("never", "always", "risky") else [
+        name.strip() for name in confirm.split(",") if name.strip()]
+    extra = {name: value for name, value in
+             (("repo", repo), ("branch", branch), ("setup", setup)) if value is not None}
     _exit(_start(home, task, llm, script, timeout_s=timeout_s, verbose=verbose,
-                 runtime=chosen, workspace=workspace, max_iterations=max_iterations))
+                 runtime=chosen, workspace=workspace, max_iterations=max_iterations,
+                 confirm=policy, **extra))
 
 
 @main.command()
@@ -155,17 +169,23 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
 @main.command()
 @click.argument("session_id")
 @click.option("--message", "-m", help="Send this message to the agent instead of resuming.")
+@click.option("--approve", is_flag=True, help="Run the action waiting for your approval.")
+@click.option("--reject", metavar="WHY", help="Do not run the action waiting for approval; "
+                                              "the agent reads WHY.")
 @click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The script of a session run with --script: served again at the address "
                    "the session knows (a demo's is found by itself).")
 @home_option
 @timeout_option
 @verbose_option
-def resume(session_id: str, message: str | None, script: Path | None, home: Path | None,
-           timeout_s: float, verbose: bool) -> None:
-    """Carry on a stored session (or give it a message) and stream it until it settles."""
+def resume(session_id: str, message: str | None, approve: bool, reject: str | None,
+           script: Path | None, home: Path | None, timeout_s: float, verbose: bool) -> None:
+    """Carry on a stored session (give it a message, or answer the action waiting for
+    approval) and stream it until it settles."""
     from .session_secrets import remember_session_secrets
 
+    if sum((message is not None, approve, reject is not None)) > 1:
+        raise click.UsageError("give one of --message, --approve and --reject")
     trouper_home = _home_with_log(home)
     served, port = script_to_serve(trouper_home, session_id, script)
     hint = f" --script {script}" if script else ""
@@ -176,6 +196,10 @@ def resume(session_id: str, message: str | None, script: Path | None, home: Path
         before = session.record.last_seq
         if message:
             session.send(message)
+        elif approve:
+            session.approve()
+        elif reject is not None:
+            session.reject(reject)
         else:
             session.resume()
         return Begun(session, before, f"trouper resume {session_id}{hint}")

@@ -247,6 +247,8 @@ def _resume_command(outcome: Outcome) -> str:
     command = begun.resume_command or f"trouper resume {begun.session.id}"
     if outcome.view.state == AgentState.AWAITING_USER_INPUT:
         return f"{command} -m 'YOUR ANSWER'"
+    if outcome.view.state == AgentState.AWAITING_USER_CONFIRMATION:
+        return f"{command} --approve  (or --reject 'WHY')"
     return command
 
 

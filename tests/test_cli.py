@@ -190,3 +190,35 @@ def test_fake_llm_command_serves_a_script(tmp_path):
 def test_bad_options_are_usage_errors(tmp_path, args):
     result = trouper_cmd(*args, home=tmp_path)
     assert result.returncode == 2
+
+
+def test_run_from_a_repository_waits_for_approval_and_resume_answers_it(tmp_path):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git_env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        if args[0] == "add":
+            (origin / "hello.txt").write_text("from the repo\n")
+        subprocess.run(["git", *args], cwd=origin, env=git_env, check=True)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"tool": "run", "args": {"command": "rm -rf hello.txt"}},
+        {"tool": "run", "args": {"command": "cat hello.txt setup.txt"}},
+        {"tool": "finish", "args": {"message": "kept it"}},
+    ]))
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    result = trouper_cmd("run", "tidy", "--script", str(script), "--workspace", str(workspace),
+                         "--repo", str(origin), "--setup", "echo prepared > setup.txt",
+                         "--confirm", "risky", home=home)
+    rows = summary(result.stdout)
+    assert result.returncode == 1 and rows["state"] == "awaiting_user_confirmation"
+    assert "rm -rf hello.txt" in rows["reason"]
+    assert rows["resume"].endswith("--approve  (or --reject 'WHY')")
+    assert (workspace / "hello.txt").read_text() == "from the repo\n"
+    rejected = trouper_cmd("resume", rows["session"], "--script", str(script),
+                           "--reject", "keep the file", home=home)
+    assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+    assert "user rejected the action" in rejected.stdout and "keep the file" in rejected.stdout
+    assert "from the repo" in rejected.stdout and "prepared" in rejected.stdout
+    assert (workspace / "hello.txt").exists()
