@@ -134,3 +134,31 @@ def test_a_container_that_cannot_start_gives_error_with_the_cause(scripted, tmp_
         assert "fork failed" in errors[0]
         session.stop()
         assert session.wait(timeout=60) == AgentState.STOPPED
+
+
+def test_a_repository_session_clones_on_the_host_and_sets_up_in_the_container(
+        trouper, scripted, tmp_path):
+    import os
+    import subprocess
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "app.sh").write_text("echo app\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        subprocess.run(["git", *args], cwd=origin, env=env, check=True)
+    _, llm = scripted([{"tool": "run", "args": {"command": "sh app.sh; cat ready"}}, FINISH])
+    workspace = tmp_path / "ws"
+    # the busybox image has no git: the clone runs where the sandbox server runs (the host)
+    session = trouper.start_session("t", llm=llm, runtime=RUNTIME, workspace=workspace,
+                                    repo=str(origin), setup="pwd > ready")
+    assert session.wait(timeout=120) == AgentState.FINISHED
+    assert outcomes(session)[2].content.split() == ["app", "/workspace"]
+
+    _, llm = scripted([FINISH])
+    failing = trouper.start_session("t", llm=llm, runtime=RUNTIME, workspace=tmp_path / "w2",
+                                    setup="echo no-such-tool >&2; exit 9")
+    assert failing.wait(timeout=120) == AgentState.ERROR
+    reason = [e for e in failing.events() if isinstance(e, StateChanged)][-1].reason
+    assert reason == "setup failed: the setup script (exit status 9): no-such-tool"
