@@ -253,3 +253,6 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool,
 
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]))
+from .cli_runtime_server import runtime_server  # noqa: E402 - registered after the others
+
+main.add_command(runtime_server)

@@ -24,3 +24,7 @@ class RuntimeFailure(StrEnum):
     """A newer proxy claimed it: this one must stand down."""
     FAILED = "failed"
     """Any other failure of a request to it."""
+    UNAUTHORIZED = "unauthorized"
+    """A remote runtime server refused the credentials (a missing or wrong token)."""
+    TIMED_OUT = "timed_out"
+    """A request to it got no answer in time."""

@@ -27,7 +27,7 @@ __all__ = [
     "load_sandbox",
 ]
 
-BACKENDS: dict[str, str] = {"local": "local:LocalSandbox"}
+BACKENDS: dict[str, str] = {"local": "local:LocalSandbox", "remote": "remote:RemoteSandbox"}
 """Backend name -> ``module:Class`` inside this package, imported only when asked for."""
 
 
