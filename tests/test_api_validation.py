@@ -98,8 +98,7 @@ def test_an_unknown_runtime_lists_the_known_ones(refused):
     assert "known runtimes: local" in str(error)
 
 
-@pytest.mark.parametrize("runtime", ["docker", {"kind": "docker", "image": "debian"},
-                                     {"kind": "remote", "url": "http://127.0.0.1:9"}])
+@pytest.mark.parametrize("runtime", ["docker", {"kind": "docker", "image": "debian"}])
 def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
     from trouper.config import DockerRuntime, RemoteRuntime
 
@@ -112,6 +111,18 @@ def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
         assert f"the {kind} runtime is not available yet" in str(error)
     assert DockerRuntime(image="x").kind == "docker"
     assert RemoteRuntime(url="http://h").kind == "remote"
+
+
+def test_the_remote_runtime_is_accepted_and_its_url_checked(refused, tmp_path):
+    from trouper.config import RemoteRuntime, session_config
+
+    runtime = {"kind": "remote", "url": "http://127.0.0.1:9", "token": SECRET}
+    config = session_config("t", LLM, runtime, tmp_path, {}, {})
+    assert isinstance(config.runtime, RemoteRuntime)
+    assert config.runtime.token.get_secret_value() == SECRET
+    error = refused(runtime={"kind": "remote", "url": "127.0.0.1:9", "token": SECRET})
+    assert error.field == "runtime.remote.url" and "http" in str(error)
+    assert SECRET not in str(error)
 
 
 def test_the_runtime_is_stored_typed_and_read_by_name_too():
