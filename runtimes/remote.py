@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import ssl
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ class RemoteSandbox:
         if self._token:
             remember_secrets({TOKEN_NAME: self._token})  # masked in this process's logs
         self._http: Any = None
+        self._http_lock = threading.Lock()
         self._epoch: int | None = None
         self._boot_id: str | None = None
 
@@ -301,15 +303,17 @@ class RemoteSandbox:
             pause_s = min(1.0, pause_s * 2)
 
     def _client(self) -> Any:
-        if self._http is None:
-            import httpx
+        with self._http_lock:  # the proxy calls from several threads at once
+            if self._http is None:
+                import httpx
 
-            verify: Any = self.config.verify
-            if isinstance(verify, str):
-                verify = ssl.create_default_context(cafile=verify)
-            self._http = httpx.Client(base_url=self.url, verify=verify, trust_env=False,
-                                      headers={"Authorization": f"Bearer {self._token}"})
-        return self._http
+                verify: Any = self.config.verify
+                if isinstance(verify, str):
+                    verify = ssl.create_default_context(cafile=verify)
+                # trust_env=False: no proxy from the environment ever sees the token
+                self._http = httpx.Client(base_url=self.url, verify=verify, trust_env=False,
+                                          headers={"Authorization": f"Bearer {self._token}"})
+            return self._http
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
               operation: str, params: dict[str, Any] | None = None,

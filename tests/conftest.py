@@ -107,6 +107,8 @@ class RemoteServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Any = None
         self.log = root / "server.log"
+        self.tls: str | None = None
+        """The certificate file when the server serves HTTPS."""
 
     def argv(self, *extra: str) -> list[str]:
         import sys
@@ -120,6 +122,9 @@ class RemoteServer:
 
         from trouper.testing import wait_until
 
+        if "--tls-cert" in extra:
+            self.tls = extra[list(extra).index("--tls-cert") + 1]
+
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv(*extra), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
@@ -130,11 +135,19 @@ class RemoteServer:
     def healthy(self) -> bool:
         import httpx
 
+        if self.tls:  # the test's own self-signed certificate
+            import ssl
+
+            url = self.url.replace("http://", "https://")
+            verify: Any = ssl.create_default_context(cafile=self.tls)
+        else:
+            url, verify = self.url, True
+
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"the runtime server exited {self.proc.returncode}: "
                                f"{self.log.read_text()[-2000:]}")
         try:
-            reply = httpx.get(f"{self.url}/v1/health", timeout=2, trust_env=False,
+            reply = httpx.get(f"{url}/v1/health", timeout=2, trust_env=False, verify=verify,
                               headers={"Authorization": f"Bearer {self.token}"})
         except httpx.HTTPError:
             return False

@@ -215,3 +215,35 @@ def test_an_unreachable_server_is_runtime_unavailable_after_the_ready_wait(tmp_p
     assert time.monotonic() - began < 5
     assert sandbox.running() is False and sandbox.kill() is None
     assert not sandbox.alive().alive
+
+
+@pytest.mark.slow
+def test_tls_serves_https_and_the_client_verifies_it(remote_server, tmp_path):
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    server = remote_server("--tls-cert", str(cert), "--tls-key", str(key))
+    url = server.url.replace("http://", "https://")
+    sandbox = RemoteSandbox("tls-1", config=RemoteRuntime(url=url, token=server.token,
+                                                          verify=str(cert)))
+    sandbox.start()
+    from trouper.messages.actions import RunCommand
+
+    outcome = sandbox.runtime.execute("a", RunCommand(command="echo over-tls"), timeout_s=10,
+                                      no_output_timeout_s=5)
+    assert outcome.content.strip() == "over-tls"
+    unverified = RemoteSandbox("tls-1", config=RemoteRuntime(url=url, token=server.token,
+                                                             ready_timeout_s=0.5))
+    with pytest.raises(RemoteUnavailable, match="CERTIFICATE_VERIFY_FAILED|certificate"):
+        unverified.start()
+    plain = RemoteSandbox("tls-1", config=RemoteRuntime(url=server.url, token=server.token,
+                                                        ready_timeout_s=0.5))
+    with pytest.raises(RemoteUnavailable):
+        plain.start()
+    sandbox.stop()
