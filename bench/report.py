@@ -261,6 +261,12 @@ def target_lines(t: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _remote_lines(r: dict[str, Any]) -> list[str]:
+    from remote_runtime import lines
+
+    return lines(r)
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
@@ -290,6 +296,7 @@ def render(results: dict[str, Any]) -> str:
         ("concurrency", concurrency_lines),
         ("recovery", recovery_lines),
         ("event_log", event_log_lines),
+        ("remote_runtime", _remote_lines),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import concurrency  # noqa: E402
 import event_log  # noqa: E402
 import recovery  # noqa: E402
+import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
 import venvs  # noqa: E402
@@ -38,7 +39,7 @@ from common import RESULTS_DIR, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render, targets  # noqa: E402
 
-WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog")
+WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "remote")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,6 +95,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "append_seconds": 0.1 if quick else 1.0,
         "log_events": 1000 if quick else 10_000,
         "restore_samples": 1 if quick else 3,
+        "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
+                   "warm": 1 if quick else 3, "actions": 20 if quick else 200},
     }
 
 
@@ -131,6 +134,7 @@ def run_workloads(
             ),
         ),
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
+        "remote": ("remote_runtime", lambda: remote_runtime.run(workdir=workdir, **cfg["remote"])),
         "eventlog": (
             "event_log",
             lambda: event_log.run(
