@@ -164,3 +164,16 @@ def test_a_request_on_a_kept_alive_connection_takes_no_delayed_ack(server, tmp_p
         took.append(time.perf_counter() - began)
     assert sorted(took)[len(took) // 2] < 0.025, took
     sandbox.stop()
+
+
+def test_an_idle_shell_is_closed_and_its_journal_kept(remote_server, tmp_path):
+    server = remote_server("--idle-timeout-s", "0.5")
+    sandbox = make(server, tmp_path)
+    sandbox.start()
+    done = sandbox.runtime.execute("a", RunCommand(command="echo kept"), **LIMITS)
+    wait_until(lambda: not sandbox.running(), 30, "the idle shell to be closed")
+    assert not sandbox.alive().alive
+    again = make(server, tmp_path)
+    assert again.start() is False and again.epoch == sandbox.epoch + 1
+    assert again.runtime.resolve("a").outcome == done
+    again.stop()

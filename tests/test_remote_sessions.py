@@ -151,3 +151,25 @@ def test_the_token_is_not_in_the_server_argv(server):
     assert b"runtime-server" in argv and b"--token-file" in argv
     assert server.token.encode() not in argv
     assert server.token.encode() not in Path(f"/proc/{server.proc.pid}/environ").read_bytes()
+
+
+def test_without_resume_after_runtime_restart_the_session_waits_in_error(
+        trouper, scripted, server, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 8; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local",
+                                    resume_after_runtime_restart=False)
+    workspace = server.workspace(session.id)
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+    server.kill()
+    server.start()
+    assert session.wait(timeout=90) == AgentState.ERROR
+    assert outcomes(session)[0].status == "lost"  # resolved before it waits for the user
+    session.resume()
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (workspace / "ledger.txt").read_text() == "two\n"
+    assert check_log(list(session.events())) == []
