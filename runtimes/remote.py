@@ -52,6 +52,7 @@ STOP_MARGIN_S = 60.0
 RETRIES = (0.2, 0.5, 1.0)
 """Waits before each retry of a safe request."""
 _RETRY_STATUS = frozenset({502, 503, 504})
+_NEVER = "never started"
 
 
 class RemoteUnavailable(RuntimeUnavailable):
@@ -102,6 +103,8 @@ class RemoteSandbox:
         self._http: Any = None
         self._http_lock = threading.Lock()
         self._epoch: int | None = None
+        self._asked: int | str | None = _NEVER
+        """What the last ``start`` asked to claim (``_NEVER`` before one)."""
         self._boot_id: str | None = None
 
     # ---- Sandbox ----
@@ -123,6 +126,7 @@ class RemoteSandbox:
         """Wait for the server, then start the session's sandbox there or attach to it,
         claiming ``epoch`` (None: the next the server counts). True when attached."""
         self._epoch = None
+        self._asked = epoch  # a refused claim must not leave this object stopping others
         self._wait_ready()
         body = {"epoch": "next" if epoch is None else epoch, "env": self.env,
                 "secret_names": list(self.secret_names),
@@ -164,10 +168,12 @@ class RemoteSandbox:
     def stop(self) -> None:
         """Stop the session's sandbox on the server (its journal stays there). A sandbox a
         newer epoch claimed is left alone. Idempotent and bounded in time."""
-        if self._http is None and self._epoch is None:
+        epoch = self._epoch if self._epoch is not None else self._asked
+        if epoch is None:  # a start that claimed nothing: no sandbox of ours to stop
+            self.close()
             return
         try:
-            body = {} if self._epoch is None else {"epoch": self._epoch}
+            body = {} if epoch == _NEVER else {"epoch": epoch}  # never started: any
             self._call("POST", self._path("stop"), body, operation="stop", timeout_s=5.0)
         except StaleEpoch:
             logger.warning("session %s: the remote sandbox belongs to a newer epoch; left "

@@ -177,3 +177,16 @@ def test_an_idle_shell_is_closed_and_its_journal_kept(remote_server, tmp_path):
     assert again.start() is False and again.epoch == sandbox.epoch + 1
     assert again.runtime.resolve("a").outcome == done
     again.stop()
+
+
+def test_a_refused_start_never_stops_the_newer_owners_sandbox(server, tmp_path):
+    owner = make(server, tmp_path)
+    owner.start(5)
+    stale = make(server, tmp_path)
+    with pytest.raises(StaleEpoch):
+        stale.start(4)
+    stale.stop()
+    assert owner.alive().alive
+    assert owner.runtime.execute("a", RunCommand(command="true"), **LIMITS).status == "ok"
+    owner.stop()
+    assert not owner.running()

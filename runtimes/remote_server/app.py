@@ -226,7 +226,7 @@ class _busy:  # noqa: N801 - used as a statement
         self.hosted = hosted
 
     def __enter__(self) -> None:
-        self.hosted.busy += 1
+        self.hosted.enter()
 
     def __exit__(self, *exc: object) -> None:
-        self.hosted.busy -= 1
+        self.hosted.leave()

@@ -88,6 +88,18 @@ class Hosted:
         self.last_used = time.monotonic()
         self.busy = 0
         """Requests in progress (a long-poll keeps the sandbox from idling out)."""
+        self._busy_lock = threading.Lock()
+
+    def enter(self) -> None:
+        """A request on this sandbox began."""
+        with self._busy_lock:
+            self.busy += 1
+
+    def leave(self) -> None:
+        """A request on this sandbox ended."""
+        with self._busy_lock:
+            self.busy -= 1
+            self.last_used = time.monotonic()
 
     @property
     def dead(self) -> bool:
