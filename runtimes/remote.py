@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch, StoreUnavailable
+from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch
 from ..masking import remember_secrets
 from ..messages.actions import RuntimeAction
 from ..messages.causes import RuntimeFailure
 from ..messages.outcomes import Outcome
 from .base import JournalRecord, SandboxHealth
 from .client import _lost, _outcome, _too_large
+from .remote_errors import RemoteUnavailable, refusal, unreachable
 from .sandbox import MAX_BODY_BYTES
 
 logger = logging.getLogger(__name__)
@@ -53,17 +54,6 @@ RETRIES = (0.2, 0.5, 1.0)
 """Waits before each retry of a safe request."""
 _RETRY_STATUS = frozenset({502, 503, 504})
 _NEVER = "never started"
-
-
-class RemoteUnavailable(RuntimeUnavailable):
-    """The runtime server cannot be used now; ``cause`` says why, as a typed value."""
-
-    def __init__(self, message: str, cause: RuntimeFailure = RuntimeFailure.UNREACHABLE) -> None:
-        super().__init__(message)
-        self.cause = cause
-
-    def __reduce__(self) -> tuple[type, tuple[str, RuntimeFailure]]:
-        return type(self), (str(self), self.cause)
 
 
 class RemoteSandbox:
@@ -349,13 +339,13 @@ class RemoteSandbox:
                 if waits:
                     time.sleep(waits.pop(0))
                     continue
-                raise self._unreachable(operation, e) from e
+                raise unreachable(self.url, operation, e) from e
             if response.status_code in _RETRY_STATUS and waits:
                 time.sleep(waits.pop(0))
                 continue
             if response.status_code == 200:
                 return response.content if raw else self._json(response, operation)
-            raise self._refusal(response, operation)
+            raise refusal(self.url, response, operation)
 
     def _json(self, response: Any, operation: str) -> dict[str, Any]:
         try:
@@ -368,35 +358,3 @@ class RemoteSandbox:
             raise RemoteUnavailable(f"{operation}: {self.url} answered {answer!r}",
                                     RuntimeFailure.FAILED)
         return answer
-
-    def _unreachable(self, operation: str, error: Exception) -> RemoteUnavailable:
-        import httpx
-
-        cause = RuntimeFailure.UNREACHABLE
-        if isinstance(error, httpx.TimeoutException) and not isinstance(
-                error, httpx.ConnectTimeout):
-            cause = RuntimeFailure.TIMED_OUT
-        return RemoteUnavailable(f"{operation}: cannot reach the runtime server at {self.url}: "
-                                 f"{type(error).__name__}: {error}", cause)
-
-    def _refusal(self, response: Any, operation: str) -> Exception:
-        status = response.status_code
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = {}
-        answer = answer if isinstance(answer, dict) else {}
-        code, message = answer.get("error", "Error"), answer.get("message", response.text[:500])
-        text = f"{operation}: the runtime server at {self.url} answered {status} {code}: {message}"
-        if status == 409:
-            return StaleEpoch(text)
-        if status in (400, 413, 422):
-            return InvalidRequest(text)
-        if status == 507:
-            return StoreUnavailable(message or text, "full")
-        if status == 401:
-            return RemoteUnavailable(text + " (check the runtime's token)",
-                                     RuntimeFailure.UNAUTHORIZED)
-        if status == 404 and code == "SandboxNotRunning":
-            return RemoteUnavailable(text, RuntimeFailure.EXITED)
-        return RemoteUnavailable(text, RuntimeFailure.FAILED)
