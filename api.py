@@ -37,7 +37,14 @@ from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
 from .runtimes.docker_support import gc_at_start
 from .session import Session
-from .session_secrets import read_secrets, write_session_secrets
+from .session_secrets import (
+    read_runtime_token,
+    read_secrets,
+    runtime_token,
+    with_runtime_token,
+    without_runtime_token,
+    write_session_secrets,
+)
 from .settings import Settings
 from .store import EventStore, SessionRecord, open_store, store_url
 
@@ -136,8 +143,9 @@ class Trouper:
         ``<home>/sessions/<id>/secrets.json`` (0600) holds them. ``options`` are the other
         fields of ``SessionConfig`` (``max_iterations``, ``max_cost_usd``,
         ``command_timeout_s``, ``no_output_timeout_s``...). ``runtime`` is where the
-        sandbox runs: ``"local"`` (the default, ``LocalRuntime()``); ``DockerRuntime`` and
-        ``RemoteRuntime`` are refused until those backends land.
+        sandbox runs: ``"local"`` (the default, ``LocalRuntime()``) or a ``RemoteRuntime``
+        (``{"kind": "remote", "url": ..., "token": ...}``: the token is kept like the LLM
+        key); ``DockerRuntime`` is refused until that backend lands.
 
         Everything is checked before anything is created: a refused session leaves no
         folder, no workspace, no store row and no secrets file. A ``workspace`` the user
@@ -160,11 +168,13 @@ class Trouper:
         # all checked and nothing made so far: a refusal above leaves no trace
         private_dir(self.home.session_dir(session_id))  # mkdir's parents would take the umask
         folder.mkdir(parents=not named, exist_ok=True)
-        to_mask, _ = session_maskers(secrets, config.llm)
-        remember_secrets(to_mask.pairs)  # this process's logs and the store's safety net
-        write_session_secrets(self.home, session_id, secrets, config.llm)
-        # the task and every other field stored masked; the key is left out by the store
-        self.store.create_session(session_id, to_mask.mask_event(config))
+        to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
+        token = runtime_token(config)  # a remote runtime's: kept like the LLM key
+        # this process's logs and the store's safety net
+        remember_secrets(to_mask.pairs)  # the runtime token among them
+        write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
+        # the task and every other field stored masked; the keys are left out
+        self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
@@ -216,7 +226,9 @@ class Trouper:
         if api_key is not None:
             config = config.model_copy(
                 update={"llm": config.llm.model_copy(update={"api_key": SecretStr(api_key)})})
-        remember_secrets(session_maskers(secrets, config.llm)[0].pairs)
+        token = read_runtime_token(self.home, session_id)
+        config = with_runtime_token(config, token)
+        remember_secrets(session_maskers(secrets, config.llm, config.runtime)[0].pairs)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),

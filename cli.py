@@ -71,9 +71,11 @@ def main(debug: bool) -> None:
               help=f"API base of the model's server (env {BASE_URL_ENV}).")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
 @click.option("--runtime", default="local", show_default=True,
-              type=click.Choice(["local", "docker"]),
-              help="Where the shell runs: here, or in a container (needs --image).")
+              type=click.Choice(["local", "docker", "remote"]),
+              help="Where the shell runs: here, in a container (needs --image), or on a "
+                   "runtime server (needs --url; its token in TROUPER_RUNTIME_TOKEN).")
 @click.option("--image", help="The image of a --runtime docker session (any image with sh).")
+@click.option("--url", "runtime_url", help="The runtime server of a --runtime remote session.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Folder the agent works in (default: a new folder under the home).")
 @home_option
@@ -91,7 +93,8 @@ def main(debug: bool) -> None:
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
-        runtime: str, image: str | None, workspace: Path | None, home: Path | None,
+        runtime: str, image: str | None, runtime_url: str | None, workspace: Path | None,
+        home: Path | None,
         script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
         setup: str | None, confirm: str, timeout_s: float, verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
@@ -109,7 +112,11 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
     if (runtime == "docker") != (image is not None):
         raise click.UsageError("--image goes with --runtime docker, and --runtime docker "
                                "needs --image")
-    chosen: Any = {"kind": "docker", "image": image} if runtime == "docker" else runtime
+    if (runtime == "remote") != (runtime_url is not None):
+        raise click.UsageError("--url goes with --runtime remote, and --runtime remote "
+                               "needs --url")
+    chosen: Any = ({"kind": "docker", "image": image} if runtime == "docker" else
+                   {"kind": "remote", "url": runtime_url} if runtime == "remote" else runtime)
     llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
     if api_key:
         llm["api_key"] = api_key
@@ -310,6 +317,10 @@ def runtime_gc(home: Path | None) -> None:
         console.print(f"removed {name}")
     console.print(f"{len(removed)} container(s) removed")
 
+
+from .cli_runtime_server import runtime_server  # noqa: E402 - registered after the others
+
+main.add_command(runtime_server)
 
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]))

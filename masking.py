@@ -59,6 +59,8 @@ __all__ = ["LLM_KEY_NAME", "MIN_SECRET_CHARS", "TRANSPORT_KEY_NAME", "SecretMask
            "remember_secrets", "session_maskers"]
 
 LLM_KEY_NAME = "LLM_API_KEY"
+RUNTIME_TOKEN_NAME = "TROUPER_RUNTIME_TOKEN"
+"""The placeholder name of a remote runtime's token (masked, never revealed)."""
 """The placeholder name of the session's LLM API key (masked, never revealed)."""
 TRANSPORT_KEY_NAME = "TROUPER_TRANSPORT_KEY"
 """The placeholder name of an operator's actor-transport key (masked, never revealed)."""
@@ -194,16 +196,19 @@ class SecretMasker:
 # ---- a session's two sets ------------------------------------------------------------
 
 
-def credentials(llm: LLMConfig | None) -> dict[str, str]:
+def credentials(llm: LLMConfig | None, runtime: object = None) -> dict[str, str]:
     """The credentials trouper holds for a session: masked everywhere, never revealed.
 
-    The LLM API key (``fallbacks`` share it) and, when an operator gave one, the actor
-    transport's key file's text. A random transport key is never written anywhere, so
-    it cannot turn up in text.
+    The LLM API key (``fallbacks`` share it), a remote runtime's token and, when an
+    operator gave one, the actor transport's key file's text. A random transport key is
+    never written anywhere, so it cannot turn up in text.
     """
     found: dict[str, str] = {}
     if llm is not None and llm.api_key is not None:
         found[LLM_KEY_NAME] = llm.api_key.get_secret_value()
+    token = getattr(runtime, "token", None)
+    if token is not None:
+        found[RUNTIME_TOKEN_NAME] = token.get_secret_value()
     key_text = _transport_key_text()
     if key_text:
         found[TRANSPORT_KEY_NAME] = key_text
@@ -221,7 +226,7 @@ def _transport_key_text() -> str:
 
 
 def session_maskers(
-    secrets: Mapping[str, str], llm: LLMConfig | None
+    secrets: Mapping[str, str], llm: LLMConfig | None, runtime: object = None
 ) -> tuple[SecretMasker, SecretMasker]:
     """``(to_mask, to_reveal)`` for one session.
 
@@ -233,7 +238,7 @@ def session_maskers(
     user = sorted(secrets.items())
     taken = set(secrets)
     held = [(f"TROUPER_{name}" if name in taken else name, value)
-            for name, value in sorted(credentials(llm).items())]
+            for name, value in sorted(credentials(llm, runtime).items())]
     return SecretMasker.of_pairs([*user, *held]), SecretMasker(secrets)
 
 

@@ -10,19 +10,22 @@ from __future__ import annotations
 import json
 import os
 
-from .config import LLMConfig
-from .masking import LLM_KEY_NAME, remember_secrets
+from pydantic import SecretStr
+
+from .config import LLMConfig, RemoteRuntime, SessionConfig
+from .masking import LLM_KEY_NAME, RUNTIME_TOKEN_NAME, remember_secrets
 from .paths import Home, private_dir
 
 
 def write_session_secrets(home: Home, session_id: str, secrets: dict[str, str],
-                          llm: LLMConfig) -> None:
+                          llm: LLMConfig, runtime_token: str | None = None) -> None:
     """Write the file, owner-only whatever the umask (an existing file with looser modes is
     tightened before it is written; a symlink in its place is refused)."""
     path = home.secrets_path(session_id)
     private_dir(path.parent)
     data = {"secrets": secrets,
-            "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None}
+            "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None,
+            "runtime_token": runtime_token}
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)
@@ -44,4 +47,41 @@ def remember_session_secrets(home: Home, session_id: str) -> None:
     """Teach this process a stored session's values, so what it shows of the session is
     masked (e.g. the CLI's ``show``; the log itself was stored masked)."""
     secrets, api_key = read_secrets(home, session_id)
-    remember_secrets([*sorted(secrets.items()), *([(LLM_KEY_NAME, api_key)] if api_key else [])])
+    token = read_runtime_token(home, session_id)
+    remember_secrets([*sorted(secrets.items()), *([(LLM_KEY_NAME, api_key)] if api_key else []),
+                      *([(RUNTIME_TOKEN_NAME, token)] if token else [])])
+
+
+# -- a remote runtime's token: in the secrets file, never in the store -------------------
+
+
+def read_runtime_token(home: Home, session_id: str) -> str | None:
+    """The remote runtime token kept in a session's secrets file, if any."""
+    path = home.secrets_path(session_id)
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get("runtime_token")
+
+
+def runtime_token(config: SessionConfig) -> str | None:
+    """The token a session's remote runtime was given (None: none, or read from env)."""
+    runtime = config.runtime
+    if isinstance(runtime, RemoteRuntime) and runtime.token is not None:
+        return runtime.token.get_secret_value()
+    return None
+
+
+def without_runtime_token(config: SessionConfig) -> SessionConfig:
+    """``config`` as the store may hold it: a remote runtime's token left out (None)."""
+    if runtime_token(config) is None:
+        return config
+    return config.model_copy(update={"runtime": config.runtime.model_copy(
+        update={"token": None})})
+
+
+def with_runtime_token(config: SessionConfig, token: str | None) -> SessionConfig:
+    """A stored ``config`` with its remote runtime's token put back from the secrets file."""
+    if token is None or not isinstance(config.runtime, RemoteRuntime):
+        return config
+    return config.model_copy(update={"runtime": config.runtime.model_copy(
+        update={"token": SecretStr(token)})})

@@ -127,7 +127,8 @@ class Controller(TrouperActor):
     def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.start, self.broker, self.runtime = msg.start, msg.broker, msg.runtime
-        self.masker, self.revealer = session_maskers(msg.start.secrets, msg.start.config.llm)
+        self.masker, self.revealer = session_maskers(msg.start.secrets, msg.start.config.llm,
+                                    msg.start.config.runtime)
         remember_secrets(self.masker.pairs)  # this process's log records are masked too
         home = Home.at(msg.start.home)
         self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
@@ -147,7 +148,8 @@ class Controller(TrouperActor):
         """A stand-in's whole life: its supervisor gave up on the agent loop. As the log's
         only writer it records that (ERROR, unless the session is over), answers, exits."""
         session_id, error = msg.start.session_id, ""
-        masker, _ = session_maskers(msg.start.secrets, msg.start.config.llm)
+        masker, _ = session_maskers(msg.start.secrets, msg.start.config.llm,
+                                    msg.start.config.runtime)
         try:
             store = open_store(msg.start.store_url)
             try:

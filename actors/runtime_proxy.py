@@ -72,7 +72,8 @@ class RuntimeProxy(TrouperActor):
         start = msg.start
         self._session_id = start.session_id
         # the sandbox's errors may quote a command or its output: mask reports and logs
-        remember_secrets(session_maskers(start.secrets, start.config.llm)[0].pairs)
+        remember_secrets(session_maskers(start.secrets, start.config.llm,
+                                        start.config.runtime)[0].pairs)
         home = Home.at(start.home)
         self.publish_pid(home.actor_pid_path("runtime", start.session_id))
         self._sandbox = load_sandbox(
@@ -285,6 +286,9 @@ class RuntimeProxy(TrouperActor):
 
 
 def _cause(error: BaseException | None) -> RuntimeFailure:
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, RuntimeFailure):  # a backend that knows why (remote: unauthorized)
+        return cause
     if isinstance(error, RuntimeUnavailable):
         return RuntimeFailure.UNREACHABLE
     return RuntimeFailure.FAILED

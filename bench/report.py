@@ -262,6 +262,12 @@ def target_lines(t: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _remote_lines(r: dict[str, Any]) -> list[str]:
+    from remote_runtime import lines
+
+    return lines(r)
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
@@ -292,6 +298,7 @@ def render(results: dict[str, Any]) -> str:
         ("recovery", recovery_lines),
         ("event_log", event_log_lines),
         ("docker_runtime", lambda r: docker_runtime.lines(r, fmt, _table)),
+        ("remote_runtime", _remote_lines),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

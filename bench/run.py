@@ -33,6 +33,7 @@ import concurrency  # noqa: E402
 import docker_runtime  # noqa: E402
 import event_log  # noqa: E402
 import recovery  # noqa: E402
+import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
 import venvs  # noqa: E402
@@ -40,7 +41,7 @@ from common import RESULTS_DIR, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render, targets  # noqa: E402
 
-WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker")
+WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,6 +100,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "docker_samples": 1 if quick else 5,
         "docker_steps": 5 if quick else 50,
         "docker_k": 3 if quick else 20,
+        "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
+                   "warm": 1 if quick else 3, "actions": 20 if quick else 200},
     }
 
 
@@ -136,6 +139,7 @@ def run_workloads(
             ),
         ),
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
+        "remote": ("remote_runtime", lambda: remote_runtime.run(workdir=workdir, **cfg["remote"])),
         "eventlog": (
             "event_log",
             lambda: event_log.run(

@@ -28,3 +28,7 @@ class RuntimeFailure(StrEnum):
     """Its container was killed by the kernel for lack of memory."""
     REMOVED = "removed"
     """Its container was removed (``docker rm -f``) by someone else."""
+    UNAUTHORIZED = "unauthorized"
+    """A remote runtime server refused the credentials (a missing or wrong token)."""
+    TIMED_OUT = "timed_out"
+    """A request to it got no answer in time."""

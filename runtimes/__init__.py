@@ -27,7 +27,8 @@ __all__ = [
     "load_sandbox",
 ]
 
-BACKENDS: dict[str, str] = {"local": "local:LocalSandbox", "docker": "docker:DockerSandbox"}
+BACKENDS: dict[str, str] = {"local": "local:LocalSandbox", "docker": "docker:DockerSandbox",
+                         "remote": "remote:RemoteSandbox"}
 """Backend name -> ``module:Class`` inside this package, imported only when asked for."""
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..processes import pid_alive, start_time
 from ..runtimes import Sandbox, load_sandbox
 from ..runtimes.local import LocalSandbox
+from ..session_secrets import read_runtime_token, with_runtime_token
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -78,7 +79,8 @@ def sandbox_of(session: Session) -> Sandbox:
     """A fresh backend object for ``session``'s sandbox, through the runtime interface
     (``Sandbox.running``, ``Sandbox.kill``): the harness reads no backend's files."""
     home = session._trouper.home  # noqa: SLF001 - the harness is part of trouper
-    config = session.record.config
+    # the store holds no runtime token: put it back from the session's secrets file
+    config = with_runtime_token(session.record.config, read_runtime_token(home, session.id))
     return load_sandbox(config.runtime, session_id=session.id,
                         workspace=Path(config.workspace), state_dir=home.runtime_dir(session.id))
 

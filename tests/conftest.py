@@ -139,3 +139,125 @@ def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
             left.append(f"{container.name} ({container.labels.get('trouper.session')})")
             container.remove(force=True)
     assert not left, f"containers left behind: {left}"
+
+
+# -- remote runtime
+
+
+class RemoteServer:
+    """A ``trouper runtime-server`` subprocess on 127.0.0.1, with its token file and workdir.
+
+    ``kill()`` SIGKILLs it (its shells live on, as after a real crash); ``start()`` again
+    serves the same workdir on the same port; ``stop()`` ends it and any shell it left.
+    """
+
+    def __init__(self, root: Path, token: str | None = None) -> None:
+        import secrets
+        import socket
+
+        self.root = root
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.workdir = root / "workdir"
+        self.token = token or secrets.token_urlsafe(32)
+        self.token_file = root / "token"
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: Any = None
+        self.log = root / "server.log"
+        self.tls: str | None = None
+        """The certificate file when the server serves HTTPS."""
+
+    def argv(self, *extra: str) -> list[str]:
+        import sys
+
+        return [sys.executable, "-m", "trouper", "runtime-server", "--workdir",
+                str(self.workdir), "--token-file", str(self.token_file), "--port",
+                str(self.port), *extra]
+
+    def start(self, *extra: str) -> RemoteServer:
+        import subprocess
+
+        from trouper.testing import wait_until
+
+        if "--tls-cert" in extra:
+            self.tls = extra[list(extra).index("--tls-cert") + 1]
+
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(*extra), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        wait_until(self.healthy, 30, f"the runtime server on port {self.port} to answer")
+        return self
+
+    def healthy(self) -> bool:
+        import httpx
+
+        if self.tls:  # the test's own self-signed certificate
+            import ssl
+
+            url = self.url.replace("http://", "https://")
+            verify: Any = ssl.create_default_context(cafile=self.tls)
+        else:
+            url, verify = self.url, True
+
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the runtime server exited {self.proc.returncode}: "
+                               f"{self.log.read_text()[-2000:]}")
+        try:
+            reply = httpx.get(f"{url}/v1/health", timeout=2, trust_env=False, verify=verify,
+                              headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
+
+    def kill(self) -> None:
+        """SIGKILL the server process alone (as a crash of its host process would)."""
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        from trouper.runtimes.remote_server.registry import Sessions
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.workdir.exists():  # shells a killed server left behind
+            Sessions(self.workdir).kill_leftovers()
+
+    def runtime(self, **options: Any) -> dict[str, Any]:
+        """The ``runtime=`` of a session on this server."""
+        return {"kind": "remote", "url": self.url, "token": self.token,
+                "ready_timeout_s": 60.0, **options}
+
+    def workspace(self, session_id: str) -> Path:
+        return self.workdir / session_id / "workspace"
+
+
+@pytest.fixture
+def remote_server(tmp_path: Path) -> Iterator[Callable[..., RemoteServer]]:
+    """``remote_server(*extra_args)``: a started ``RemoteServer``; all stopped at the end."""
+    servers: list[RemoteServer] = []
+
+    def start(*extra: str, token: str | None = None) -> RemoteServer:
+        server = RemoteServer(tmp_path / f"remote-{len(servers)}", token)
+        servers.append(server)
+        return server.start(*extra)
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()

@@ -95,20 +95,12 @@ def test_an_unknown_runtime_lists_the_known_ones(refused):
     error = refused(runtime="kubernetes")
     assert error.field == "runtime"
     assert "unknown runtime 'kubernetes'" in str(error)
-    assert "known runtimes: docker, local" in str(error)
+    assert "known runtimes: docker, local, remote" in str(error)
 
 
-@pytest.mark.parametrize("runtime", ["docker", {"kind": "remote", "url": "http://127.0.0.1:9"}])
-def test_a_runtime_not_built_yet_is_refused_by_name(refused, runtime):
-    from trouper.config import RemoteRuntime
-
-    error = refused(runtime=runtime)
-    if isinstance(runtime, str):  # a docker runtime needs its image: that is said first
-        assert error.field == "runtime.docker.image" and "is required" in str(error)
-    else:
-        assert error.field == "runtime"
-        assert "the remote runtime is not available yet" in str(error)
-    assert RemoteRuntime(url="http://h").kind == "remote"
+def test_a_docker_runtime_by_name_alone_needs_its_image(refused):
+    error = refused(runtime="docker")
+    assert error.field == "runtime.docker.image" and "is required" in str(error)
 
 
 @pytest.mark.parametrize("runtime", [{"kind": "docker", "image": "debian"},
@@ -122,6 +114,18 @@ def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
     config = session_config("t", LLM, runtime, tmp_path, {}, {})
     assert config.runtime == DockerRuntime(**runtime)
     assert config.runtime.network == runtime.get("network", "none")
+
+
+def test_the_remote_runtime_is_accepted_and_its_url_checked(refused, tmp_path):
+    from trouper.config import RemoteRuntime, session_config
+
+    runtime = {"kind": "remote", "url": "http://127.0.0.1:9", "token": SECRET}
+    config = session_config("t", LLM, runtime, tmp_path, {}, {})
+    assert isinstance(config.runtime, RemoteRuntime)
+    assert config.runtime.token.get_secret_value() == SECRET
+    error = refused(runtime={"kind": "remote", "url": "127.0.0.1:9", "token": SECRET})
+    assert error.field == "runtime.remote.url" and "http" in str(error)
+    assert SECRET not in str(error)
 
 
 def test_the_runtime_is_stored_typed_and_read_by_name_too():

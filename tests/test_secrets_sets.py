@@ -129,3 +129,28 @@ def test_a_provider_error_that_echoes_the_key_is_masked(trouper, scripted, tmp_p
     assert session.wait(timeout=60) == AgentState.ERROR
     reason = session.record.state_reason
     assert "auth" in reason and f"<secret:{LLM_KEY_NAME}>" in reason and API_KEY not in reason
+
+
+def test_a_remote_runtime_token_is_a_credential_masked_and_never_revealed():
+    from trouper.config import RemoteRuntime
+    from trouper.masking import RUNTIME_TOKEN_NAME
+
+    token = "rt-" + "z" * 30
+    runtime = RemoteRuntime(url="http://127.0.0.1:9", token=token)
+    to_mask, to_reveal = session_maskers({}, None, runtime)
+    assert to_mask.mask_text(f"curl -H 'Bearer {token}'") == (
+        f"curl -H 'Bearer <secret:{RUNTIME_TOKEN_NAME}>'")
+    assert to_reveal.reveal_text(f"<secret:{RUNTIME_TOKEN_NAME}>") == (
+        f"<secret:{RUNTIME_TOKEN_NAME}>")
+
+
+def test_a_backend_failure_keeps_its_typed_cause():
+    from trouper.actors.runtime_proxy import _cause
+    from trouper.exceptions import RuntimeUnavailable
+    from trouper.messages.causes import RuntimeFailure
+    from trouper.runtimes.remote_errors import RemoteUnavailable
+
+    assert _cause(RemoteUnavailable("401", RuntimeFailure.UNAUTHORIZED)) == (
+        RuntimeFailure.UNAUTHORIZED)
+    assert _cause(RuntimeUnavailable("gone")) == RuntimeFailure.UNREACHABLE
+    assert _cause(ValueError("x")) == RuntimeFailure.FAILED

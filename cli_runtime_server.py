@@ -1,0 +1,64 @@
+"""``trouper runtime-server``: host sessions' sandboxes for trouper on another machine.
+
+The command checks its options and hands over to ``runtimes/remote_server/serve.py``
+(imported only when it runs, so ``trouper --help`` never loads FastAPI). See
+docs/runtimes.md (Remote) and docs/cli.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .cli_support import ENVIRONMENT, USAGE, CliError
+
+file_path = click.Path(dir_okay=False, path_type=Path)
+
+
+@click.command("runtime-server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Beyond loopback it needs --tls-cert/--tls-key "
+                   "(or --insecure).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free one; server.json in the workdir says "
+                   "which).")
+@click.option("--workdir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the sessions' workspaces and journals "
+                   "(<workdir>/<session id>/workspace and .../state).")
+@click.option("--token-file", required=True, type=file_path,
+              help="File holding the bearer token clients must send (not readable by other "
+                   "users). The token is never taken on the command line.")
+@click.option("--tls-cert", type=file_path, help="PEM certificate: serve HTTPS.")
+@click.option("--tls-key", type=file_path, help="PEM private key of --tls-cert.")
+@click.option("--insecure", is_flag=True,
+              help="Allow plain HTTP beyond loopback (the token crosses the network in clear).")
+@click.option("--idle-timeout-s", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Close a session's shell after this long without a request (0: never); "
+                   "its journal stays.")
+@click.option("--max-output-chars", default=10_000, show_default=True,
+              type=click.IntRange(1), help="Default output kept per action (a client's "
+                                           "session setting wins).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
+                   tls_cert: Path | None, tls_key: Path | None, insecure: bool,
+                   idle_timeout_s: float, max_output_chars: int, log_level: str) -> None:
+    """Serve sandboxes for remote trouper sessions (FastAPI + uvicorn) until stopped.
+
+    Each session gets a persistent shell in <workdir>/<session id>/workspace and an
+    on-disk journal, so a restarted server reports finished actions truthfully and an
+    interrupted one as unknown, and never runs an action twice.
+    """
+    from .runtimes.remote_server.serve import ServeError, ServeOptions, serve
+
+    options = ServeOptions(
+        host=host, port=port, workdir=workdir, token_file=token_file, tls_cert=tls_cert,
+        tls_key=tls_key, insecure=insecure, idle_timeout_s=idle_timeout_s,
+        max_output_chars=max_output_chars, log_level=log_level)
+    try:
+        serve(options)
+    except ServeError as exc:
+        code = ENVIRONMENT if "cannot listen" in str(exc) or "another runtime" in str(exc) \
+            else USAGE
+        raise CliError(str(exc), code) from None

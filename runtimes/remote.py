@@ -1,0 +1,360 @@
+"""``RemoteSandbox``: a session's sandbox on a ``trouper runtime-server``, over HTTP(S).
+
+The server hosts the sandbox by session id (``<workdir>/<session id>/workspace`` on its
+machine, with the journal beside it); this client is ``Sandbox`` and ``Runtime`` over its
+``/v1`` API (runtimes/remote_server/app.py), with the bearer token on every request.
+``SessionConfig.workspace`` is not used: the agent works in the server's folder (copy
+files in and out with ``upload`` and ``download``).
+
+What it retries, and what it does not: ``start`` waits for the server to answer healthy
+(up to ``RemoteRuntime.ready_timeout_s``, logging what it waits for); starting an action
+and polling it are retried a few times on a dropped connection or a 502/503/504 (safe:
+the server journals by action id, so a repeat never runs anything twice). Everything
+else fails at once. Failures map onto trouper's exceptions: 409 -> ``StaleEpoch``,
+400/413/422 -> ``InvalidRequest``, 507 -> ``StoreUnavailable``; unreachable, refused,
+timed out, 401, a sandbox that no longer runs and any other 5xx -> ``RemoteUnavailable``
+(a ``RuntimeUnavailable``) whose ``cause`` is the typed ``RuntimeFailure``.
+
+``kill`` (fault injection) asks the server to SIGKILL the session's shell and its jobs
+and to drop the sandbox as a crash would: what was running reads ``unknown`` afterwards.
+
+httpx is imported when the first client is made, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch
+from ..masking import remember_secrets
+from ..messages.actions import RuntimeAction
+from ..messages.causes import RuntimeFailure
+from ..messages.outcomes import Outcome
+from .base import JournalRecord, SandboxHealth
+from .client import _lost, _outcome, _too_large
+from .remote_errors import RemoteUnavailable, refusal, unreachable
+from .sandbox import MAX_BODY_BYTES
+
+logger = logging.getLogger(__name__)
+
+TOKEN_NAME = "TROUPER_RUNTIME_TOKEN"
+"""The token's placeholder wherever it is masked."""
+STOP_MARGIN_S = 60.0
+"""Time past an action's hard timeout allowed for the kill, a shell restart and the reply."""
+RETRIES = (0.2, 0.5, 1.0)
+"""Waits before each retry of a safe request."""
+_RETRY_STATUS = frozenset({502, 503, 504})
+_NEVER = "never started"
+
+
+class RemoteSandbox:
+    """One session's sandbox on a runtime server; its own ``runtime`` once started."""
+
+    def __init__(
+        self,
+        session_id: str,
+        workspace: Path | None = None,
+        state_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        max_output_chars: int = 10_000,
+        *,
+        secret_names: tuple[str, ...] | None = None,
+        config: Any = None,
+        request_timeout_s: float = 10.0,
+        poll_s: float = 20.0,
+    ) -> None:
+        if config is None or not getattr(config, "url", None):
+            raise InvalidRequest("the remote runtime needs its config: RemoteRuntime(url=...)")
+        self.session_id = session_id
+        self.config = config
+        self.url = str(config.url).rstrip("/")
+        self.env = dict(env or {})
+        self.secret_names = tuple(self.env) if secret_names is None else tuple(secret_names)
+        self.max_output_chars = max_output_chars
+        self.request_timeout_s = request_timeout_s
+        self.poll_s = poll_s
+        """Longest single long-poll (the server caps it at 30 s)."""
+        self.remote_workspace: str | None = None
+        """The workspace's path on the server's machine, once started."""
+        token = config.token.get_secret_value() if config.token is not None else (
+            os.environ.get(config.token_env) if config.token_env else None)
+        self._token = token or None
+        if self._token:
+            remember_secrets({TOKEN_NAME: self._token})  # masked in this process's logs
+        self._http: Any = None
+        self._http_lock = threading.Lock()
+        self._epoch: int | None = None
+        self._asked: int | str | None = _NEVER
+        """What the last ``start`` asked to claim (``_NEVER`` before one)."""
+        self._boot_id: str | None = None
+
+    # ---- Sandbox ----
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch claimed by the last ``start``; None before one."""
+        return self._epoch
+
+    @property
+    def runtime(self) -> RemoteSandbox:
+        """The action runtime of the started sandbox (this object)."""
+        if self._epoch is None:
+            raise RemoteUnavailable(f"session {self.session_id}: the sandbox is not started",
+                                    RuntimeFailure.NOT_STARTED)
+        return self
+
+    def start(self, epoch: int | None = None) -> bool:
+        """Wait for the server, then start the session's sandbox there or attach to it,
+        claiming ``epoch`` (None: the next the server counts). True when attached."""
+        self._epoch = None
+        self._asked = epoch  # a refused claim must not leave this object stopping others
+        self._wait_ready()
+        body = {"epoch": "next" if epoch is None else epoch, "env": self.env,
+                "secret_names": list(self.secret_names),
+                "max_output_chars": self.max_output_chars}
+        answer = self._call("POST", self._path("start"), body, operation="start",
+                            retry=True)
+        self._epoch, self._boot_id = int(answer["epoch"]), answer.get("boot_id")
+        self.remote_workspace = answer.get("workspace")
+        attached = bool(answer.get("attached"))
+        logger.info("session %s: remote sandbox %s at %s (epoch %d, workspace %s on the "
+                    "server)", self.session_id, "attached" if attached else "started",
+                    self.url, self._epoch, self.remote_workspace)
+        return attached
+
+    def alive(self) -> SandboxHealth:
+        """Whether the session's sandbox still runs on the server, for this epoch."""
+        if self._epoch is None:
+            return SandboxHealth(alive=False, cause=RuntimeFailure.NOT_STARTED,
+                                 detail="start() was not called")
+        try:
+            answer = self._call("GET", self._path("health"), operation="health",
+                                timeout_s=5.0)
+        except RemoteUnavailable as e:
+            return SandboxHealth(alive=False, cause=e.cause, detail=str(e))
+        except RuntimeUnavailable as e:
+            return SandboxHealth(alive=False, cause=RuntimeFailure.FAILED, detail=str(e))
+        if int(answer.get("epoch") or 0) > self._epoch:
+            return SandboxHealth(alive=False, cause=RuntimeFailure.SUPERSEDED, detail=(
+                f"claimed by epoch {answer['epoch']} (this proxy has {self._epoch})"))
+        if not answer.get("running"):
+            return SandboxHealth(alive=False, cause=RuntimeFailure.EXITED, detail=(
+                f"no sandbox runs for session {self.session_id} on {self.url} any more "
+                "(crashed, stopped, or the server restarted)"))
+        if answer.get("boot_id") != self._boot_id:
+            return SandboxHealth(alive=False, cause=RuntimeFailure.EXITED, detail=(
+                f"the sandbox on {self.url} was restarted (boot {answer.get('boot_id')})"))
+        return SandboxHealth(alive=True)
+
+    def stop(self) -> None:
+        """Stop the session's sandbox on the server (its journal stays there). A sandbox a
+        newer epoch claimed is left alone. Idempotent and bounded in time."""
+        epoch = self._epoch if self._epoch is not None else self._asked
+        if epoch is None:  # a start that claimed nothing: no sandbox of ours to stop
+            self.close()
+            return
+        try:
+            body = {} if epoch == _NEVER else {"epoch": epoch}  # never started: any
+            self._call("POST", self._path("stop"), body, operation="stop", timeout_s=5.0)
+        except StaleEpoch:
+            logger.warning("session %s: the remote sandbox belongs to a newer epoch; left "
+                           "running", self.session_id)
+        except RuntimeUnavailable as e:
+            logger.info("session %s: the remote sandbox did not take a stop: %s",
+                        self.session_id, e)
+        finally:
+            self._epoch = None
+            self.close()
+
+    def running(self) -> bool:
+        """Whether the server runs this session's sandbox (False when it does not answer)."""
+        try:
+            return bool(self._call("GET", self._path("health"), operation="health",
+                                   timeout_s=5.0).get("running"))
+        except RuntimeUnavailable:
+            return False
+
+    def kill(self) -> int | None:
+        """Fault injection: have the server SIGKILL this session's shell and its jobs and
+        drop the sandbox as a crash would. The shell's pid, or None if none ran."""
+        try:
+            killed = self._call("POST", self._path("crash"), {}, operation="crash",
+                                timeout_s=10.0).get("killed")
+        except RuntimeUnavailable:
+            return None
+        return int(killed) if killed else None
+
+    def close(self) -> None:
+        """Close the HTTP connections (idempotent)."""
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
+
+    # ---- Runtime ----
+
+    def execute(self, action_id: str, action: RuntimeAction, *, timeout_s: float,
+                no_output_timeout_s: float) -> Outcome:
+        """Run ``action`` once (idempotent by ``action_id``): start it, then long-poll."""
+        hard_s = getattr(action, "timeout_s", None) or timeout_s
+        deadline = time.monotonic() + hard_s + STOP_MARGIN_S
+        body = {"action_id": action_id, "epoch": self._epoch,
+                "action": action.model_dump(mode="json"), "timeout_s": timeout_s,
+                "no_output_timeout_s": no_output_timeout_s,
+                "wait_s": min(self.poll_s, hard_s + STOP_MARGIN_S)}
+        size = len(json.dumps(body).encode("utf-8"))
+        if size > MAX_BODY_BYTES:
+            return _too_large(size)
+        operation = f"execute {action_id}"
+        record = self._call("POST", self._path("actions"), body, operation=operation,
+                            timeout_s=body["wait_s"] + self.request_timeout_s, retry=True)
+        while record.get("state") == "running":
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise RemoteUnavailable(
+                    f"{operation}: no outcome from {self.url} within "
+                    f"{hard_s + STOP_MARGIN_S:g} s (its timeout plus {STOP_MARGIN_S:g} s)",
+                    RuntimeFailure.TIMED_OUT)
+            record = self._poll(action_id, min(self.poll_s, remaining_s), operation)
+        return self._record(record, operation).outcome or _lost(record)
+
+    def resolve(self, action_id: str, *, wait_s: float = 0.0) -> JournalRecord:
+        """What the server's journal knows of ``action_id``, waiting up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        operation = f"resolve {action_id}"
+        record = self._poll(action_id, min(self.poll_s, wait_s), operation)
+        while record.get("state") == "running" and time.monotonic() < deadline:
+            record = self._poll(action_id, min(self.poll_s, deadline - time.monotonic()),
+                                operation)
+        return self._record(record, operation)
+
+    # ---- files and output (beyond the protocol) ----
+
+    def output(self, action_id: str, offset: int = 0) -> tuple[str, int]:
+        """An action's output from byte ``offset`` (masked); and the next offset."""
+        answer = self._call("GET", self._path("actions", action_id, "output"),
+                            params={"offset": offset, "epoch": self._epoch},
+                            operation=f"output {action_id}", retry=True)
+        return str(answer.get("data", "")), int(answer.get("next_offset", offset))
+
+    def upload(self, path: str, data: bytes) -> int:
+        """Write ``data`` to ``path`` in the remote workspace; the size written."""
+        answer = self._call("PUT", self._path("files"), content=data,
+                            params={"path": path, "epoch": self._epoch},
+                            operation=f"upload {path}", timeout_s=120.0)
+        return int(answer["size"])
+
+    def download(self, path: str) -> bytes:
+        """The bytes of ``path`` in the remote workspace."""
+        return self._call("GET", self._path("files"), params={"path": path, "epoch": self._epoch},
+                          operation=f"download {path}", timeout_s=120.0, raw=True)
+
+    # ---- HTTP ----
+
+    def _path(self, *parts: str) -> str:
+        return "/v1/sessions/" + "/".join(quote(p, safe="") for p in (self.session_id, *parts))
+
+    def _poll(self, action_id: str, wait_s: float, operation: str) -> dict[str, Any]:
+        wait_s = max(0.0, wait_s)
+        params = {"wait_s": f"{wait_s:.3f}", "epoch": self._epoch}
+        return self._call("GET", self._path("actions", action_id), params=params,
+                          operation=operation, timeout_s=wait_s + self.request_timeout_s,
+                          retry=True)
+
+    def _record(self, record: dict[str, Any], operation: str) -> JournalRecord:
+        try:
+            outcome = record.get("outcome")
+            return JournalRecord(action_id=record["action_id"], state=record["state"],
+                                 epoch=int(record.get("epoch") or 0),
+                                 outcome=_outcome(outcome) if outcome is not None else None)
+        except (KeyError, ValueError, TypeError) as e:
+            raise RemoteUnavailable(f"{operation}: {self.url} sent a bad record: {record!r}",
+                                    RuntimeFailure.FAILED) from e
+
+    def _wait_ready(self) -> None:
+        """Poll ``/v1/health`` until it answers, for up to ``ready_timeout_s``."""
+        limit_s = float(self.config.ready_timeout_s)
+        deadline, pause_s, said = time.monotonic() + limit_s, 0.05, False
+        while True:
+            try:
+                self._call("GET", "/v1/health", operation="health", timeout_s=5.0)
+                return
+            except RemoteUnavailable as e:
+                if e.cause == RuntimeFailure.UNAUTHORIZED or time.monotonic() >= deadline:
+                    raise RemoteUnavailable(
+                        f"session {self.session_id}: the runtime server at {self.url} did not "
+                        f"answer healthy within {limit_s:g} s: {e}", e.cause) from e
+                if not said:
+                    logger.info("session %s: waiting up to %g s for the runtime server at %s "
+                                "to answer healthy (%s)", self.session_id, limit_s, self.url, e)
+                    said = True
+            time.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
+            pause_s = min(1.0, pause_s * 2)
+
+    def _client(self) -> Any:
+        with self._http_lock:  # the proxy calls from several threads at once
+            if self._http is None:
+                import httpx
+
+                verify: Any = self.config.verify
+                if isinstance(verify, str):
+                    verify = ssl.create_default_context(cafile=verify)
+                # trust_env=False: no proxy from the environment ever sees the token
+                # TCP_NODELAY: headers and body leave in two writes, and delayed ACKs
+                # would add 40 ms to every request
+                transport = httpx.HTTPTransport(verify=verify, socket_options=[
+                    (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+                self._http = httpx.Client(base_url=self.url, transport=transport,
+                                          trust_env=False,
+                                          headers={"Authorization": f"Bearer {self._token}"})
+            return self._http
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+              operation: str, params: dict[str, Any] | None = None,
+              content: bytes | None = None, timeout_s: float | None = None,
+              retry: bool = False, raw: bool = False) -> Any:
+        import httpx
+
+        if not self._token:
+            raise RemoteUnavailable(
+                f"{operation}: no token for the runtime server at {self.url}: give the "
+                f"runtime's token, or set ${self.config.token_env}",
+                RuntimeFailure.UNAUTHORIZED)
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        timeout = httpx.Timeout(timeout_s or self.request_timeout_s, connect=5.0)
+        waits = list(RETRIES) if retry else []
+        while True:
+            try:
+                response = self._client().request(
+                    method, path, json=body, params=params, content=content, timeout=timeout)
+            except httpx.HTTPError as e:
+                if waits:
+                    time.sleep(waits.pop(0))
+                    continue
+                raise unreachable(self.url, operation, e) from e
+            if response.status_code in _RETRY_STATUS and waits:
+                time.sleep(waits.pop(0))
+                continue
+            if response.status_code == 200:
+                return response.content if raw else self._json(response, operation)
+            raise refusal(self.url, response, operation)
+
+    def _json(self, response: Any, operation: str) -> dict[str, Any]:
+        try:
+            answer = response.json()
+        except ValueError as e:
+            raise RemoteUnavailable(f"{operation}: {self.url} answered "
+                                    f"{response.status_code} with non-JSON", RuntimeFailure.FAILED
+                                    ) from e
+        if not isinstance(answer, dict):
+            raise RemoteUnavailable(f"{operation}: {self.url} answered {answer!r}",
+                                    RuntimeFailure.FAILED)
+        return answer

@@ -1,0 +1,197 @@
+"""Running the runtime server: checks first, then uvicorn on a socket bound here.
+
+``serve`` refuses, with a message saying what to do, before anything listens: a token
+file that is missing, empty, short or readable by other users; a TLS certificate
+without its key; and an address beyond loopback without TLS, unless ``insecure``. It
+holds ``<workdir>/server.lock`` (one server per workdir), kills the shells a SIGKILLed
+earlier boot left behind, writes ``<workdir>/server.json`` (pid, host, port, boot id; no
+token; 0600) once it listens, and stops every session's shell when it exits.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..sandbox.util import open_private, wall_time, write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+MIN_TOKEN_CHARS = 16
+
+
+class ServeError(Exception):
+    """The server cannot start as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``trouper runtime-server`` was given."""
+
+    host: str
+    port: int
+    workdir: Path
+    token_file: Path
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    insecure: bool = False
+    idle_timeout_s: float = 0.0
+    max_output_chars: int = 10_000
+    log_level: str = "info"
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is a loopback one."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def check_listen(host: str, tls: bool, insecure: bool) -> None:
+    """Refuse to listen beyond loopback in clear text unless told to (``insecure``)."""
+    if is_loopback(host) or tls or insecure:
+        return
+    raise ServeError(
+        f"refusing to listen on {host} without TLS: the bearer token and every command "
+        "would cross the network in clear text. Give --tls-cert and --tls-key, listen on "
+        "127.0.0.1 and reach it through a tunnel (ssh -L), or pass --insecure if the "
+        "network is private and you accept the risk.")
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace dropped)."""
+    try:
+        info = path.stat()
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError as e:
+        raise ServeError(f"token file {path} does not exist; make one with: "
+                         f"python3 -c 'import secrets; print(secrets.token_urlsafe(32))' "
+                         f"> {path} && chmod 600 {path}") from e
+    except (OSError, UnicodeError) as e:
+        raise ServeError(f"cannot read the token file {path}: {e}") from e
+    if info.st_mode & 0o007:
+        raise ServeError(f"token file {path} is open to other users (mode "
+                         f"{info.st_mode & 0o777:03o}); chmod 600 {path}")
+    if len(text) < MIN_TOKEN_CHARS or any(c.isspace() for c in text):
+        raise ServeError(f"token file {path} must hold one token of at least "
+                         f"{MIN_TOKEN_CHARS} characters without spaces")
+    return text
+
+
+def check_tls(cert: Path | None, key: Path | None) -> bool:
+    """Whether TLS is on; both files or neither."""
+    if (cert is None) != (key is None):
+        raise ServeError("--tls-cert and --tls-key go together: give both or neither")
+    for path in (cert, key):
+        if path is not None and not path.is_file():
+            raise ServeError(f"TLS file {path} does not exist")
+    return cert is not None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (SO_REUSEADDR: a restarted server gets its port back at once)."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock.listen(512)
+    sock.set_inheritable(False)
+    return sock
+
+
+def lock_workdir(workdir: Path) -> int:
+    """Hold ``<workdir>/server.lock``; ServeError when another server holds it."""
+    fd = open_private(str(workdir / "server.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise ServeError(f"another runtime server uses {workdir}") from e
+        raise
+    return fd
+
+
+def serve(options: ServeOptions) -> None:
+    """Check, bind, and serve until SIGTERM or SIGINT; raises ServeError before listening."""
+    import uvicorn
+
+    from .app import create_app
+    from .registry import Sessions
+
+    tls = check_tls(options.tls_cert, options.tls_key)
+    check_listen(options.host, tls, options.insecure)
+    token = read_token_file(options.token_file)
+    _log_masked(token, options.log_level)
+    started_umask = os.umask(0o077)  # the server's files are owner-only; shells get this back
+    workdir = options.workdir.expanduser().resolve()
+    sessions = Sessions(workdir, token, shell_umask=started_umask,
+                        idle_timeout_s=options.idle_timeout_s,
+                        max_output_chars=options.max_output_chars)
+    lock_fd = lock_workdir(workdir)
+    killed = sessions.kill_leftovers()
+    if killed:
+        logger.warning("killed %d shell(s) an earlier server boot left: %s", len(killed), killed)
+    sock = bind(options.host, options.port)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(sessions, token), log_config=None, log_level=options.log_level,
+        access_log=False,
+        ssl_certfile=str(options.tls_cert) if tls else None,
+        ssl_keyfile=str(options.tls_key) if tls else None, timeout_keep_alive=30,
+        timeout_graceful_shutdown=5, lifespan="on")
+    server = uvicorn.Server(config)
+    scheme = "https" if tls else "http"
+    write_json_atomic(str(workdir / "server.json"), {
+        "pid": os.getpid(), "host": options.host, "port": port, "tls": tls,
+        "boot_id": sessions.boot_id, "started_at": wall_time(),
+        "url": f"{scheme}://{_url_host(options.host)}:{port}"})
+    logger.warning("trouper runtime server %s listening on %s://%s:%d (workdir %s)",
+                   sessions.boot_id, scheme, options.host, port, workdir)
+    threading.Thread(target=sessions.watch_idle, name="idle", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sessions.close()
+        sock.close()
+        try:
+            (workdir / "server.json").unlink()
+        except OSError:
+            pass
+        os.close(lock_fd)
+
+
+def _log_masked(token: str, level: str) -> None:
+    """Log to stderr, the token masked in every line (uvicorn's loggers included)."""
+    from ..sandbox.logs import MaskingFormatter
+    from ..sandbox.mask import TextMasker
+    from .registry import TOKEN_NAME
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(MaskingFormatter(TextMasker({TOKEN_NAME: token})))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,175 @@
+"""Whole sessions on the remote runtime, with real SIGKILLs: the runtime server on
+127.0.0.1 in a subprocess, a scripted model, and the journal on the server's disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trouper import AgentState, ObservationEvent, RuntimeEvent, StateChanged, Trouper
+from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+
+
+def outcomes(session) -> list:
+    return [e.outcome for e in session.events() if isinstance(e, ObservationEvent)]
+
+
+def phases(session) -> list[str]:
+    return [e.phase for e in session.events() if isinstance(e, RuntimeEvent)]
+
+
+def states(session) -> list[AgentState]:
+    return [e.state for e in session.events() if isinstance(e, StateChanged)]
+
+
+@pytest.fixture
+def server(remote_server, monkeypatch):
+    started = remote_server()
+    # the fault harness builds its backend from the stored config, which holds no token
+    monkeypatch.setenv("TROUPER_RUNTIME_TOKEN", started.token)
+    return started
+
+
+def test_a_session_on_the_remote_runtime_finishes(trouper, scripted, server, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "echo one >> ledger.txt; pwd"}},
+        {"tool": "write_file", "args": {"path": "notes.txt", "content": "hi\n"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    workspace = server.workspace(session.id)
+    assert (workspace / "ledger.txt").read_text() == "one\n"
+    assert (workspace / "notes.txt").read_text() == "hi\n"
+    first = outcomes(session)[0]
+    assert (first.status, first.exit_code) == ("ok", 0)
+    assert str(workspace) in first.content  # the agent works in the server's folder
+    assert list((tmp_path / "local").iterdir()) == []  # the local folder is not used
+    assert check_log(list(session.events())) == []
+
+
+def test_runtime_proxy_killed_mid_command_reattaches_and_keeps_the_real_outcome(
+        trouper, scripted, server, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 1.5; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "cat ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local")
+    workspace = server.workspace(session.id)
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+    kill_actor(session, "runtime")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (workspace / "ledger.txt").read_text() == "one\n"
+    first = outcomes(session)[0]
+    assert (first.status, first.exit_code) == ("ok", 0)
+    assert phases(session)[:3] == ["started", "failed", "attached"]
+    assert check_log(list(session.events())) == []
+
+
+def test_runtime_server_killed_and_restarted_mid_command(trouper, scripted, server, tmp_path):
+    """Finished stays finished, the interrupted command is lost and never run again, and
+    the session carries on by itself (resume_after_runtime_restart) to FINISHED."""
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "echo zero >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "touch started; (trap '' HUP; sleep 8; "
+                                            "echo one >> ledger.txt)"}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local")
+    workspace = server.workspace(session.id)
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+    server.kill()
+    server.start()
+    assert session.wait(timeout=90) == AgentState.FINISHED, session.record.state_reason
+    assert (workspace / "ledger.txt").read_text() == "zero\ntwo\n"
+    zero, slow, two = outcomes(session)[:3]
+    assert (zero.status, slow.status, two.status) == ("ok", "lost", "ok")
+    seen = states(session)
+    assert AgentState.ERROR in seen and seen[seen.index(AgentState.ERROR) + 1] == (
+        AgentState.RUNNING)
+    assert "started" in phases(session)[1:]  # a new sandbox, not the old one re-attached
+    assert check_log(list(session.events())) == []
+
+
+def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripted, server,
+                                                                tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 3; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "ls"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local")
+    workspace = server.workspace(session.id)
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+    assert isinstance(kill_sandbox(session), int)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    first = outcomes(session)[0]
+    assert first.status == "lost" and "not run again" in first.content
+    assert not (workspace / "ledger.txt").exists()
+    assert check_log(list(session.events())) == []
+
+
+def test_the_token_is_kept_in_the_secrets_file_only_and_survives_a_restart(
+        scripted, server, tmp_path, monkeypatch):
+    monkeypatch.delenv("TROUPER_RUNTIME_TOKEN")  # the token must come from the home
+    home = tmp_path / "home"
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "echo one >> ledger.txt"}},
+        {"say": "Anything else?"},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    with Trouper(home=home) as trouper:
+        session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                        workspace=tmp_path / "local")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        assert session.record.config.runtime.token is None  # the store never holds it
+    with Trouper(home=home) as trouper:  # a new program: the token comes from secrets.json
+        session = trouper.session(session.id)
+        session.send("go on")
+        assert session.wait(timeout=60) == AgentState.FINISHED, session.record.state_reason
+    assert (server.workspace(session.id) / "ledger.txt").read_text() == "one\ntwo\n"
+    token = server.token.encode()
+    holders = sorted(str(p.relative_to(home)) for p in home.rglob("*")
+                     if p.is_file() and token in p.read_bytes())
+    assert holders == [f"sessions/{session.id}/secrets.json"]
+
+
+def test_the_token_is_not_in_the_server_argv(server):
+    argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
+    assert b"runtime-server" in argv and b"--token-file" in argv
+    assert server.token.encode() not in argv
+    assert server.token.encode() not in Path(f"/proc/{server.proc.pid}/environ").read_bytes()
+
+
+def test_without_resume_after_runtime_restart_the_session_waits_in_error(
+        trouper, scripted, server, tmp_path):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 8; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
+        FINISH,
+    ])
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local",
+                                    resume_after_runtime_restart=False)
+    workspace = server.workspace(session.id)
+    wait_until(lambda: (workspace / "started").exists(), 30, "the slow command to start")
+    server.kill()
+    server.start()
+    assert session.wait(timeout=90) == AgentState.ERROR
+    assert outcomes(session)[0].status == "lost"  # resolved before it waits for the user
+    session.resume()
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (workspace / "ledger.txt").read_text() == "two\n"
+    assert check_log(list(session.events())) == []
