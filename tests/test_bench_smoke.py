@@ -14,10 +14,26 @@ pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 
-def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path):
+GROUPS = ["step,start", "concurrency,recovery,eventlog", "docker,remote"]
+"""Every workload, in three runs the suite's workers share (one run took ~55 s alone)."""
+
+
+def test_the_groups_cover_every_workload():
+    import ast
+
+    tree = ast.parse(BENCH.read_text())  # read, not imported: importing it costs seconds
+    workloads = next(ast.literal_eval(node.value) for node in tree.body
+                     if isinstance(node, ast.Assign)
+                     and getattr(node.targets[0], "id", "") == "WORKLOADS")
+    assert sorted(",".join(GROUPS).split(",")) == sorted(workloads)
+
+
+@pytest.mark.parametrize("only", GROUPS)
+def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--out", str(out)],
+        [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--only", only,
+         "--out", str(out)],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(out.read_text())

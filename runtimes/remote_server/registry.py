@@ -67,15 +67,8 @@ class FencedJournal(Journal):
         if not self.dead:
             super().finish(action_id, outcome)
 
-    def wait(self, action_id: str, wait_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + max(0.0, wait_s)
-        with self._cond:
-            while True:
-                record = self.read(action_id)
-                remaining_s = deadline - time.monotonic()
-                if record["state"] != "running" or remaining_s <= 0 or self.dead:
-                    return record
-                self._cond.wait(remaining_s)
+    def fenced(self) -> bool:
+        return self.dead
 
 
 class Hosted:
