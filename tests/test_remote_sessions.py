@@ -29,10 +29,9 @@ def states(session) -> list[AgentState]:
 
 @pytest.fixture
 def server(remote_server, monkeypatch):
-    started = remote_server()
-    # the fault harness builds its backend from the stored config, which holds no token
-    monkeypatch.setenv("TROUPER_RUNTIME_TOKEN", started.token)
-    return started
+    # the fault harness puts the token back from the secrets file, not from the environment
+    monkeypatch.delenv("TROUPER_RUNTIME_TOKEN", raising=False)
+    return remote_server()
 
 
 def test_a_session_on_the_remote_runtime_finishes(trouper, scripted, server, tmp_path):
@@ -122,7 +121,7 @@ def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripte
 
 def test_the_token_is_kept_in_the_secrets_file_only_and_survives_a_restart(
         scripted, server, tmp_path, monkeypatch):
-    monkeypatch.delenv("TROUPER_RUNTIME_TOKEN")  # the token must come from the home
+    monkeypatch.delenv("TROUPER_RUNTIME_TOKEN", raising=False)  # it must come from the home
     home = tmp_path / "home"
     _, llm = scripted([
         {"tool": "run", "args": {"command": "echo one >> ledger.txt"}},
