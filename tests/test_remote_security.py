@@ -247,3 +247,15 @@ def test_tls_serves_https_and_the_client_verifies_it(remote_server, tmp_path):
     with pytest.raises(RemoteUnavailable):
         plain.start()
     sandbox.stop()
+
+
+@pytest.mark.slow
+def test_an_endless_header_is_refused_and_the_server_carries_on(remote_server):
+    server = remote_server()
+    flood = b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200_000 + b"\r\n\r\n"
+    try:
+        reply = _raw(server.port, flood)
+    except ConnectionResetError:  # closed before all of it was read: refused too
+        reply = b""
+    assert not reply.startswith(b"HTTP/1.1 2"), reply[:200]
+    assert server.healthy()

@@ -22,6 +22,11 @@ from pathlib import Path
 
 from ..sandbox.util import open_private, wall_time, write_json_atomic
 
+MAX_CONNECTIONS = 256
+"""Connections and requests in flight at once; more are answered 503 at once."""
+MAX_HEADER_BYTES = 16 * 1024
+"""The request line and headers of one request (a longer one is refused unread)."""
+
 logger = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16
@@ -158,7 +163,9 @@ def serve(options: ServeOptions) -> None:
         access_log=False,
         ssl_certfile=str(options.tls_cert) if tls else None,
         ssl_keyfile=str(options.tls_key) if tls else None, timeout_keep_alive=30,
-        timeout_graceful_shutdown=5, lifespan="on")
+        timeout_graceful_shutdown=5, lifespan="on",
+        # a peer that opens connections without end gets 503s, not the server's memory
+        limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     server = uvicorn.Server(config)
     scheme = "https" if tls else "http"
     write_json_atomic(str(workdir / "server.json"), {
