@@ -144,10 +144,12 @@ class RemoteTrouper:
                     if kind == "end":
                         reason = data.get("reason")
                         break
-                    event = EVENT_ADAPTER.validate_python(data)
-                    after = event.seq
-                    yield event
-                    if stop is not None and stop.is_set():
+                    if kind == "message":
+                        event = EVENT_ADAPTER.validate_python(data)
+                        after = event.seq
+                        yield event
+                    if (stop is not None and stop.is_set()) or (
+                            deadline is not None and time.monotonic() >= deadline):
                         return
             except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError):
                 reason = "dropped"
@@ -177,8 +179,9 @@ class RemoteTrouper:
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(event name, data)`` of each SSE message ("message" when unnamed); comments and
-    ``retry:`` lines are skipped."""
+    """``(event name, data)`` of each SSE message ("message" when unnamed), and
+    ``("comment", {})`` for each comment (the daemon's heartbeats); ``retry:`` and ``id:``
+    lines are skipped (the data carries the seq)."""
     kind, data = "message", []
     for line in lines:
         if not line:
@@ -186,7 +189,7 @@ def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield kind, json.loads("\n".join(data))
             kind, data = "message", []
         elif line.startswith(":"):
-            continue
+            yield "comment", {}
         else:
             name, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value

@@ -7,8 +7,9 @@ seam to lose or repeat an event at. A client that reconnects from the last seq i
 (``Last-Event-ID``, ``?after=``) gets every later event exactly once, in order.
 
 Flow control: the thread hands events to the connection through a buffer of at most
-``buffer`` events. A client too slow to keep up fills it; the thread then stops reading,
-the connection sends what the buffer holds and then an ``end`` message with reason
+``buffer`` events, and waits while it is full (a replay goes at the client's pace). A
+client that leaves it full for ``slow_client_s`` is too slow to keep up: the thread stops
+reading, the connection sends what the buffer holds, then an ``end`` message with reason
 ``overflow`` and the seq to resume from, and closes. Nothing is dropped silently.
 
 Ends of a stream (the ``end`` message's ``reason``): ``settled`` (with
@@ -45,10 +46,12 @@ WS_CLOSE_CODES = {"settled": 1000, "overflow": 1013, "closing": 1012, "error": 1
 @dataclass(frozen=True)
 class StreamLimits:
     """``TROUPER_DAEMON_MAX_STREAMS``, ``TROUPER_DAEMON_STREAM_BUFFER``,
-    ``TROUPER_DAEMON_HEARTBEAT_S`` override the defaults."""
+    ``TROUPER_DAEMON_SLOW_CLIENT_S``, ``TROUPER_DAEMON_HEARTBEAT_S`` override the
+    defaults."""
 
     max_streams: int = 100
     buffer: int = 1000
+    slow_client_s: float = 10.0
     heartbeat_s: float = 15.0
 
     @classmethod
@@ -57,6 +60,7 @@ class StreamLimits:
         return cls(
             max_streams=int(env.get("TROUPER_DAEMON_MAX_STREAMS") or cls.max_streams),
             buffer=int(env.get("TROUPER_DAEMON_STREAM_BUFFER") or cls.buffer),
+            slow_client_s=float(env.get("TROUPER_DAEMON_SLOW_CLIENT_S") or cls.slow_client_s),
             heartbeat_s=float(env.get("TROUPER_DAEMON_HEARTBEAT_S") or cls.heartbeat_s))
 
 
@@ -124,6 +128,7 @@ class Subscription:
         self._stop = threading.Event()
         self._items: collections.deque[Event] = collections.deque()
         self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
         self._wake = asyncio.Event()
         self._finished: End | None = None
         self._thread = threading.Thread(target=self._follow, daemon=True,
@@ -134,35 +139,42 @@ class Subscription:
 
     def stop_following(self) -> None:
         self._stop.set()
+        with self._space:
+            self._space.notify_all()
 
     def close(self) -> None:
         """The connection is done with it (ended, or the client went away)."""
-        self._stop.set()
+        self.stop_following()
         self.streams.forget(self)
 
     def _follow(self) -> None:
-        reason, message, read = "settled", "", self.after
+        reason, message, read = "", "", self.after
+        limits = self.streams.limits
         try:
             for event in self.session.events(self.after, follow=True,
                                              until_settled=self.until_settled,
                                              stop=self._stop):
-                with self._lock:
-                    if len(self._items) >= self.streams.limits.buffer:
+                with self._space:  # wait while the buffer is full, for a while
+                    self._space.wait_for(lambda: len(self._items) < limits.buffer
+                                         or self._stop.is_set(), limits.slow_client_s)
+                    if self._stop.is_set():
+                        break
+                    if len(self._items) >= limits.buffer:
                         reason = "overflow"
-                        message = (f"the client did not keep up ({self.streams.limits.buffer} "
-                                   f"events waiting); reconnect from seq {read}")
+                        message = (f"the client did not keep up ({limits.buffer} events "
+                                   f"waiting for {limits.slow_client_s:g} s); reconnect "
+                                   f"from seq {read}")
                         break
                     self._items.append(event)
                     read = event.seq
                 self._notify()
-            else:
-                if self.streams.closing.is_set():
-                    reason, message = "closing", "the daemon is stopping; reconnect later"
-                elif self._stop.is_set():
-                    reason = "closed"
         except Exception as exc:  # noqa: BLE001 - the stream ends, saying why
             logger.exception("stream of session %s failed", self.session.id)
             reason, message = "error", f"the stream failed: {type(exc).__name__}"
+        if not reason and self.streams.closing.is_set():
+            reason, message = "closing", "the daemon is stopping; reconnect later"
+        elif not reason:
+            reason = "closed" if self._stop.is_set() else "settled"
         self._finished = End(reason, read, message)
         self._notify()
 
@@ -176,10 +188,11 @@ class Subscription:
         while True:
             self._wake.clear()
             finished = self._finished  # read first: every event it follows is queued
-            with self._lock:
+            with self._space:
                 if self._items:
                     event = self._items.popleft()
                     self.after = event.seq
+                    self._space.notify()
                     return event
             if finished is not None:
                 return End(finished.reason, self.after, finished.message)

@@ -42,6 +42,8 @@ def sse_events(http: httpx.Client, session_id: str, after: int = 0, until_settle
             if kind == "end":
                 end = data
                 break
+            if kind == "comment":
+                continue
             got.append(data)
             if stop_after is not None and len(got) >= stop_after:
                 break
