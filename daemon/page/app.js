@@ -6,7 +6,8 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { token: null, current: null, socket: null, after: 0, actions: new Map(),
-                info: null, timer: null, reconnect: null, detailPending: false };
+                info: null, timer: null, reconnect: null, detailPending: false,
+                detailAgain: false };
 
 function takeToken() {
   const match = /(?:^#|&)token=([^&]+)/.exec(location.hash);
@@ -107,11 +108,16 @@ function connect() {
 }
 
 async function refreshDetail() {
-  if (!state.current || state.detailPending) return;
+  // one request at a time; a call meanwhile asks for one more read after it (never lost)
+  if (!state.current) return;
+  if (state.detailPending) { state.detailAgain = true; return; }
   state.detailPending = true;
   try {
-    const info = await api("GET", "/v1/sessions/" + encodeURIComponent(state.current));
-    if (info.id === state.current) render(info);
+    do {
+      state.detailAgain = false;
+      const info = await api("GET", "/v1/sessions/" + encodeURIComponent(state.current));
+      if (info.id === state.current) render(info);
+    } while (state.detailAgain);
   } catch (e) {
     $("command-error").textContent = e.message;
   } finally {
@@ -179,6 +185,7 @@ function show(event) {
     case "state":
       add(el("li", "status", "state: " + event.state + (event.reason ? " (" + event.reason + ")" : "")));
       refreshDetail();
+      refreshSessions();
       break;
     case "llm_retry":
       add(el("li", "status", "model call failed (" + event.error_class + "), attempt " +
