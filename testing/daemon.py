@@ -68,12 +68,16 @@ class TestDaemon:
         stop(self.home, timeout_s)
 
     def kill(self) -> None:
-        """SIGKILL the daemon process and wait until its lock is free (its actors end
-        by themselves: their admin watches the daemon's pid)."""
+        """SIGKILL the daemon process; wait until its lock is free and its actor system
+        has ended (its admin watches the daemon's pid and ends its process group)."""
         from ..daemon.files import lock_is_held
+        from ..processes import pid_alive
 
+        admin = _admin_pid(self.home)
         os.kill(self.pid, signal.SIGKILL)
         wait_until(lambda: not lock_is_held(self.files), 30, "the killed daemon's lock")
+        if admin is not None:
+            wait_until(lambda: not pid_alive(admin), 30, "the killed daemon's actors")
 
     def running(self) -> bool:
         from ..daemon.files import lock_is_held
@@ -107,6 +111,14 @@ class TestDaemon:
             except Exception:  # noqa: BLE001 - a test's cleanup must end it anyway
                 with contextlib.suppress(ProcessLookupError, KeyError, ValueError):
                     self.kill()
+
+
+def _admin_pid(home: Home) -> int | None:
+    """The pid of the actor system's admin on ``home`` (``actors/admin.pid``), if any."""
+    try:
+        return int((home.root / "actors" / "admin.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @contextlib.contextmanager

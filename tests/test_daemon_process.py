@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from trouper import AgentState
+from trouper.daemon.client import parse_sse
 from trouper.daemon.files import lock_is_held
 from trouper.daemon.process import start as start_daemon
 from trouper.daemon.server import DaemonError
@@ -74,6 +75,16 @@ def test_daemon_stop_leaves_sessions_resumable_and_start_carries_them_on(tmp_pat
     with running_daemon(home) as daemon:
         sid = daemon.client().start_session("count", llm=llm).id
         wait_until(lambda: daemon.client().session(sid).info()["actions"] >= 3, 60, "3 actions")
+        ends: list[dict] = []
+
+        def listen() -> None:  # a live stream open while the daemon stops
+            with daemon.http().stream("GET", f"/v1/sessions/{sid}/events/stream") as s:
+                ends.extend(d for kind, d in parse_sse(s.iter_lines()) if kind == "end")
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        wait_until(lambda: daemon.http().get("/v1/health").json()["streams"] == 1, 30,
+                   "the stream open")
         out = subprocess.run([sys.executable, "-m", "trouper", "daemon", "stop", "--home",
                               str(home)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -82,6 +93,9 @@ def test_daemon_stop_leaves_sessions_resumable_and_start_carries_them_on(tmp_pat
         record, log = stored(home, sid)
         assert record.state == AgentState.RUNNING  # not paused, stopped or failed
         assert log[-1].seq == record.last_seq
+        listener.join(timeout=10)
+        assert [e["reason"] for e in ends] == ["closing"]
+        assert ends[0]["after"] <= record.last_seq
         daemon.start()
         assert daemon.client().session(sid).wait(timeout=120) == AgentState.FINISHED
     assert check_log(stored(home, sid)[1]) == []
