@@ -175,3 +175,24 @@ def test_the_page_asks_for_a_token_and_refuses_a_wrong_one(browser, daemon):
         expect(page.locator("#connection")).to_have_text("connected", timeout=LONG_S)
     finally:
         context.close()
+
+
+def test_retries_and_a_rate_limit_countdown_show_and_resume_lifts_it(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo after the limit"},
+                        "fail": [{"status": 429, "retry_after": 0.2},
+                                 {"status": 429, "retry_after": 600}]},
+                       FINISH])
+    session = daemon.client().start_session("limited", llm={**llm, "num_retries": 1})
+    item = page.locator("#sessions li", has_text="limited")
+    expect(item).to_be_visible(timeout=LONG_S)
+    item.click()
+    expect(page.locator("#state")).to_have_text("rate_limited", timeout=LONG_S)
+    expect(page.locator("#events li.status", has_text="model call failed (rate_limit)")
+           ).to_have_count(1)
+    expect(page.locator("#countdown")).to_have_text(re.compile(r"resumes in (59\d|600) s"))
+    page.click("#resume")
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    expect(page.locator("#countdown")).to_have_text("")
+    assert session.state.value == "finished"
