@@ -103,8 +103,8 @@ class RemoteTrouper:
         and arguments return the same session)."""
         body: dict[str, Any] = {"task": task, "llm": _plain(llm), "runtime": _plain(runtime),
                                 "secrets": dict(secrets or {}), **options}
-        if workspace is not None:
-            body["workspace"] = os.fspath(workspace)
+        if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
+            body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
         if session_id is not None:
             body["id"] = session_id
         made = self.request("POST", "/v1/sessions", json=body)

@@ -43,7 +43,8 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
     try:
         with open(log, "ab") as out:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    pass_fds=(write_end,), start_new_session=True)
+                                    pass_fds=(write_end,), start_new_session=True,
+                                    cwd=home.root)  # never pins the caller's folder
     finally:
         os.close(write_end)
     threading.Thread(target=proc.wait, daemon=True).start()  # no zombie in a long caller

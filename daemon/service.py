@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,9 @@ class Service:
         """Start a session; returns its view and whether it was created now (False: the
         same request was made before with this id)."""
         fields = body.model_dump()
+        if body.workspace is not None and not os.path.isabs(body.workspace):
+            raise ConfigError("workspace: must be an absolute path (the daemon's folder is "
+                              "not yours)", field="workspace")
         digest = self._digest(fields)
         options = {k: v for k, v in fields.items()
                    if k not in ("id", "task", "llm", "runtime", "workspace", "secrets")}

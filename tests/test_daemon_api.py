@@ -210,6 +210,9 @@ def test_pages_follow_the_cursor_and_the_offset(daemon, scripted):
     ("get", "/v1/sessions?state=sleeping", None, 422, "state"),
     ("get", "/v1/sessions?cursor=garbage", None, 422, "cursor"),
     ("get", "/v1/nothing-here", None, 404, None),
+    ("post", "/v1/sessions", {"task": "t", "llm": {"model": "hosted_vllm/x", "api_key": "k"},
+                              "workspace": "relative/dir"}, 422, "workspace"),
+    ("post", "/v1/sessions/s-nope/messages", {"text": ""}, 422, "text"),
 ])
 def test_errors_are_json_with_a_code_and_the_field(daemon, method, path, body, status, field):
     answer = getattr(daemon.http(), method)(path, **({"json": body} if body else {}))

@@ -111,6 +111,7 @@ def test_two_daemons_never_share_a_home(tmp_path):
                               str(home)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 3 and "already runs" in out.stderr
         assert first.http().get("/v1/health").json()["pid"] == first.pid
+        assert first.files.info.exists() and first.files.pid.exists()  # left as they were
         other = TestDaemon(tmp_path / "other", port=first.port)  # a port in use
         with pytest.raises(DaemonError, match=f"127.0.0.1:{first.port}: in use"):
             other.start(timeout_s=60)
