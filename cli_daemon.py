@@ -244,8 +244,11 @@ def _extended(old: click.Command, extra: list[click.Parameter],
         if isinstance(code, int):
             ctx.exit(code)
 
+    through = ("With --daemon, in the home's daemon." if daemon_flag else
+               "Through the home's daemon when one runs.")
     return click.Command(old.name, callback=callback, params=[*old.params, *extra],
-                         help=old.help, short_help=old.short_help, epilog=old.epilog)
+                         help=f"{old.help or ''}\n\n{through}", short_help=old.short_help,
+                         epilog=old.epilog)
 
 
 def _started_client(home: Path | None) -> Any:

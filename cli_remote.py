@@ -30,7 +30,7 @@ def _print_summary_line(summary: dict[str, Any]) -> None:
 
 
 def sessions_remote(client: Any, *, as_json: bool, state: str | None, **_: Any) -> int:
-    for summary in client.sessions(state=state):
+    for summary in client.sessions(state=_state(state)):
         if as_json:
             click.echo(json.dumps(summary))
         else:

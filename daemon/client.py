@@ -218,6 +218,11 @@ class RemoteSession:
         return AgentState(self.info()["state"])
 
     @property
+    def fault(self) -> str | None:
+        """Why the session cannot record anything right now, or None."""
+        return self.info().get("fault")
+
+    @property
     def workspace(self) -> str:
         return str(self.info()["workspace"])
 

@@ -36,6 +36,7 @@ from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_run
 
 logger = logging.getLogger("trouper.daemon")
 
+ALLOWED_HOSTS_ENV = "TROUPER_DAEMON_ALLOWED_HOSTS"
 Ready = Callable[[dict[str, Any]], None]
 """Told once: the daemon's info when it serves, or ``{"error": message}``."""
 
@@ -118,7 +119,7 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
         logger.info("actor system open, unfinished sessions restored in %.2f s",
                     time.monotonic() - started)
         try:
-            app = create_app(trouper, token=token, hosts=allowed_hosts(host, port))
+            app = create_app(trouper, token=token, hosts=_hosts(host, port))
             streams = app.fastapi.state.streams
             config = uvicorn.Config(app, log_config=None, lifespan="off",
                                     timeout_graceful_shutdown=5, ws="websockets-sansio")
@@ -139,6 +140,21 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
         sock.close()
     logger.info("daemon stopped")
     return 0
+
+
+def _hosts(host: str, port: int) -> frozenset[str]:
+    """The Host values the daemon answers: its own address's, and the names in
+    ``TROUPER_DAEMON_ALLOWED_HOSTS`` (comma-separated; ``name`` or ``name:port``), which a
+    daemon on ``0.0.0.0`` needs (clients name it by an address or a DNS name)."""
+    extra = [h.strip() for h in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip()]
+    return allowed_hosts(host, port) | {_with_port(name, port) for name in extra}
+
+
+def _with_port(name: str, port: int) -> str:
+    head, sep, tail = name.lower().rpartition(":")
+    if sep and tail.isdigit() and (":" not in head or head.endswith("]")):
+        return name.lower()  # name:port, [v6]:port
+    return f"{name.lower()}:{port}"
 
 
 def _published(files: DaemonFiles, info: dict[str, Any], ready: Ready) -> None:

@@ -9,6 +9,7 @@ when it creates or restores it, or first shows it).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import json
@@ -33,6 +34,8 @@ REQUEST_META = "daemon.create_request"
 """Session meta key: the keyed hash of the body that created the session (idempotency)."""
 MAX_PAGE = 500
 MAX_EVENTS_PAGE = 5000
+VIEWS_KEPT = 256
+"""Sessions whose folded view the daemon keeps between GETs."""
 
 
 class Conflict(InvalidRequest):
@@ -76,6 +79,8 @@ class Service:
         self._creating = threading.Lock()
         self._known: set[str] = set()
         self._known_lock = threading.Lock()
+        self._views: collections.OrderedDict[str, SessionView] = collections.OrderedDict()
+        self._views_lock = threading.Lock()
 
     @property
     def store(self) -> Any:
@@ -148,25 +153,37 @@ class Service:
     def detail(self, session_id: str) -> dict[str, Any]:
         """The session folded from its log: state, cost, the action waiting, its config."""
         record = self.store.session(session_id)
-        view = SessionView.of(self.store.read(session_id))
         fault = self.trouper.fault(session_id)
-        waiting = view.awaiting_confirmation
-        out = self.summary(record)
-        out.update(mask({
-            "state": AgentState.ERROR.value if fault else view.state.value,
-            "reason": fault or view.reason,
-            "resumes_at": view.resumes_at.isoformat() if view.resumes_at else None,
-            "fault": fault,
-            "settled": view.settled and view.last_seq >= record.last_seq and not fault,
-            "last_seq": max(view.last_seq, record.last_seq),
-            "cost_usd": view.cost_usd, "prompt_tokens": view.prompt_tokens,
-            "completion_tokens": view.completion_tokens,
-            "iterations": view.total_iterations, "actions": view.actions,
-            "outcomes": view.outcomes,
-            "awaiting_confirmation": _event_json(waiting) if waiting is not None else None,
-            "config": json.loads(record.config.model_dump_json(exclude={"llm": {"api_key"}})),
-        }))
+        with self._views_lock:  # the view is shared: read it whole under the lock
+            view = self._fold(session_id)
+            waiting = view.awaiting_confirmation
+            out = self.summary(record)
+            out.update(mask({
+                "state": AgentState.ERROR.value if fault else view.state.value,
+                "reason": fault or view.reason,
+                "resumes_at": view.resumes_at.isoformat() if view.resumes_at else None,
+                "fault": fault,
+                "settled": view.settled and view.last_seq >= record.last_seq and not fault,
+                "last_seq": max(view.last_seq, record.last_seq),
+                "cost_usd": view.cost_usd, "prompt_tokens": view.prompt_tokens,
+                "completion_tokens": view.completion_tokens,
+                "iterations": view.total_iterations, "actions": view.actions,
+                "outcomes": view.outcomes,
+                "awaiting_confirmation": _event_json(waiting) if waiting is not None else None,
+                "config": json.loads(record.config.model_dump_json(exclude={"llm": {"api_key"}})),
+            }))
         return out
+
+    def _fold(self, session_id: str) -> SessionView:
+        """The session's view, kept between calls and brought up to date with the events
+        appended since (a GET costs the new events, not the whole log)."""
+        view = self._views.pop(session_id, None) or SessionView()
+        for event in self.store.read(session_id, since=view.last_seq):
+            view.apply(event)
+        self._views[session_id] = view
+        while len(self._views) > VIEWS_KEPT:
+            self._views.popitem(last=False)
+        return view
 
     # -- commands and events -----------------------------------------------------------
 

@@ -198,3 +198,12 @@ def test_store_pages_by_state_and_cursor(tmp_path):
             store.sessions_page(cursor="nonsense")
     finally:
         store.close()
+
+
+def test_allowed_hosts_from_the_environment(monkeypatch):
+    from trouper.daemon.server import _hosts
+
+    monkeypatch.setenv("TROUPER_DAEMON_ALLOWED_HOSTS", "box.lan, 192.168.1.5:80,[fe80::1]")
+    hosts = _hosts("0.0.0.0", 7700)
+    assert {"box.lan:7700", "192.168.1.5:80", "[fe80::1]:7700", "0.0.0.0:7700",
+            "127.0.0.1:7700", "localhost:7700", "[::1]:7700"} == hosts
