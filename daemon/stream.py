@@ -171,6 +171,9 @@ class Subscription:
         except Exception as exc:  # noqa: BLE001 - the stream ends, saying why
             logger.exception("stream of session %s failed", self.session.id)
             reason, message = "error", f"the stream failed: {type(exc).__name__}"
+        if reason == "overflow":
+            logger.info("stream of session %s: the client did not keep up; it ends after "
+                        "seq %d (overflow)", self.session.id, read)
         if not reason and self.streams.closing.is_set():
             reason, message = "closing", "the daemon is stopping; reconnect later"
         elif not reason:

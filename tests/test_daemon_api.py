@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 
+from trouper import AgentState
 from trouper.store import open_store
 from trouper.testing import check_log, wait_until
 from trouper.testing.daemon import running_daemon
@@ -237,3 +238,33 @@ def test_too_many_streams_is_a_visible_429(daemon, scripted):
     # a dropped client only ends its own stream: the session never notices
     wait_until(lambda: http.get("/v1/health").json()["streams"] == 0, 10, "streams closed")
     assert http.get(url, params={"until_settled": True}).status_code == 200
+
+
+def test_trouper_connect_finds_the_homes_daemon_and_speaks_the_session_api(daemon, scripted,
+                                                                          tmp_path):
+    from trouper import ConfigError, Trouper, UnknownSession
+    from trouper.daemon.client import DaemonUnavailable
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo hi > hi.txt"}},
+                       {"say": "More?"}, FINISH])
+    with Trouper.connect(home=daemon.home.root) as t:  # url and token read in the home
+        s = t.start_session("hi", llm=llm, workspace=tmp_path, session_id="connect-1")
+        same = t.start_session("hi", llm=llm, workspace=tmp_path, session_id="connect-1")
+        assert s.id == same.id == "connect-1"
+        kinds = [e.kind for e in s.events(follow=True)]
+        assert kinds[0] == "message" and "observation" in kinds
+        assert s.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        assert s.view().state == AgentState.AWAITING_USER_INPUT
+        s.send("finish")
+        assert s.wait(timeout=60) == AgentState.FINISHED and s.fault is None
+        assert (tmp_path / "hi.txt").read_text() == "hi\n"
+        assert "connect-1" in [x["id"] for x in t.sessions(state="finished")]
+        with pytest.raises(UnknownSession):
+            t.session("s-none")
+        with pytest.raises(ConfigError) as refused:
+            t.start_session("x", llm={**llm, "temperature": -1})
+        assert refused.value.field == "llm.temperature"
+    with pytest.raises(DaemonUnavailable, match="no daemon runs"):
+        Trouper.connect(home=tmp_path / "elsewhere")
+    with pytest.raises(DaemonUnavailable, match="refused"):
+        Trouper.connect(daemon.url, token="wrong").sessions()

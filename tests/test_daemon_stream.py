@@ -11,6 +11,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from trouper.daemon.client import parse_sse
+from trouper.testing import wait_until
 from trouper.testing.daemon import running_daemon
 
 pytestmark = pytest.mark.slow  # starts a daemon process
@@ -120,3 +121,55 @@ def test_a_client_that_goes_away_changes_nothing(daemon, scripted):
     client = daemon.client()
     assert client.session(sid).wait(timeout=120).value == "finished"
     assert http.get("/v1/health").json()["streams"] == 0
+
+
+def test_a_client_that_stops_reading_is_closed_with_the_seq_to_resume_from(tmp_path):
+    """Over a real socket: a client that reads nothing while ~20 MB wait fills the TCP
+    buffers, then the daemon's; it is closed with ``end`` (overflow) and the seq to resume
+    from, and resuming from there gets the rest: nothing dropped, nothing twice."""
+    from trouper.config import LLMConfig, SessionConfig
+    from trouper.messages.events import AgentState, MessageEvent, StateChanged
+    from trouper.store import open_store
+
+    env = {"TROUPER_DAEMON_STREAM_BUFFER": "8", "TROUPER_DAEMON_SLOW_CLIENT_S": "0.5"}
+    with running_daemon(tmp_path / "home", env=env) as daemon:
+        store = open_store(daemon.home)
+        try:
+            config = SessionConfig(task="big", llm=LLMConfig(model="m"),
+                                   workspace=str(tmp_path))
+            store.create_session("s-big", config)
+            for start in range(0, 2000, 200):
+                store.append("s-big", [MessageEvent(source="agent", text=f"{i} " + "x" * 10_000)
+                                       for i in range(start, start + 200)])
+            store.append("s-big", [StateChanged(state=AgentState.FINISHED)])
+        finally:
+            store.close()
+        http = daemon.http()
+        got, ends = [], []
+        with http.stream("GET", "/v1/sessions/s-big/events/stream") as s:
+            lines = s.iter_lines()
+            next(lines)
+            # not reading, until the daemon has given up on this client
+            wait_until(lambda: "s-big: the client did not keep up" in
+                       daemon.files.log.read_text(), 60, "the daemon closing the stream")
+            for kind, data in parse_sse(lines):
+                if kind == "message":
+                    got.append(data["seq"])
+                elif kind == "end":
+                    ends.append(data)
+                    break
+        assert ends and ends[0]["reason"] == "overflow"
+        assert ends[0]["after"] == got[-1] < 2001
+        rest, end = [], None
+        with http.stream("GET", "/v1/sessions/s-big/events/stream",
+                         params={"until_settled": True},
+                         headers={"Last-Event-ID": str(ends[0]["after"])}) as s:
+            for kind, data in parse_sse(s.iter_lines()):
+                if kind == "message":
+                    rest.append(data["seq"])
+                elif kind == "end":
+                    end = data
+                    break
+        assert end["reason"] == "settled"
+        assert got + rest == list(range(1, 2002))
+        assert http.get("/v1/health").json()["streams"] == 0
