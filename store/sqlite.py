@@ -146,6 +146,8 @@ class SQLiteEventStore(SQLiteConnections):
     ) -> tuple[list[SessionRecord], str | None]:
         """A page of sessions, newest first (see EventStore.sessions_page)."""
         where, args = ["1"], []
+        if states is not None and not states:
+            return [], None
         if states is not None:
             where.append(f"state IN ({','.join('?' * len(states))})")
             args += [AgentState(s).value for s in states]

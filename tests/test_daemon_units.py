@@ -193,6 +193,7 @@ def test_store_pages_by_state_and_cursor(tmp_path):
         assert pages == [["s6", "s5", "s4"], ["s3", "s2", "s1"], ["s0"]]
         done, more = store.sessions_page(states=[AgentState.FINISHED], limit=10)
         assert [r.session_id for r in done] == ["s5", "s3", "s1"] and more is None
+        assert store.sessions_page(states=[], limit=10) == ([], None)
         assert [r.session_id for r in store.sessions()] == [f"s{i}" for i in range(6, -1, -1)]
         with pytest.raises(Exception, match="not a cursor"):
             store.sessions_page(cursor="nonsense")
