@@ -10,6 +10,7 @@ it from the home. ``stop`` sends SIGTERM and waits until the home's lock is free
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -58,6 +59,8 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
                else f"did not answer within {timeout_s:g} s")
         raise DaemonError(f"the daemon {why}; its log: {files.log}{_tail(files)}")
     if "error" in message:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)  # a start that failed leaves nothing running
         raise DaemonError(str(message["error"]))
     health(message["url"], read_token(files) or "", timeout_s=10.0)
     return message
