@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -48,7 +49,11 @@ from .session_secrets import (
 from .settings import Settings
 from .store import EventStore, SessionRecord, open_store, store_url
 
+if TYPE_CHECKING:
+    from .daemon.client import RemoteTrouper
+
 logger = logging.getLogger(__name__)
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 _RESTORE_STATES = frozenset(
     {AgentState.LOADING, AgentState.RUNNING, AgentState.RATE_LIMITED, AgentState.ERROR}
@@ -133,6 +138,7 @@ class Trouper:
         runtime: str | Mapping[str, Any] | RuntimeConfig = "local",
         workspace: str | os.PathLike[str] | None = None,
         secrets: Mapping[str, str] | None = None,
+        session_id: str | None = None,
         **options: Any,
     ) -> Session:
         """Start a session working on ``task`` and return it at once (it runs in the tree).
@@ -143,9 +149,12 @@ class Trouper:
         ``<home>/sessions/<id>/secrets.json`` (0600) holds them. ``options`` are the other
         fields of ``SessionConfig`` (``max_iterations``, ``max_cost_usd``,
         ``command_timeout_s``, ``no_output_timeout_s``...). ``runtime`` is where the
-        sandbox runs: ``"local"`` (the default, ``LocalRuntime()``) or a ``RemoteRuntime``
-        (``{"kind": "remote", "url": ..., "token": ...}``: the token is kept like the LLM
-        key); ``DockerRuntime`` is refused until that backend lands.
+        sandbox runs: ``"local"`` (the default, ``LocalRuntime()``), a ``DockerRuntime``
+        (``{"kind": "docker", "image": ...}``) or a ``RemoteRuntime`` (``{"kind":
+        "remote", "url": ..., "token": ...}``: the token is kept like the LLM key).
+        ``session_id``: the id to give the session (letters, digits, ``.``, ``_``, ``-``;
+        at most 64), instead of a new ``s-...`` one; an id the store holds is refused
+        (InvalidRequest).
 
         Everything is checked before anything is created: a refused session leaves no
         folder, no workspace, no store row and no secrets file. A ``workspace`` the user
@@ -159,7 +168,7 @@ class Trouper:
         """
         if self._closed:
             raise InvalidRequest("this Trouper is closed")
-        session_id = new_session_id()
+        session_id = new_session_id() if session_id is None else _free_id(self, session_id)
         named = workspace is not None
         folder = _workspace_path(workspace) if named else self.home.default_workspace(
             session_id)
@@ -234,11 +243,32 @@ class Trouper:
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),
             restore=True))
 
+    @staticmethod
+    def connect(url: str | None = None, token: str | None = None,
+                home: str | os.PathLike[str] | None = None) -> RemoteTrouper:
+        """A client of a running ``trouper daemon``, with this same session API over HTTP
+        (default: the daemon of ``home``, its url and token read there); docs/daemon.md."""
+        from .daemon.client import connect
+
+        return connect(url, token=token, home=home)
+
     def _resume_unfinished(self) -> None:
         for record in self.store.sessions():
             if record.state in _RESTORE_STATES:
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)
+
+
+def _free_id(trouper: Trouper, session_id: str) -> str:
+    """A session id a caller chose: a safe folder name the store does not hold yet."""
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise ConfigError("session_id: letters, digits, '.', '_' and '-', at most 64, "
+                          "starting with a letter or digit", field="session_id")
+    try:
+        trouper.store.session(session_id)
+    except UnknownSession:
+        return session_id
+    raise InvalidRequest(f"session {session_id!r} already exists")
 
 
 def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float) -> None:

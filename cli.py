@@ -322,5 +322,11 @@ from .cli_runtime_server import runtime_server  # noqa: E402 - registered after 
 
 main.add_command(runtime_server)
 
+# The daemon's commands (cli_daemon.py), and the daemon's side of run, sessions, events
+# and resume: through the home's daemon when one runs (run: with --daemon).
+from .cli_daemon import register as _register_daemon  # noqa: E402
+
+_register_daemon(main, run=run, sessions=sessions, events=events, resume=resume)
+
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]))

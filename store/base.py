@@ -12,7 +12,7 @@ backend, a shared PostgreSQL may replace it behind this same protocol.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -58,6 +58,18 @@ class EventStore(Protocol):
 
     def sessions(self) -> list[SessionRecord]:
         """Every session, newest first."""
+        ...
+
+    def sessions_page(
+        self, *, states: Collection[AgentState] | None = None, cursor: str | None = None,
+        limit: int = 100,
+    ) -> tuple[list[SessionRecord], str | None]:
+        """At most ``limit`` sessions, newest first (the order of ``sessions()``), only
+        those whose state is in ``states`` (None: all), after ``cursor`` (a value a
+        previous page returned; None: from the newest). Returns the page and the cursor
+        of the next page, None when this one is the last. Sessions created meanwhile do
+        not shift a page (they come before the first). A cursor this store did not make
+        raises InvalidRequest."""
         ...
 
     def append(

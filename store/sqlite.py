@@ -22,7 +22,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -139,6 +139,31 @@ class SQLiteEventStore(SQLiteConnections):
     def last_seq(self, session_id: str) -> int:
         """The ``seq`` of the session's latest event; 0 when its log is empty."""
         return self._last_seq(self._conn(), session_id)
+
+    def sessions_page(
+        self, *, states: Collection[AgentState] | None = None, cursor: str | None = None,
+        limit: int = 100,
+    ) -> tuple[list[SessionRecord], str | None]:
+        """A page of sessions, newest first (see EventStore.sessions_page)."""
+        where, args = ["1"], []
+        if states is not None and not states:
+            return [], None
+        if states is not None:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args += [AgentState(s).value for s in states]
+        if cursor:
+            created, _, rowid = cursor.rpartition("|")
+            if not created or not rowid.isdigit():
+                raise InvalidRequest(f"not a cursor of this store: {cursor!r}")
+            where.append("(created_at < ? OR (created_at = ? AND rowid < ?))")
+            args += [created, created, int(rowid)]
+        rows = self._query(
+            f"SELECT {_SESSION_COLUMNS}, rowid FROM sessions WHERE {' AND '.join(where)}"
+            " ORDER BY created_at DESC, rowid DESC LIMIT ?", (*args, max(1, limit) + 1))
+        more = len(rows) > max(1, limit)
+        rows = rows[:max(1, limit)]
+        after = f"{rows[-1][2]}|{rows[-1][-1]}" if more else None
+        return [_record(row[:-1]) for row in rows], after
 
     # ---- events ------------------------------------------------------------------
 

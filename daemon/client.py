@@ -1,0 +1,323 @@
+"""The daemon's HTTP client: ``Trouper.connect()``, the session API over HTTP.
+
+    t = Trouper.connect()                          # the local daemon of ~/.trouper
+    s = t.start_session("make hello.txt", llm={"model": "openai/gpt-4o"})
+    for event in s.events(follow=True):            # SSE, reconnecting from the last seq
+        print(event.seq, event.kind)
+    assert s.wait(timeout=600) == AgentState.FINISHED
+
+Errors come back as trouper's exceptions: 404 UnknownSession, 422 ConfigError (``field``
+set), 409 InvalidRequest, 503 RequestTimeout; 401/403 and an unreachable daemon raise
+``DaemonUnavailable``. A stream that ends early (the client was too slow, the daemon
+restarted, the connection dropped) is resumed from the last seq received, so
+``events(follow=True)`` yields every event once, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from ..exceptions import (
+    ConfigError,
+    InvalidRequest,
+    RequestTimeout,
+    TrouperError,
+    UnknownSession,
+)
+from ..fold import SessionView
+from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
+from ..paths import Home
+from .files import DaemonFiles, read_token, running_info
+
+RECONNECT_WAIT_S = 0.5
+
+
+class DaemonUnavailable(TrouperError):
+    """No daemon answers at the url, or it refused this client (token, Host, Origin)."""
+
+
+def connect(url: str | None = None, *, token: str | None = None,
+            home: str | os.PathLike[str] | None = None, timeout_s: float = 60.0
+            ) -> RemoteTrouper:
+    """A client of the daemon at ``url`` (default: the one running for ``home``), with
+    ``token`` (default: the home's)."""
+    files = DaemonFiles(Home.at(home))
+    if url is None:
+        info = running_info(files)
+        if info is None:
+            raise DaemonUnavailable(f"no daemon runs for {files.home.root}: start one with "
+                                    "'trouper daemon start'")
+        url = str(info["url"])
+    token = token if token is not None else read_token(files)
+    if not token:
+        raise DaemonUnavailable(f"no token: give token= or start the daemon of "
+                                f"{files.home.root} once (it makes {files.token})")
+    return RemoteTrouper(url, token, timeout_s=timeout_s)
+
+
+class RemoteTrouper:
+    """The ``Trouper`` session API, served by a daemon."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._http = httpx.Client(base_url=self.url, headers=self._headers,
+                                  timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    def __enter__(self) -> RemoteTrouper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call to the API; its JSON, or the error as trouper's exception."""
+        try:
+            answer = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailable(f"the daemon at {self.url} does not answer: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        if answer.status_code >= 400:
+            raise error_of(answer)
+        return answer.json()
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/health")  # type: ignore[no-any-return]
+
+    def start_session(self, task: str, *, llm: Mapping[str, Any],
+                      runtime: str | Mapping[str, Any] = "local",
+                      workspace: str | os.PathLike[str] | None = None,
+                      secrets: Mapping[str, str] | None = None,
+                      session_id: str | None = None, **options: Any) -> RemoteSession:
+        """As ``Trouper.start_session``; ``session_id`` makes it idempotent (the same id
+        and arguments return the same session)."""
+        body: dict[str, Any] = {"task": task, "llm": _plain(llm), "runtime": _plain(runtime),
+                                "secrets": dict(secrets or {}), **options}
+        if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
+            body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
+        if session_id is not None:
+            body["id"] = session_id
+        made = self.request("POST", "/v1/sessions", json=body)
+        return RemoteSession(self, made["id"])
+
+    def sessions(self, state: str | AgentState | None = None) -> list[dict[str, Any]]:
+        """Every session (newest first) as the API lists them, read page by page."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500}
+        if state is not None:
+            params["state"] = AgentState(state).value
+        while True:
+            page = self.request("GET", "/v1/sessions", params=params)
+            out += page["sessions"]
+            if not page.get("next_cursor"):
+                return out
+            params["cursor"] = page["next_cursor"]
+
+    def session(self, session_id: str) -> RemoteSession:
+        """The session with that id. Raises UnknownSession."""
+        self.request("GET", f"/v1/sessions/{session_id}")
+        return RemoteSession(self, session_id)
+
+    def stream(self, session_id: str, after: int, *, until_settled: bool,
+               stop: threading.Event | None = None, deadline: float | None = None
+               ) -> Iterator[Event]:
+        """Events with seq > ``after`` from the SSE stream, reconnecting from the last one
+        received when the stream ends early; ends when the session is settled (with
+        ``until_settled``), ``stop`` is set or ``deadline`` (monotonic) passes."""
+        while not (stop is not None and stop.is_set()):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            reason = None
+            try:
+                for kind, data in self._sse(session_id, after, until_settled, left):
+                    if kind == "end":
+                        reason = data.get("reason")
+                        break
+                    if kind == "message":
+                        event = EVENT_ADAPTER.validate_python(data)
+                        after = event.seq
+                        yield event
+                    if (stop is not None and stop.is_set()) or (
+                            deadline is not None and time.monotonic() >= deadline):
+                        return
+            except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError):
+                reason = "dropped"
+            except httpx.ConnectError:
+                reason = "unreachable"
+            if reason == "settled":
+                return
+            if reason == "error":
+                raise TrouperError(f"the stream of session {session_id} failed")
+            if reason in ("closing", "unreachable") and stop is not None:
+                stop.wait(RECONNECT_WAIT_S)  # a poll interval while the daemon restarts
+            elif reason in ("closing", "unreachable"):
+                time.sleep(RECONNECT_WAIT_S)
+
+    def _sse(self, session_id: str, after: int, until_settled: bool, left_s: float | None
+             ) -> Iterator[tuple[str, dict[str, Any]]]:
+        params = {"until_settled": "true" if until_settled else "false"}
+        headers = {"Last-Event-ID": str(after), "Accept": "text/event-stream"}
+        timeout = httpx.Timeout(connect=5.0, read=max(0.5, min(left_s or 30.0, 30.0)),
+                                write=5.0, pool=5.0)
+        with self._http.stream("GET", f"/v1/sessions/{session_id}/events/stream",
+                               params=params, headers=headers, timeout=timeout) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                raise error_of(answer)
+            yield from parse_sse(answer.iter_lines())
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(event name, data)`` of each SSE message ("message" when unnamed), and
+    ``("comment", {})`` for each comment (the daemon's heartbeats); ``retry:`` and ``id:``
+    lines are skipped (the data carries the seq)."""
+    kind, data = "message", []
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, json.loads("\n".join(data))
+            kind, data = "message", []
+        elif line.startswith(":"):
+            yield "comment", {}
+        else:
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                kind = value
+            elif name == "data":
+                data.append(value)
+
+
+class RemoteSession:
+    """``Session`` over HTTP: the same methods, the state read from the daemon."""
+
+    def __init__(self, trouper: RemoteTrouper, session_id: str) -> None:
+        self._trouper = trouper
+        self.id = session_id
+
+    def __repr__(self) -> str:
+        return f"RemoteSession({self.id!r})"
+
+    def info(self) -> dict[str, Any]:
+        """The daemon's view of the session (state, cost, the action waiting...)."""
+        return self._trouper.request("GET", f"/v1/sessions/{self.id}")  # type: ignore[no-any-return]
+
+    @property
+    def state(self) -> AgentState:
+        return AgentState(self.info()["state"])
+
+    @property
+    def fault(self) -> str | None:
+        """Why the session cannot record anything right now, or None."""
+        return self.info().get("fault")
+
+    @property
+    def workspace(self) -> str:
+        return str(self.info()["workspace"])
+
+    def view(self) -> SessionView:
+        return SessionView.of(self.events())
+
+    @property
+    def awaiting_confirmation(self) -> ActionEvent | None:
+        waiting = self.info().get("awaiting_confirmation")
+        return EVENT_ADAPTER.validate_python(waiting) if waiting else None  # type: ignore[return-value]
+
+    def _command(self, name: str, body: dict[str, Any] | None = None) -> int:
+        answer = self._trouper.request("POST", f"/v1/sessions/{self.id}/{name}", json=body)
+        return int(answer["seq"])
+
+    def send(self, text: str) -> int:
+        return self._command("messages", {"text": text})
+
+    def pause(self) -> int:
+        return self._command("pause")
+
+    def resume(self) -> int:
+        return self._command("resume")
+
+    def stop(self) -> int:
+        return self._command("stop")
+
+    def approve(self, action_id: str = "") -> int:
+        return self._command("approve", {"action_id": action_id})
+
+    def reject(self, reason: str = "", action_id: str = "") -> int:
+        return self._command("reject", {"action_id": action_id, "reason": reason})
+
+    def events(self, since: int = 0, *, follow: bool = False, until_settled: bool = True,
+               timeout_s: float | None = None, stop: threading.Event | None = None
+               ) -> Iterator[Event]:
+        """As ``Session.events``: with ``follow``, the live stream (SSE)."""
+        self.info()  # an unknown id raises here, not at the first event
+        if follow:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            return self._trouper.stream(self.id, since, until_settled=until_settled,
+                                        stop=stop, deadline=deadline)
+        return self._pages(since)
+
+    def _pages(self, since: int) -> Iterator[Event]:
+        while True:
+            page = self._trouper.request("GET", f"/v1/sessions/{self.id}/events",
+                                         params={"after": since, "limit": 5000})
+            for data in page["events"]:
+                yield EVENT_ADAPTER.validate_python(data)
+            if page["next_after"] >= page["head_seq"] or not page["events"]:
+                return
+            since = page["next_after"]
+
+    def wait(self, timeout: float | None = None) -> AgentState:
+        """Block until the session is settled (or ``timeout`` passes); return its state."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            info = self.info()
+            if info["settled"]:
+                return AgentState(info["state"])
+            if deadline is not None and time.monotonic() >= deadline:
+                return AgentState(info["state"])
+            for _ in self._trouper.stream(self.id, info["last_seq"], until_settled=True,
+                                          deadline=deadline):
+                pass
+            if info.get("fault"):
+                time.sleep(0.5)  # a storage fault: no event will wake us; ask again
+
+
+def error_of(answer: httpx.Response) -> TrouperError:
+    """The exception for an error answer of the API."""
+    try:
+        body = answer.json().get("error") or {}
+    except ValueError:
+        body = {}
+    message = str(body.get("message") or f"HTTP {answer.status_code}")
+    status = answer.status_code
+    if status == 404:
+        return UnknownSession(message)
+    if status == 422:
+        return ConfigError(message, field=body.get("field"))
+    if status == 409:
+        return InvalidRequest(message)
+    if status in (503, 504):
+        return RequestTimeout(message)
+    if status in (401, 403):
+        return DaemonUnavailable(f"the daemon refused this client: {message}")
+    return TrouperError(f"HTTP {status}: {message}")
+
+
+def _plain(value: Any) -> Any:
+    """A config model (LLMConfig, a runtime) as the JSON the API takes, its secrets in."""
+    if hasattr(value, "model_dump"):
+        data = value.model_dump(mode="python", exclude_none=True)
+        return {k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
+                for k, v in data.items()}
+    return dict(value) if isinstance(value, Mapping) else value

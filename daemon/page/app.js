@@ -1,0 +1,292 @@
+// The daemon's web page: plain JavaScript, no build step. It uses the same API as every
+// client (docs/daemon.md) with the same token, which it takes from the URL's fragment
+// (#token=..., never sent to a server) or a form, and keeps in this tab's sessionStorage.
+// Everything shown is set as text, never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { token: null, current: null, socket: null, after: 0, actions: new Map(),
+                info: null, timer: null, reconnect: null, detailPending: false,
+                detailAgain: false };
+
+function takeToken() {
+  const match = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (match) {
+    sessionStorage.setItem("trouper.token", decodeURIComponent(match[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("trouper.token");
+}
+
+async function api(method, path, body) {
+  const options = { method, headers: { Authorization: "Bearer " + state.token } };
+  if (body !== undefined) {
+    options.headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  const answer = await fetch(path, options);
+  const data = await answer.json().catch(() => ({}));
+  if (!answer.ok) {
+    const err = (data && data.error) || {};
+    const e = new Error(err.message || ("HTTP " + answer.status));
+    e.status = answer.status;
+    throw e;
+  }
+  return data;
+}
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// -- sessions list -------------------------------------------------------------------
+
+async function refreshSessions() {
+  let page;
+  try {
+    page = await api("GET", "/v1/sessions?limit=100");
+    $("connection").textContent = "connected";
+  } catch (e) {
+    $("connection").textContent = "daemon unreachable: " + e.message;
+    if (e.status === 401) return logout("the token was refused");
+    return;
+  }
+  const list = $("sessions");
+  list.replaceChildren(...page.sessions.map((s) => {
+    const item = el("li");
+    item.dataset.id = s.id;
+    item.dataset.state = s.state;
+    if (s.id === state.current) item.classList.add("selected");
+    item.append(el("span", "state " + s.state, s.state), el("span", "task", s.task));
+    item.title = s.id;
+    item.addEventListener("click", () => select(s.id));
+    return item;
+  }));
+}
+
+// -- one session, live ----------------------------------------------------------------------
+
+function select(id) {
+  if (state.socket) { state.socket.onclose = null; state.socket.close(); }
+  clearTimeout(state.reconnect);
+  Object.assign(state, { current: id, after: 0, actions: new Map(), info: null, socket: null });
+  $("no-session").hidden = true;
+  $("session").hidden = false;
+  $("session-id").textContent = id;
+  $("events").replaceChildren();
+  $("command-error").textContent = "";
+  for (const item of $("sessions").children) {
+    item.classList.toggle("selected", item.dataset.id === id);
+  }
+  refreshDetail();
+  connect();
+}
+
+function connect() {
+  const id = state.current;
+  const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+  const url = scheme + location.host + "/v1/sessions/" + encodeURIComponent(id) +
+              "/events/ws?after=" + state.after;
+  // browsers set no headers on a WebSocket: the token goes as a subprotocol
+  const socket = new WebSocket(url, ["trouper.v1", "bearer." + state.token]);
+  state.socket = socket;
+  socket.onmessage = (message) => {
+    const data = JSON.parse(message.data);
+    if (data.type === "event" && data.seq > state.after) {
+      state.after = data.seq;
+      show(data.event);
+    }
+  };
+  socket.onclose = () => {
+    if (state.current !== id || state.socket !== socket) return;
+    // the daemon restarted, or this tab was too slow: carry on from the last seq shown
+    state.reconnect = setTimeout(connect, 1000);
+  };
+}
+
+async function refreshDetail() {
+  // one request at a time; a call meanwhile asks for one more read after it (never lost)
+  if (!state.current) return;
+  if (state.detailPending) { state.detailAgain = true; return; }
+  state.detailPending = true;
+  try {
+    do {
+      state.detailAgain = false;
+      const info = await api("GET", "/v1/sessions/" + encodeURIComponent(state.current));
+      if (info.id === state.current) render(info);
+    } while (state.detailAgain);
+  } catch (e) {
+    $("command-error").textContent = e.message;
+  } finally {
+    state.detailPending = false;
+  }
+}
+
+function render(info) {
+  state.info = info;
+  const badge = $("state");
+  badge.textContent = info.state;
+  badge.className = "state " + info.state;
+  badge.dataset.state = info.state;
+  $("reason").textContent = info.reason || "";
+  $("cost").textContent = "$" + Number(info.cost_usd || 0).toFixed(4);
+  $("steps").textContent = String(info.iterations);
+  const waiting = info.awaiting_confirmation;
+  $("pending").hidden = !waiting;
+  $("pending").dataset.actionId = waiting ? waiting.action_id : "";
+  $("pending-action").textContent = waiting ? describe(waiting) : "";
+  tick();
+}
+
+function tick() {
+  const info = state.info;
+  const at = info && info.resumes_at && ["rate_limited", "error"].includes(info.state)
+    ? Date.parse(info.resumes_at) : null;
+  $("countdown").textContent = at === null ? ""
+    : "resumes in " + Math.max(0, Math.ceil((at - Date.now()) / 1000)) + " s";
+}
+
+function describe(action) {
+  const a = action.action;
+  if (a && a.command !== undefined) return "$ " + a.command;
+  if (a && a.path !== undefined) return action.tool + " " + a.path;
+  return action.tool + " " + action.arguments;
+}
+
+function show(event) {
+  const list = $("events");
+  const add = (node) => { node.dataset.seq = event.seq; list.append(node); };
+  switch (event.kind) {
+    case "message":
+      add(el("li", "msg-" + event.source, event.text));
+      break;
+    case "action": {
+      const item = el("li", "action");
+      item.dataset.actionId = event.action_id;
+      if (event.thought) item.append(el("div", "muted", event.thought));
+      item.append(el("span", "tool", describe(event)));
+      state.actions.set(event.action_id, item);
+      add(item);
+      break;
+    }
+    case "observation": {
+      const o = event.outcome;
+      const text = o.status + (o.exit_code !== null && o.exit_code !== undefined
+        ? " (exit " + o.exit_code + ")" : "") + (o.content ? ": " + o.content : "");
+      const node = el("pre", "outcome " + o.status, text);
+      node.dataset.status = o.status;
+      const action = state.actions.get(event.action_id);
+      if (action) action.append(node); else add(el("li", "status", text));
+      break;
+    }
+    case "state":
+      add(el("li", "status", "state: " + event.state + (event.reason ? " (" + event.reason + ")" : "")));
+      refreshDetail();
+      refreshSessions();
+      break;
+    case "llm_retry":
+      add(el("li", "status", "model call failed (" + event.error_class + "), attempt " +
+        event.attempt + "/" + event.max_attempts + " in " + event.wait_s.toFixed(1) + " s"));
+      break;
+    case "runtime":
+      if (event.phase !== "started" && event.phase !== "attached") {
+        add(el("li", "status", "sandbox " + event.phase + (event.detail ? ": " + event.detail : "")));
+      }
+      break;
+    case "confirmation":
+      add(el("li", "status", (event.approved ? "approved" : "rejected") +
+        (event.reason ? ": " + event.reason : "")));
+      refreshDetail();
+      break;
+    case "llm_completed":
+      refreshDetail();
+      break;
+    default:
+      break;
+  }
+  list.lastElementChild && event.kind !== "llm_completed" &&
+    list.lastElementChild.scrollIntoView({ block: "nearest" });
+}
+
+async function command(name, body) {
+  $("command-error").textContent = "";
+  try {
+    await api("POST", "/v1/sessions/" + encodeURIComponent(state.current) + "/" + name, body);
+  } catch (e) {
+    $("command-error").textContent = e.message;
+  }
+  refreshDetail();
+  refreshSessions();
+}
+
+// -- starting a session ------------------------------------------------------------------
+
+async function startSession(event) {
+  event.preventDefault();
+  $("new-error").textContent = "";
+  const llm = { model: $("new-model").value.trim() };
+  if ($("new-base-url").value.trim()) llm.base_url = $("new-base-url").value.trim();
+  if ($("new-api-key").value) llm.api_key = $("new-api-key").value;
+  const body = { task: $("new-task").value, llm, confirm: $("new-confirm").value,
+                 max_iterations: Number($("new-max-iterations").value || 50) };
+  if ($("new-workspace").value.trim()) body.workspace = $("new-workspace").value.trim();
+  try {
+    const made = await api("POST", "/v1/sessions", body);
+    $("new-task").value = "";
+    await refreshSessions();
+    select(made.id);
+  } catch (e) {
+    $("new-error").textContent = e.message;
+  }
+}
+
+// -- start -----------------------------------------------------------------------------
+
+function logout(why) {
+  sessionStorage.removeItem("trouper.token");
+  state.token = null;
+  clearInterval(state.timer);
+  $("app").hidden = true;
+  $("login").hidden = false;
+  $("login-error").textContent = why || "";
+}
+
+function begin() {
+  $("login").hidden = true;
+  $("app").hidden = false;
+  refreshSessions();
+  clearInterval(state.timer);
+  state.timer = setInterval(() => { refreshSessions(); tick(); }, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem("trouper.token", $("token-input").value.trim());
+    state.token = sessionStorage.getItem("trouper.token");
+    $("token-input").value = "";
+    begin();
+  });
+  $("new-form").addEventListener("submit", startSession);
+  $("message-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("message").value;
+    $("message").value = "";
+    command("messages", { text });
+  });
+  $("pause").addEventListener("click", () => command("pause"));
+  $("resume").addEventListener("click", () => command("resume"));
+  $("stop").addEventListener("click", () => command("stop"));
+  $("approve").addEventListener("click",
+    () => command("approve", { action_id: $("pending").dataset.actionId || "" }));
+  $("reject").addEventListener("click", () => {
+    const reason = $("reject-reason").value;
+    $("reject-reason").value = "";
+    command("reject", { action_id: $("pending").dataset.actionId || "", reason });
+  });
+  state.token = takeToken();
+  if (state.token) begin(); else logout();
+});

@@ -1,0 +1,247 @@
+"""What the daemon process runs (``trouper daemon run``): take the home's lock, bind the
+port, open the ``Trouper`` (which restores every unfinished session), serve HTTP until
+SIGTERM or SIGINT, then close gracefully.
+
+Order matters. The lock first: two daemons must never open actor systems on one home.
+The socket next, so a port in use fails before any actor is forked. The ``Trouper``
+then: it restores every session its log shows still working (RUNNING, LOADING,
+RATE_LIMITED, an ERROR being recovered), taking each back at once (a new owner token in
+the store, so the daemon never waits for a lease to expire, and a Controller of the dead
+daemon, if one lived on, could not write). Closing stops the actors but not the
+sandboxes, and changes no session's state: the next start carries each on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from ..exceptions import TrouperError
+from ..masking import install_log_masking
+from ..paths import Home, enter_private_process
+from .auth import LOOPBACK_NAMES, allowed_hosts
+from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_running
+
+logger = logging.getLogger("trouper.daemon")
+
+ALLOWED_HOSTS_ENV = "TROUPER_DAEMON_ALLOWED_HOSTS"
+Ready = Callable[[dict[str, Any]], None]
+"""Told once: the daemon's info when it serves, or ``{"error": message}``."""
+
+
+class DaemonError(TrouperError):
+    """The daemon cannot start, stop or be reached; the message says why."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: ours asks it to exit, and it never
+    re-raises the signal afterwards (the Trouper must still close)."""
+
+    on_exit: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+
+    @contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+        self.on_exit()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: any free port). Raises DaemonError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        what = "in use" if exc.errno == 98 else (exc.strerror or str(exc))
+        raise DaemonError(f"cannot listen on {host}:{port}: {what}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def run(home: Home, host: str, port: int, ready: Ready) -> int:
+    """Serve until asked to stop; returns the exit code. ``ready`` is told once."""
+    enter_private_process()
+    install_log_masking()
+    files = DaemonFiles(home)
+    stop = _Stop()
+    with stop.installed():
+        lock = HomeLock(files)
+        if not lock.acquire():
+            ready({"error": f"a daemon already runs for {home.root} "
+                            f"(pid {_read_pid(files)})"})
+            return 3
+        try:
+            return _serve_locked(home, files, host, port, ready, stop)
+        except DaemonError as exc:
+            ready({"error": str(exc)})
+            return 3
+        except BaseException as exc:
+            logger.exception("the daemon failed")
+            ready({"error": f"the daemon failed: {type(exc).__name__}: {exc}"})
+            raise
+        finally:
+            clear_running(files)
+            lock.release()
+
+
+def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: Ready,
+                  stop: _Stop) -> int:
+    from ..api import Trouper
+    from .app import create_app
+
+    sock = bind(host, port)
+    try:
+        port = sock.getsockname()[1]
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            logger.warning("listening on %s:%d, not only on loopback: anyone who can reach "
+                           "it and has the token drives your sessions", host, port)
+        token = ensure_token(files)
+        started = time.monotonic()
+        trouper = Trouper(home=home.root, resume=True)
+        logger.info("actor system open, unfinished sessions restored in %.2f s",
+                    time.monotonic() - started)
+        try:
+            app = create_app(trouper, token=token, hosts=_hosts(host, port))
+            streams = app.fastapi.state.streams
+            config = uvicorn.Config(app, log_config=None, lifespan="off",
+                                    timeout_graceful_shutdown=5, ws="websockets-sansio")
+            server = _Server(config)
+            server.on_exit = streams.close_all  # type: ignore[method-assign]
+            stop.server = server
+            url_host = f"[{host}]" if ":" in host else host
+            info = {"url": f"http://{url_host}:{port}", "pid": os.getpid(), "host": host,
+                    "port": port, "home": str(home.root),
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            if stop.requested:
+                return 0
+            asyncio.run(_serve(server, sock, lambda: _published(files, info, ready)))
+        finally:
+            logger.info("closing: the actors stop, the sandboxes and sessions stay")
+            trouper.close(stop_sandboxes=False)
+    finally:
+        sock.close()
+    logger.info("daemon stopped")
+    return 0
+
+
+def _hosts(host: str, port: int) -> frozenset[str]:
+    """The Host values the daemon answers: its own address's, and the names in
+    ``TROUPER_DAEMON_ALLOWED_HOSTS`` (comma-separated; ``name`` or ``name:port``), which a
+    daemon on ``0.0.0.0`` needs (clients name it by an address or a DNS name)."""
+    extra = [h.strip() for h in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if h.strip()]
+    return allowed_hosts(host, port) | {_with_port(name, port) for name in extra}
+
+
+def _with_port(name: str, port: int) -> str:
+    head, sep, tail = name.lower().rpartition(":")
+    if sep and tail.isdigit() and (":" not in head or head.endswith("]")):
+        return name.lower()  # name:port, [v6]:port
+    return f"{name.lower()}:{port}"
+
+
+def _published(files: DaemonFiles, info: dict[str, Any], ready: Ready) -> None:
+    write_running(files, info)
+    logger.info("daemon serving %s for %s (pid %d)", info["url"], info["home"], info["pid"])
+    ready(info)
+
+
+async def _serve(server: _Server, sock: socket.socket, on_started: Callable[[], None]) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        on_started()
+    await task
+
+
+class _Stop:
+    """SIGTERM and SIGINT: ask the server to exit (or, before it runs, not to start)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: _Server | None = None
+        self._pid = os.getpid()
+
+    @contextmanager
+    def installed(self) -> Any:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,
+                                                                     signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a process forked from the daemon: die as meant
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        logger.info("%s: stopping", signal.Signals(signum).name)
+        self.requested = True
+        if self.server is not None:
+            self.server.request_exit()
+
+
+def _read_pid(files: DaemonFiles) -> str:
+    try:
+        return files.pid.read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def ready_writer(fd: int | None) -> Ready:
+    """A ``Ready`` writing one JSON line to ``fd`` (the starter's pipe), then closing it;
+    without a pipe, a line on stderr."""
+    told = False
+
+    def tell(message: dict[str, Any]) -> None:
+        nonlocal told
+        if told:
+            return
+        told = True
+        line = json.dumps(message) + "\n"
+        if fd is None:
+            print(f"trouper daemon: {message.get('error') or 'serving ' + message['url']}",
+                  file=sys.stderr, flush=True)
+            return
+        try:
+            os.write(fd, line.encode())
+            os.close(fd)
+        except OSError:
+            pass
+
+    return tell
+
+
+def log_to_stderr(debug: bool = False) -> None:
+    """The daemon's log lines, on stderr (the starter points it at ``daemon.log``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s "
+                                           "%(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)
+    for name in ("trouper", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+__all__ = ["LOOPBACK_NAMES", "DaemonError", "bind", "log_to_stderr", "ready_writer", "run"]

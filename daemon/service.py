@@ -1,0 +1,256 @@
+"""What the daemon's routes do with its ``Trouper``: idempotent creates, pages, views,
+commands, and masking of everything that goes out.
+
+Secrets given at creation are write-only: no answer carries them (the stored config has
+no API key, and ``secret_names`` only names the sandbox's secrets), and every string that
+leaves the daemon is masked with every secret this process knows (it learns a session's
+when it creates or restores it, or first shows it).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..exceptions import ConfigError, InvalidRequest, UnknownSession
+from ..fold import SessionView
+from ..masking import known_masker
+from ..messages.events import EVENT_ADAPTER, AgentState, Event
+from ..session import Session
+from ..session_secrets import remember_session_secrets
+
+if TYPE_CHECKING:
+    from ..api import Trouper
+    from ..store import SessionRecord
+
+REQUEST_META = "daemon.create_request"
+"""Session meta key: the keyed hash of the body that created the session (idempotency)."""
+MAX_PAGE = 500
+MAX_EVENTS_PAGE = 5000
+VIEWS_KEPT = 256
+"""Sessions whose folded view the daemon keeps between GETs."""
+
+
+class Conflict(InvalidRequest):
+    """A create with a client-chosen id whose session was made by another request (409)."""
+
+
+class CreateSession(BaseModel):
+    """``POST /v1/sessions``: the arguments of ``Trouper.start_session``. Fields other
+    than these are its options (``max_iterations``, ``confirm``, ``repo``...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = Field(default=None, description=(
+        "A client-chosen session id: the same id with the same body returns the same "
+        "session (200); with another body, 409."))
+    task: str
+    llm: dict[str, Any] = Field(description="model, base_url, api_key (write-only)...")
+    runtime: str | dict[str, Any] = "local"
+    workspace: str | None = None
+    secrets: dict[str, str] = Field(default_factory=dict, description=(
+        "Environment variables of the sandbox's shell; write-only, masked everywhere."))
+
+
+class Message(BaseModel):
+    text: str = Field(min_length=1)
+
+
+class Answer(BaseModel):
+    """``approve`` / ``reject``: which action (optional: the one waiting) and why."""
+
+    action_id: str = ""
+    reason: str = ""
+
+
+class Service:
+    """The daemon's operations on one open ``Trouper``."""
+
+    def __init__(self, trouper: Trouper, token: str) -> None:
+        self.trouper = trouper
+        self._key = hashlib.sha256(b"trouper daemon idempotency\0" + token.encode()).digest()
+        self._creating = threading.Lock()
+        self._known: set[str] = set()
+        self._known_lock = threading.Lock()
+        self._views: collections.OrderedDict[str, SessionView] = collections.OrderedDict()
+        self._views_lock = threading.Lock()
+
+    @property
+    def store(self) -> Any:
+        return self.trouper.store
+
+    # -- sessions ------------------------------------------------------------------
+
+    def create(self, body: CreateSession) -> tuple[dict[str, Any], bool]:
+        """Start a session; returns its view and whether it was created now (False: the
+        same request was made before with this id)."""
+        fields = body.model_dump()
+        if body.workspace is not None and not os.path.isabs(body.workspace):
+            raise ConfigError("workspace: must be an absolute path (the daemon's folder is "
+                              "not yours)", field="workspace")
+        digest = self._digest(fields)
+        options = {k: v for k, v in fields.items()
+                   if k not in ("id", "task", "llm", "runtime", "workspace", "secrets")}
+        with self._creating:
+            if body.id is not None and self._exists(body.id):
+                if self.store.get_meta(body.id, REQUEST_META) != digest:
+                    raise Conflict(f"session {body.id!r} exists, made by another request")
+                return self.detail(body.id), False
+            session = self.trouper.start_session(
+                body.task, llm=body.llm, runtime=body.runtime, workspace=body.workspace,
+                secrets=body.secrets, session_id=body.id, **options)
+            self.store.put_meta(session.id, REQUEST_META, digest)
+        with self._known_lock:
+            self._known.add(session.id)  # start_session taught this process its secrets
+        return self.detail(session.id), True
+
+    def _digest(self, fields: dict[str, Any]) -> str:
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+        return hmac.new(self._key, canonical.encode(), hashlib.sha256).hexdigest()
+
+    def _exists(self, session_id: str) -> bool:
+        try:
+            self.store.session(session_id)
+        except UnknownSession:
+            return False
+        return True
+
+    def page(self, *, states: list[AgentState] | None, cursor: str | None, offset: int,
+             limit: int) -> dict[str, Any]:
+        if not 1 <= limit <= MAX_PAGE:
+            raise ConfigError(f"limit: must be between 1 and {MAX_PAGE}", field="limit")
+        if offset < 0:
+            raise ConfigError("offset: must not be negative", field="offset")
+        if offset and cursor:
+            raise ConfigError("cursor: give a cursor or an offset, not both", field="cursor")
+        if offset:
+            records = [r for r in self.store.sessions()
+                       if states is None or r.state in states][offset:offset + limit + 1]
+            more = len(records) > limit
+            records, after = records[:limit], None
+            next_offset: int | None = offset + limit if more else None
+        else:
+            try:
+                records, after = self.store.sessions_page(states=states, cursor=cursor,
+                                                          limit=limit)
+            except InvalidRequest as exc:
+                raise ConfigError(f"cursor: {exc}", field="cursor") from None
+            next_offset = None
+        return {"sessions": [self.summary(r) for r in records], "next_cursor": after,
+                "next_offset": next_offset}
+
+    def summary(self, record: SessionRecord) -> dict[str, Any]:
+        self.learn(record.session_id)
+        return record_summary(record)
+
+    def detail(self, session_id: str) -> dict[str, Any]:
+        """The session folded from its log: state, cost, the action waiting, its config."""
+        record = self.store.session(session_id)
+        fault = self.trouper.fault(session_id)
+        with self._views_lock:  # the view is shared: read it whole under the lock
+            view = self._fold(session_id)
+            waiting = view.awaiting_confirmation
+            out = self.summary(record)
+            out.update(mask({
+                "state": AgentState.ERROR.value if fault else view.state.value,
+                "reason": fault or view.reason,
+                "resumes_at": view.resumes_at.isoformat() if view.resumes_at else None,
+                "fault": fault,
+                "settled": view.settled and view.last_seq >= record.last_seq and not fault,
+                "last_seq": max(view.last_seq, record.last_seq),
+                "cost_usd": view.cost_usd, "prompt_tokens": view.prompt_tokens,
+                "completion_tokens": view.completion_tokens,
+                "iterations": view.total_iterations, "actions": view.actions,
+                "outcomes": view.outcomes,
+                "awaiting_confirmation": _event_json(waiting) if waiting is not None else None,
+                "config": json.loads(record.config.model_dump_json(exclude={"llm": {"api_key"}})),
+            }))
+        return out
+
+    def _fold(self, session_id: str) -> SessionView:
+        """The session's view, kept between calls and brought up to date with the events
+        appended since (a GET costs the new events, not the whole log)."""
+        view = self._views.pop(session_id, None) or SessionView()
+        for event in self.store.read(session_id, since=view.last_seq):
+            view.apply(event)
+        self._views[session_id] = view
+        while len(self._views) > VIEWS_KEPT:
+            self._views.popitem(last=False)
+        return view
+
+    # -- commands and events -----------------------------------------------------------
+
+    def command(self, session_id: str, command: str, text: str = "",
+                action_id: str = "") -> dict[str, Any]:
+        self.store.session(session_id)  # 404 before anything is asked of the tree
+        self.learn(session_id)
+        seq = self.trouper.command(session_id, command, text, action_id=action_id)
+        record = self.store.session(session_id)
+        return {"id": session_id, "seq": seq, "state": record.state.value}
+
+    def events(self, session_id: str, after: int, limit: int) -> dict[str, Any]:
+        if after < 0:
+            raise ConfigError("after: must not be negative", field="after")
+        if not 1 <= limit <= MAX_EVENTS_PAGE:
+            raise ConfigError(f"limit: must be between 1 and {MAX_EVENTS_PAGE}", field="limit")
+        self.learn(session_id)
+        events = self.store.read(session_id, since=after, limit=limit)
+        head = self.store.last_seq(session_id)
+        return {"events": [event_json(e) for e in events],
+                "next_after": events[-1].seq if events else after, "head_seq": head}
+
+    def session(self, session_id: str) -> Session:
+        self.store.session(session_id)
+        self.learn(session_id)
+        return Session(self.trouper, session_id)
+
+    def learn(self, session_id: str) -> None:
+        """Teach this process a session's secrets once, so what it shows is masked."""
+        if session_id in self._known:
+            return
+        with self._known_lock:
+            if session_id not in self._known:
+                remember_session_secrets(self.trouper.home, session_id)
+                self._known.add(session_id)
+
+
+def record_summary(record: SessionRecord) -> dict[str, Any]:
+    """A stored session as the API lists it (masked)."""
+    config = record.config
+    return mask({
+        "id": record.session_id, "state": record.state.value,
+        "reason": record.state_reason, "task": config.task,
+        "model": config.llm.model, "workspace": config.workspace,
+        "created_at": record.created_at.isoformat(),
+        "updated_at": record.updated_at.isoformat(), "last_seq": record.last_seq,
+    })
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as the API shows it: masked with every secret this process knows."""
+    return _event_json(known_masker().mask_event(event))
+
+
+def _event_json(event: Any) -> dict[str, Any]:
+    return EVENT_ADAPTER.dump_python(event, mode="json")  # type: ignore[no-any-return]
+
+
+def mask(value: Any) -> Any:
+    """A JSON value with every string masked (keys and values)."""
+    masker = known_masker()
+    if not masker.enabled:
+        return value
+    if isinstance(value, str):
+        return masker.mask_text(value)
+    if isinstance(value, dict):
+        return {mask(k): mask(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask(v) for v in value]
+    return value

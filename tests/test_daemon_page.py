@@ -1,0 +1,198 @@
+"""The daemon's web page, end to end in headless Chromium (Debian's, through Playwright):
+start a session from the form and watch it finish, approve and reject actions, pause and
+resume one. Screenshots are kept in the test's folder and in test-artifacts/.
+
+Without /usr/bin/chromium the test is skipped, saying why; in CI (``CI`` set) or with
+``TROUPER_REQUIRE_BROWSER=1`` it fails instead (``scripts/browser`` installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trouper.testing.daemon import running_daemon
+
+pytestmark = pytest.mark.slow  # starts a daemon process and a browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+LONG_S = 60_000  # ms: a generous bound on a busy machine
+
+
+def browser_required() -> bool:
+    return bool(os.environ.get("CI")) or os.environ.get("TROUPER_REQUIRE_BROWSER") == "1"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "the playwright package is not installed"
+    if missing is None and not os.access(CHROMIUM, os.X_OK):
+        missing = f"{CHROMIUM} is missing (bash scripts/browser installs it)"
+    if missing is not None:
+        if browser_required():
+            pytest.fail(f"the browser test must run here: {missing}")
+        pytest.skip(missing)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    with running_daemon(tmp_path_factory.mktemp("phome")) as d:
+        yield d
+
+
+@pytest.fixture
+def page(browser, daemon, tmp_path, request):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{daemon.url}/#token={daemon.token}")
+    yield page
+    shot = tmp_path / f"{request.node.name}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / shot.name)
+    context.close()
+    assert errors == []
+
+
+def start_from_the_form(page, llm: dict, task: str, confirm: str = "never") -> str:
+    page.fill("#new-task", task)
+    page.fill("#new-model", llm["model"])
+    page.fill("#new-base-url", llm["base_url"])
+    page.fill("#new-api-key", llm["api_key"])
+    page.select_option("#new-confirm", confirm)
+    page.click("#new-submit")
+    page.wait_for_function(
+        "task => [...document.querySelectorAll('#sessions li')].some("
+        "li => li.querySelector('.task').textContent === task && li.classList.contains"
+        "('selected'))", arg=task, timeout=LONG_S)
+    return page.text_content("#session-id") or ""
+
+
+def test_start_a_session_and_watch_it_finish(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    assert "token" not in page.url  # the fragment is taken off at once
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo hello from the page"}},
+                       {"tool": "write_file", "args": {"path": "a.txt", "content": "A"}},
+                       FINISH])
+    sid = start_from_the_form(page, llm, "greet from the browser")
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    outcomes = page.locator("#events li.action .outcome")
+    expect(outcomes).to_have_count(3, timeout=LONG_S)
+    expect(outcomes.first).to_contain_text("hello from the page")
+    expect(page.locator("#sessions li.selected .state")).to_have_text("finished",
+                                                                       timeout=LONG_S)
+    assert daemon.client().session(sid).state.value == "finished"
+    expect(page.locator("#events li.msg-user")).to_have_text("greet from the browser")
+
+
+def test_approve_and_reject_from_the_page(page, daemon, scripted, tmp_path):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo approved"}},
+                       {"tool": "run", "args": {"command": "echo never runs"}},
+                       FINISH])
+    sid = start_from_the_form(page, llm, "two actions to answer", confirm="always")
+    pending = page.locator("#pending")
+    expect(pending).to_be_visible(timeout=LONG_S)
+    expect(page.locator("#pending-action")).to_have_text("$ echo approved")
+    expect(page.locator("#state")).to_have_text("awaiting_user_confirmation")
+    page.click("#approve")
+    expect(page.locator("#pending-action")).to_have_text("$ echo never runs",
+                                                         timeout=LONG_S)
+    page.fill("#reject-reason", "not this one")
+    page.click("#reject")
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    expect(pending).to_be_hidden()
+    statuses = page.locator("#events .outcome").evaluate_all(
+        "nodes => nodes.map(n => n.dataset.status)")
+    assert statuses == ["ok", "rejected", "ok"]
+    expect(page.locator("#events li.status", has_text="rejected: not this one")
+           ).to_have_count(1)
+    events = list(daemon.client().session(sid).events())
+    assert [e.approved for e in events if e.kind == "confirmation"] == [True, False]
+
+
+def test_pause_and_resume_from_the_page(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"tool": "run", "args": {"command": f"echo {i}"}, "delay_s": 0.3}
+                       for i in range(12)] + [FINISH])
+    sid = start_from_the_form(page, llm, "slow and steady")
+    expect(page.locator("#events li.action").first).to_be_visible(timeout=LONG_S)
+    page.click("#pause")
+    expect(page.locator("#state")).to_have_text("paused", timeout=LONG_S)
+    remote = daemon.client().session(sid)
+    assert remote.state.value == "paused"
+    shown = page.locator("#events li.action").count()
+    page.click("#resume")
+    expect(page.locator("#state")).to_have_text(re.compile("running|finished"),
+                                                timeout=LONG_S)
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    assert page.locator("#events li.action").count() > shown
+    assert remote.state.value == "finished"
+    page.fill("#message", "thanks")
+    page.click("#send")
+    expect(page.locator("#events li.msg-user", has_text="thanks")).to_have_count(
+        1, timeout=LONG_S)
+
+
+def test_the_page_asks_for_a_token_and_refuses_a_wrong_one(browser, daemon):
+    from playwright.sync_api import expect
+
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(daemon.url + "/")
+        expect(page.locator("#login")).to_be_visible()
+        page.fill("#token-input", "not-the-token")
+        page.click("#token-form button")
+        expect(page.locator("#login-error")).to_have_text("the token was refused",
+                                                          timeout=LONG_S)
+        page.fill("#token-input", daemon.token)
+        page.click("#token-form button")
+        expect(page.locator("#app")).to_be_visible()
+        expect(page.locator("#connection")).to_have_text("connected", timeout=LONG_S)
+    finally:
+        context.close()
+
+
+def test_retries_and_a_rate_limit_countdown_show_and_resume_lifts_it(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo after the limit"},
+                        "fail": [{"status": 429, "retry_after": 0.2},
+                                 {"status": 429, "retry_after": 600}]},
+                       FINISH])
+    session = daemon.client().start_session("limited", llm={**llm, "num_retries": 1})
+    item = page.locator("#sessions li", has_text="limited")
+    expect(item).to_be_visible(timeout=LONG_S)
+    item.click()
+    expect(page.locator("#state")).to_have_text("rate_limited", timeout=LONG_S)
+    expect(page.locator("#events li.status", has_text="model call failed (rate_limit)")
+           ).to_have_count(1)
+    expect(page.locator("#countdown")).to_have_text(re.compile(r"resumes in (59\d|600) s"))
+    page.click("#resume")
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    expect(page.locator("#countdown")).to_have_text("")
+    assert session.state.value == "finished"
