@@ -1,8 +1,8 @@
 """Streaming one session from the command line: ``run``, ``demo`` and ``resume``.
 
 ``drive`` opens a ``Trouper``, begins (starts or resumes) a session, streams its events
-until it settles, closes every process it started, then prints a summary. SIGINT and
-SIGTERM during all that ask for a graceful close (``Interrupts``): a session still working
+until it settles, closes every process it started, then prints a summary. SIGINT,
+SIGTERM and SIGHUP during all that ask for a graceful close (``Interrupts``): a session still working
 is paused (``_pause`` says why), never finished or stopped by the signal, so ``trouper
 resume`` carries it on; a second signal exits at once. ``--timeout`` ends the same way.
 """
@@ -37,11 +37,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 console = Console(highlight=False)
 
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupts:
-    """SIGINT and SIGTERM while a command drives a session.
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) while a command drives a session.
 
     The first sets ``stop`` (the stream ends within 0.1 s, then trouper closes); a second
     one exits at once (128 + its number), leaving the actor system to end itself (its
@@ -81,7 +81,21 @@ class Interrupts:
             os.write(2, b"trouper: interrupted again: exiting at once\n")
             os._exit(INTERRUPTED_BASE + signum)
         self.signum = signum
+        if signum == signal.SIGHUP:  # the terminal is gone: what is left to say goes nowhere
+            _detach_from_terminal()
         self.stop.set()
+
+
+def _detach_from_terminal() -> None:
+    """Point stdout and stderr at /dev/null where they were the closed terminal, so the
+    graceful close does not die writing its summary (EIO) half-way."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,8 @@ def _run_until_the_command_sleeps(tmp_path: Path) -> tuple[subprocess.Popen, dic
     return cli, processes, script
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["TERM", "INT", "HUP"])
 def test_a_signal_closes_everything_and_the_session_carries_on(tmp_path, signum):
     cli, processes, script = _run_until_the_command_sleeps(tmp_path)
     home = tmp_path / "home"
