@@ -2,9 +2,10 @@
 
 ``drive`` opens a ``Trouper``, begins (starts or resumes) a session, streams its events
 until it settles, closes every process it started, then prints a summary. SIGINT,
-SIGTERM and SIGHUP during all that ask for a graceful close (``Interrupts``): a session still working
-is paused (``_pause`` says why), never finished or stopped by the signal, so ``trouper
-resume`` carries it on; a second signal exits at once. ``--timeout`` ends the same way.
+SIGTERM and SIGHUP during all that ask for a graceful close (``Interrupts``): a session
+still working is paused (``_pause`` says why), never finished or stopped by the signal, so
+``trouper resume`` carries it on; a second signal exits at once. ``--timeout`` ends the
+same way.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rich.text import Text
 from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED
 from .masking import mask_known
 from .paths import Home
+from .processes import die_if_forked
 
 if TYPE_CHECKING:
     from .api import Trouper
@@ -71,11 +73,7 @@ class Interrupts:
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:
-            # a process forked from this one before it set handlers of its own: die as
-            # the signal means, rather than act as the CLI
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if die_if_forked(self._pid, signum):
             return
         if self.signum is not None:
             os.write(2, b"trouper: interrupted again: exiting at once\n")

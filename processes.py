@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 
 def pid_alive(pid: int) -> bool:
@@ -82,3 +83,14 @@ def socket_inodes(pid: int) -> set[str]:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     return inodes
+
+
+def die_if_forked(owner_pid: int, signum: int) -> bool:
+    """In a signal handler: if this process is not ``owner_pid`` but was forked from it
+    before it set handlers of its own (an actor), die as the signal means, rather than act
+    as the owner would. False in the owner itself."""
+    if os.getpid() == owner_pid:
+        return False
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return True

@@ -31,6 +31,7 @@ import uvicorn
 from ..exceptions import TrouperError
 from ..masking import install_log_masking
 from ..paths import Home, enter_private_process
+from ..processes import die_if_forked
 from .auth import LOOPBACK_NAMES, allowed_hosts
 from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_running
 
@@ -191,9 +192,7 @@ class _Stop:
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a process forked from the daemon: die as meant
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if die_if_forked(self._pid, signum):
             return
         logger.info("%s: stopping", signal.Signals(signum).name)
         self.requested = True
