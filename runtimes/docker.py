@@ -131,7 +131,10 @@ class DockerSandbox(LocalSandbox):
         try:
             attached = super().start(epoch)
         except RuntimeUnavailable as e:
-            raise RuntimeUnavailable(self._failure_detail(container, str(e))) from e
+            detail = self._failure_detail(container, str(e))
+            if created:  # nobody would ever stop it: a failed start leaves no container
+                self._remove(container)
+            raise RuntimeUnavailable(detail) from e
         self._say("ready", f"container {container.short_id} "
                   f"{'started' if created else 'attached'} (epoch {self.epoch})")
         return attached and not created

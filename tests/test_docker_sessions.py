@@ -116,7 +116,7 @@ def test_a_killed_container_is_replaced_and_its_action_lost(trouper, scripted, t
 
 
 def test_a_container_that_cannot_start_gives_error_with_the_cause(scripted, tmp_path,
-                                                                  docker_homes):
+                                                                  docker_homes, docker_client):
     from trouper import Trouper
 
     _, llm = scripted([FINISH])
@@ -134,6 +134,8 @@ def test_a_container_that_cannot_start_gives_error_with_the_cause(scripted, tmp_
         assert "fork failed" in errors[0]
         session.stop()
         assert session.wait(timeout=60) == AgentState.STOPPED
+        # every failed start removed what it created: nothing is left for nobody to stop
+        assert containers(docker_client, session) == []
 
 
 def test_a_repository_session_clones_on_the_host_and_sets_up_in_the_container(
