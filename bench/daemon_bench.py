@@ -162,13 +162,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "daemon-latest.json")
-    args = parser.parse_args(argv)
-    events, rounds, live, kills = (2000, 1, 50, 1) if args.quick else (20000, 3, 300, 3)
-    figures: dict[str, Any] = {"machine": machine(), "events": events}
+def run(quick: bool = False) -> dict[str, Any]:
+    """Every figure of the module doc, as a dict (``bench/run.py``'s ``daemon`` workload)."""
+    events, rounds, live, kills = (2000, 1, 50, 1) if quick else (20000, 3, 300, 3)
+    figures: dict[str, Any] = {"events": events}
     with tempfile.TemporaryDirectory(prefix="trouper-bench-daemon-") as tmp:
         root = Path(tmp)
         with running_daemon(root / "stream-home") as daemon:
@@ -186,11 +183,32 @@ def main(argv: list[str] | None = None) -> int:
         for key in trials[0]:
             figures[key] = median([t[key] for t in trials])
         figures["kill_trials"] = trials
+    return figures
+
+
+def lines(figures: dict[str, Any]) -> list[str]:
+    """The workload's section of the report."""
+    live = figures["live_latency_ms"]
+    out = ["Daemon: events to a streaming client, and a SIGKILLed daemon's session moving again",
+           f"  replay of {figures['events']:,} events: SSE "
+           f"{figures['replay_sse_events_per_s']:,.0f}/s, WebSocket "
+           f"{figures['replay_ws_events_per_s']:,.0f}/s",
+           f"  append -> SSE client, live: p50 {live['p50']:.1f} ms, p95 {live['p95']:.1f} ms"]
+    for key in ("kill_to_ready_ms", "kill_to_first_event_ms", "kill_to_next_request_ms"):
+        if key in figures:
+            out.append(f"  {key.replace('_', ' ')}: {figures[key]:,.0f} (median)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "daemon-latest.json")
+    args = parser.parse_args(argv)
+    figures = {"machine": machine(), **run(args.quick)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    for key, value in figures.items():
-        if key not in ("machine", "kill_trials"):
-            print(f"{key:28} {value if not isinstance(value, float) else round(value, 1)}")
+    print("\n".join(lines(figures)))
     return 0
 
 

@@ -268,6 +268,12 @@ def _remote_lines(r: dict[str, Any]) -> list[str]:
     return lines(r)
 
 
+def _daemon_lines(r: dict[str, Any]) -> list[str]:
+    from daemon_bench import lines
+
+    return lines(r)
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
@@ -299,6 +305,7 @@ def render(results: dict[str, Any]) -> str:
         ("event_log", event_log_lines),
         ("docker_runtime", lambda r: docker_runtime.lines(r, fmt, _table)),
         ("remote_runtime", _remote_lines),
+        ("daemon", _daemon_lines),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

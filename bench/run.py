@@ -6,7 +6,8 @@
 Workloads (``--only`` picks some): ``step`` (K-step sessions: bare loop, trouper,
 OpenHands SDK), ``start`` (start_session to the first model request), ``concurrency``
 (N sessions at once, 50 ms model latency), ``recovery`` (SIGKILL an actor mid-command),
-``eventlog`` (durable appends, restoring a 10,000-event session), ``docker`` (the Docker
+``eventlog`` (durable appends, restoring a 10,000-event session), ``daemon`` (events to a
+streaming client, SIGKILL to the next step: bench/daemon_bench.py), ``docker`` (the Docker
 runtime next to the local one; skipped without an engine). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
 ``bench/results/bench-<time>.json`` and ``bench/results/latest.json``.
@@ -30,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import concurrency  # noqa: E402
+import daemon_bench  # noqa: E402
 import docker_runtime  # noqa: E402
 import event_log  # noqa: E402
 import recovery  # noqa: E402
@@ -41,7 +43,8 @@ from common import RESULTS_DIR, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render, targets  # noqa: E402
 
-WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote")
+WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
+             "daemon")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +105,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "docker_k": 3 if quick else 20,
         "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
                    "warm": 1 if quick else 3, "actions": 20 if quick else 200},
+        "daemon_quick": quick,
     }
 
 
@@ -140,6 +144,7 @@ def run_workloads(
         ),
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
         "remote": ("remote_runtime", lambda: remote_runtime.run(workdir=workdir, **cfg["remote"])),
+        "daemon": ("daemon", lambda: daemon_bench.run(cfg["daemon_quick"])),
         "eventlog": (
             "event_log",
             lambda: event_log.run(
