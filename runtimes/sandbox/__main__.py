@@ -160,7 +160,7 @@ def _serve(server: SandboxServer) -> None:
     threading.Thread(target=server.watch_idle, name="idle-watchdog", daemon=True).start()
     logger.info("sandbox server pid %d listening on port %d", os.getpid(), server.port)
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.serve_forever()
     finally:
         server.service.close()
         server.server_close()

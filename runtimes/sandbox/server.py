@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import os
+import selectors
 import socket
 import sys
 import threading
@@ -92,6 +93,10 @@ class SandboxServer(ThreadingHTTPServer):
         self._active = 0
         self._last_activity = time.monotonic()
         self._stopping = threading.Event()
+        self._serving = threading.Event()
+        self._served = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        """Written by ``shutdown``: wakes ``serve_forever``'s select, which has no timeout."""
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve a connection in a thread, unless ``max_connections`` already are."""
@@ -150,12 +155,44 @@ class SandboxServer(ThreadingHTTPServer):
             return 0.0 if self._active else time.monotonic() - self._last_activity
 
     def watch_idle(self) -> None:
-        """Stop the server once no request came for ``idle_timeout_s`` (run in a thread)."""
-        period_s = max(0.05, min(1.0, self.idle_timeout_s / 4))
-        while not self._stopping.wait(period_s):
+        """Stop the server once no request came for ``idle_timeout_s`` (run in a thread).
+        It wakes when the timeout could be due, never on a period: an idle sandbox costs
+        no CPU."""
+        while not self._stopping.wait(max(0.05, self.idle_timeout_s - self.idle_s())):
             if self.idle_s() >= self.idle_timeout_s:
                 logger.warning("no request for %.1f s: shutting down", self.idle_timeout_s)
                 self.stop()
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until ``shutdown``. The select has no timeout (``poll_interval`` is
+        ignored): it wakes for a connection or for ``shutdown``'s byte on a pipe, so an
+        idle server never wakes up to poll."""
+        self._serving.set()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                while not self._stopping.is_set():
+                    for key, _ in selector.select():
+                        if key.fileobj is self and not self._stopping.is_set():
+                            self._handle_request_noblock()
+        finally:
+            self._served.set()
+
+    def shutdown(self) -> None:
+        """Stop ``serve_forever`` and wait for it to return (from another thread)."""
+        self._stopping.set()
+        os.write(self._wake_w, b"x")
+        if self._serving.is_set():
+            self._served.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def stop(self) -> None:
         """Kill the shell and stop serving (idempotent; never call from serve_forever)."""
