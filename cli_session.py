@@ -28,7 +28,7 @@ from rich.text import Text
 from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED
 from .masking import mask_known
 from .paths import Home
-from .processes import die_if_forked
+from .processes import die_if_forked, signal_handlers
 
 if TYPE_CHECKING:
     from .api import Trouper
@@ -65,12 +65,8 @@ class Interrupts:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Interrupts]:
-        previous = {s: signal.signal(s, self._on_signal) for s in HANDLED_SIGNALS}
-        try:
+        with signal_handlers(HANDLED_SIGNALS, self._on_signal):
             yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if die_if_forked(self._pid, signum):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -94,3 +97,15 @@ def die_if_forked(owner_pid: int, signum: int) -> bool:
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return True
+
+
+@contextmanager
+def signal_handlers(signums: Iterable[int], handler: Callable[[int, Any], None]
+                    ) -> Iterator[None]:
+    """``handler`` for each of ``signums`` inside the block; the previous ones after it."""
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

@@ -31,7 +31,7 @@ import uvicorn
 from ..exceptions import TrouperError
 from ..masking import install_log_masking
 from ..paths import Home, enter_private_process
-from ..processes import die_if_forked
+from ..processes import die_if_forked, signal_handlers
 from .auth import LOOPBACK_NAMES, allowed_hosts
 from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_running
 
@@ -183,13 +183,8 @@ class _Stop:
 
     @contextmanager
     def installed(self) -> Any:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM,
-                                                                     signal.SIGINT)}
-        try:
+        with signal_handlers((signal.SIGTERM, signal.SIGINT), self._on_signal):
             yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if die_if_forked(self._pid, signum):

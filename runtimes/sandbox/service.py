@@ -120,15 +120,21 @@ class Service:
         stored = read_json(self._epoch_path) or {}
         self.epoch = max(epoch, int(stored.get("epoch", 0)))
         self._lock = threading.Lock()
+        self._workers: set[threading.Thread] = set()
+        """Threads performing an action, until its outcome is journaled."""
 
     def start(self) -> None:
         """Start the shell and persist the epoch claimed at launch."""
         self.shell.start()
         write_json_atomic(self._epoch_path, {"epoch": self.epoch})
 
-    def close(self) -> None:
-        """Kill the shell and everything it started."""
+    def close(self, journal_wait_s: float = 3.0) -> None:
+        """Kill the shell and everything it started, then give the actions that ran in it
+        up to ``journal_wait_s`` to journal their outcome (killed: an error, not unknown)."""
         self.shell.close()
+        deadline = time.monotonic() + journal_wait_s
+        for worker in list(self._workers):
+            worker.join(max(0.0, deadline - time.monotonic()))
 
     # ---- epochs ----
 
@@ -178,10 +184,19 @@ class Service:
                 name=f"action-{action_id}",
                 daemon=True,
             )
+            self._workers.add(worker)
             worker.start()
         return self.journal.read(action_id)
 
     def _perform_and_journal(
+        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
+    ) -> None:
+        try:
+            self._journal_outcome(action_id, action, timeout_s, soft_s)
+        finally:
+            self._workers.discard(threading.current_thread())
+
+    def _journal_outcome(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
     ) -> None:
         began, exits = time.monotonic(), self.shell.exits
