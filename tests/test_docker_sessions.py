@@ -94,7 +94,7 @@ def test_a_killed_container_is_replaced_and_its_action_lost(trouper, scripted, t
                                                             docker_client):
     _, llm = scripted([
         {"tool": "run", "args": {"command": "echo kept > kept.txt"}},
-        {"tool": "run", "args": {"command": "touch started; sleep 3; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "touch started; sleep 30; echo one >> ledger.txt"}},
         {"tool": "run", "args": {"command": "cat kept.txt"}},
         FINISH,
     ])

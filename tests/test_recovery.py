@@ -63,7 +63,7 @@ def test_runtime_proxy_killed_mid_command_keeps_its_real_outcome(trouper, script
 
 def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripted, tmp_path):
     _, llm = scripted([
-        {"tool": "run", "args": {"command": "touch started; sleep 2; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "touch started; sleep 30; echo one >> ledger.txt"}},
         {"tool": "run", "args": {"command": "ls"}},
         FINISH,
     ])

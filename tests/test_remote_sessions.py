@@ -103,7 +103,7 @@ def test_runtime_server_killed_and_restarted_mid_command(trouper, scripted, serv
 def test_sandbox_killed_mid_command_is_lost_and_never_run_again(trouper, scripted, server,
                                                                 tmp_path):
     _, llm = scripted([
-        {"tool": "run", "args": {"command": "touch started; sleep 3; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "touch started; sleep 30; echo one >> ledger.txt"}},
         {"tool": "run", "args": {"command": "ls"}},
         FINISH,
     ])
