@@ -111,6 +111,18 @@ class TestDaemon:
             except Exception:  # noqa: BLE001 - a test's cleanup must end it anyway
                 with contextlib.suppress(ProcessLookupError, KeyError, ValueError):
                     self.kill()
+        self._stop_sandboxes()
+
+    def _stop_sandboxes(self) -> None:
+        """A stopped daemon leaves its sessions' sandbox servers running (so they resume);
+        a test's end stops them, so nothing it started outlives it."""
+        from ..runtimes.local import LocalSandbox
+
+        for info in self.home.root.glob("sessions/*/runtime/server.json"):
+            state_dir = info.parent
+            session_dir = state_dir.parent
+            with contextlib.suppress(Exception):
+                LocalSandbox(session_dir.name, session_dir / "workspace", state_dir).stop()
 
 
 def _admin_pid(home: Home) -> int | None:
