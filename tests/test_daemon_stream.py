@@ -82,8 +82,11 @@ def test_websocket_reconnects_from_after_with_no_gap_and_no_duplicate(daemon, sc
 
     async def read_some(after: int) -> tuple[list[dict], dict | None, int | None]:
         got, end = [], None
+        # max_queue=None: a client that stops reading with more than max_queue frames
+        # unread stops reading its socket, and so waits close_timeout (10 s) for the
+        # server's close reply queued behind them (seen under load)
         async with ws_connect(f"{base}?after={after}&until_settled=true",
-                              additional_headers=auth) as ws:
+                              additional_headers=auth, max_queue=None) as ws:
             async for raw in ws:
                 message = json.loads(raw)
                 if message["type"] == "end":
