@@ -46,7 +46,7 @@ from ..exceptions import StoreUnavailable
 from ..messages.base import Frozen
 from ..messages.tree import Failing
 from ..paths import write_private
-from ..processes import start_time
+from ..processes import name_process, start_time
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +176,11 @@ def _adopt_module_loggers() -> None:
         logging.Logger.manager.loggerDict.setdefault(existing.name, existing)
 
 
+PROCESS_NAMES = {"controller": "trouper-ctl", "runtime": "trouper-proxy", "root": "trouper-root",
+                 "supervisor": "trouper-sup", "broker": "trouper-llm", "session": "trouper-session"}
+"""Each role's process name (``ps -o comm``, ``/proc/<pid>/comm``; at most 15 bytes)."""
+
+
 class TrouperActor(Actor):
     """Base actor: handlers never raise, never block, and are found by the message's type.
 
@@ -196,6 +201,7 @@ class TrouperActor(Actor):
         """Serials of the timers set and not yet fired."""
         self._last_timer = 0
         die_with_parent()
+        name_process(PROCESS_NAMES.get(self.role, "trouper-actor"))
         _adopt_module_loggers()
         gc.freeze()  # what the fork shared stays shared: the collector never writes to it
 

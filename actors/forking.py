@@ -32,7 +32,7 @@ from typing import Any
 from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
-from ..processes import pid_alive, start_time
+from ..processes import name_process, pid_alive, start_time
 from ..settings import settings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ def _become_admin() -> None:
     home = _next_admin["home"]
 
     def in_admin() -> None:
+        name_process("trouper-admin")
         if home is not None:
             publish(Path(home) / "actors" / "admin.pid", owner, owner_start)
         if owner:

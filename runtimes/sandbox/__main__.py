@@ -16,6 +16,7 @@ writes: journal, outputs, outcomes, log.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import fcntl
 import logging
@@ -77,9 +78,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _name_process(name: bytes) -> None:
+    """``ps`` shows the server by its role (Linux ``prctl(PR_SET_NAME)``; else nothing)."""
+    try:
+        ctypes.CDLL(None).prctl(15, name[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the server until it is shut down or idle; returns the exit status."""
     args = parse_args(argv)
+    _name_process(b"trouper-sandbox")
     masker = TextMasker({n: os.environ[n] for n in args.secret_env if n in os.environ})
     logs.configure(masker)
     state_dir = os.path.abspath(args.state_dir)

@@ -1,0 +1,43 @@
+"""Every process of a trouper says its role where an operator looks (``ps``, ``top``,
+``/proc/<pid>/comm``), rather than the embedding program's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trouper import AgentState
+from trouper.processes import children_of
+from trouper.testing import wait_until
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def tree_names(root: int) -> set[str]:
+    names, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        names.add(comm(pid))
+        todo.extend(children_of(pid))
+    return names
+
+
+def test_each_role_has_its_process_name(trouper, trouper_home, scripted, tmp_path):
+    _, llm = scripted([{"tool": "run", "args": {"command": "touch started; sleep 30"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    session = trouper.start_session("names", llm=llm, workspace=tmp_path)
+    wait_until(lambda: (tmp_path / "started").exists(), 60, "the command to start")
+    admin = int((trouper_home / "actors" / "admin.pid").read_text().split()[0])
+    expected = {"trouper-admin", "trouper-root", "trouper-llm", "trouper-session",
+                "trouper-proxy", "trouper-ctl", "trouper-sandbox"}
+    assert expected <= tree_names(admin)
+    session.stop()
+    assert session.wait(timeout=60) == AgentState.STOPPED
