@@ -88,6 +88,40 @@ def socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+def exit_watch(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux pidfd, close it after
+    use); None when the kernel or Python has none, or the process is gone."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def is_bash(pid: int) -> bool:
+    """Whether ``pid`` runs bash (its command line says so)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"bash" in cmdline.read()
+    except OSError:
+        return False
+
+
+def signal_quietly(pid: int, signum: int) -> None:
+    """``os.kill`` that ignores a process already gone (or not ours)."""
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of ``pid``; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 def name_process(name: str) -> None:
     """Set this process's name as ``ps``, ``top`` and ``/proc/<pid>/comm`` show it (Linux,
     at most 15 bytes; elsewhere nothing): a forked actor otherwise shows its program's."""

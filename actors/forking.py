@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from typing import Any
 from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
-from ..processes import name_process, pid_alive, start_time
+from ..processes import exit_watch, name_process, pid_alive, start_time
 from ..settings import settings
 
 logger = logging.getLogger(__name__)
@@ -105,13 +107,15 @@ def publish(path: Path, owner_pid: int = 0, owner_start: int | None = None) -> N
 
 
 def _watch_owner(owner: int, owner_start: int | None) -> None:
-    stop = threading.Event()
-    while not stop.wait(settings().owner_check_s):
-        if not _same_process(owner, owner_start):
-            logging.getLogger(__name__).warning(
-                "the program (pid %d) that embeds this actor system is gone; taking the "
-                "system down with it", owner)
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+    exit_fd = exit_watch(owner)  # opened, then checked: it is the owner, not a reused pid
+    if exit_fd is not None and _same_process(owner, owner_start):
+        select.select([exit_fd], [], [])  # wakes only when the owner exits: no polling
+    while _same_process(owner, owner_start):  # no pidfd here: ask now and then
+        time.sleep(settings().owner_check_s)
+    logging.getLogger(__name__).warning(
+        "the program (pid %d) that embeds this actor system is gone; taking the system "
+        "down with it", owner)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def _same_process(pid: int, started: int | None) -> bool:

@@ -32,7 +32,13 @@ from typing import Any, BinaryIO
 from ..exceptions import RuntimeUnavailable, StaleEpoch
 from ..messages.causes import RuntimeFailure
 from ..paths import creator_umask, private_dir
-from ..processes import children_of, pid_alive
+from ..processes import (
+    children_of,
+    is_bash,
+    pid_alive,
+    process_group,
+    signal_quietly,
+)
 from ..settings import settings
 from .base import SandboxHealth
 from .client import SandboxClient
@@ -137,9 +143,9 @@ class LocalSandbox:
         pid = self.server_pid()
         if pid is None:
             return None
-        children = sorted({g for g in map(_pgid, children_of(pid)) if g is not None})
+        children = sorted({g for g in map(process_group, children_of(pid)) if g is not None})
         # the server first: dead, it cannot see its shell die and journal an outcome
-        for group in [g for g in [_pgid(pid), *children] if g not in (None, os.getpgid(0))]:
+        for group in [g for g in [process_group(pid), *children] if g not in (None, os.getpgid(0))]:
             try:
                 os.killpg(group, signal.SIGKILL)  # type: ignore[arg-type]
             except ProcessLookupError:
@@ -340,9 +346,9 @@ class LocalSandbox:
     def _kill_server(self, pid: int, shell_pid: int | None) -> None:
         if self.pid_alive(pid) and self._is_our_server(pid):
             logger.warning("session %s: killing sandbox pid %d", self.session_id, pid)
-            _signal(pid, signal.SIGKILL)
-        if shell_pid and _is_bash(int(shell_pid)):  # bash leads its own process group
-            _signal(-int(shell_pid), signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
+        if shell_pid and is_bash(int(shell_pid)):  # bash leads its own process group
+            signal_quietly(-int(shell_pid), signal.SIGKILL)
         self._wait_exit(pid, 2.0)
 
     def _forget_info(self, pid: int) -> None:
@@ -371,18 +377,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _is_bash(pid: int) -> bool:
-    try:
-        return b"bash" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except OSError:
-        pass
 
 
 def _tail(path: Path, chars: int) -> str:
@@ -390,10 +384,3 @@ def _tail(path: Path, chars: int) -> str:
         return path.read_text(encoding="utf-8", errors="replace")[-chars:]
     except OSError as e:
         return f"(cannot read {path}: {e})"
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None

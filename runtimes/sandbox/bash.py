@@ -144,11 +144,14 @@ class BashProcess:
             written = os.write(self.fd, data)
             data = data[written:]
 
-    def read(self, timeout_s: float) -> bytes | None:
-        """Output read within ``timeout_s`` (``b""`` if none); None once the pty is closed."""
+    def read(self, timeout_s: float | None) -> bytes | None:
+        """Output read within ``timeout_s`` (``b""`` if none, or when bash has exited);
+        None once the pty is closed. ``timeout_s`` None waits for one or the other."""
+        exit_fd = self.exit_watch()
         try:
-            ready, _, _ = select.select([self.fd], [], [], timeout_s)
-            if not ready:
+            ready, _, _ = select.select([self.fd] if exit_fd is None else [self.fd, exit_fd],
+                                        [], [], timeout_s)
+            if self.fd not in ready:
                 return b""
             data = os.read(self.fd, 65536)
         except OSError as e:
@@ -209,8 +212,25 @@ class BashProcess:
             time.sleep(0.01)
         return self.exit_status if self.exit_status is not None else -1
 
+    _exit_fd: int | None = None
+    _exit_watched = False
+
+    def exit_watch(self) -> int | None:
+        """A descriptor readable once bash has exited (a Linux pidfd, opened on first
+        use), so a reader can wait without polling; None where there is none."""
+        if not self._exit_watched:
+            self._exit_watched = True
+            try:
+                self._exit_fd = os.pidfd_open(self.pid)
+            except (AttributeError, OSError):
+                self._exit_fd = None
+        return self._exit_fd
+
     def close(self) -> None:
-        """Close the master side of the pty (idempotent)."""
+        """Close the master side of the pty and the exit watch (idempotent)."""
+        exit_fd, self._exit_fd = self._exit_fd, None
+        if exit_fd is not None:
+            os.close(exit_fd)
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             try:

@@ -204,7 +204,7 @@ class ContainerProcess(BashProcess):
         while data:
             data = data[os.write(self.input_fd, data):]
 
-    def read(self, timeout_s: float) -> bytes | None:
+    def read(self, timeout_s: float | None) -> bytes | None:
         """Output, with ``\\r\\n`` back to ``\\n`` and the shell's pid report taken out."""
         data = super().read(timeout_s)
         if data is None:

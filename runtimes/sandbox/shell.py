@@ -327,8 +327,10 @@ class Shell:
         # lossless: an undecodable byte becomes a lone surrogate that encodes back to it,
         # so the output file keeps the raw bytes (OutputBuffer says how it is shown)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        # no timeout where bash's exit can be waited on: an idle shell costs no CPU
+        timeout_s = None if bash.exit_watch() is not None else 0.5
         while True:
-            data = bash.read(0.5)
+            data = bash.read(timeout_s)
             if data is None:
                 break
             if not data and bash.reap() is not None:
