@@ -178,7 +178,7 @@ def _adopt_module_loggers() -> None:
 
 PROCESS_NAMES = {"controller": "trouper-ctl", "runtime": "trouper-proxy", "root": "trouper-root",
                  "supervisor": "trouper-sup", "broker": "trouper-llm", "session": "trouper-session"}
-"""Each role's process name (``ps -o comm``, ``/proc/<pid>/comm``; at most 15 bytes)."""
+"""Each role's process name (``ps``, ``/proc/<pid>/comm``: 15 bytes at most)."""
 
 
 class TrouperActor(Actor):
@@ -217,8 +217,7 @@ class TrouperActor(Actor):
         return ThespianWatch(self._watched())
 
     def _watched(self) -> list[int]:
-        """The descriptors Thespian should watch for this actor: the worker pool's pipe
-        and the role's own (``watched_fds``)."""
+        """What Thespian watches for this actor: the pool's pipe and ``watched_fds``."""
         background = self._background
         own = [] if background is None or background.closed else [background.fileno]
         return own + ([] if self._stopping else self.watched_fds())

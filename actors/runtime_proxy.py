@@ -174,7 +174,10 @@ class RuntimeProxy(TrouperActor):
 
     def _report_failure(self, cause: RuntimeFailure, error: BaseException | None,
                         detail: str = "") -> None:
-        """Tell the supervisor what failed, then exit so it restarts a clean proxy."""
+        """Tell the supervisor what failed, then exit so it restarts a clean proxy. Once:
+        a dead server is seen by its exit watch and by the request it broke alike."""
+        if self._stopping:
+            return
         if isinstance(error, StaleEpoch) or cause == RuntimeFailure.SUPERSEDED:
             # Another proxy owns the sandbox: if it is not our supervisor's, another
             # Trouper restored this session; the supervisor decides (it checks the sender).
