@@ -279,6 +279,11 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}",
         f"machine: {m['cpu_count']} x {m['cpu_model']}, {m['mem_total_gib']} GiB, {m['os']}",
+        "load average (1, 5, 15 min): "
+        + "; ".join(
+            f"{when} " + ", ".join(f"{x:.2f}" for x in load)
+            for when, load in results.get("load_average", {}).items()
+        ),
         f"python {m['python']}, " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
         f"openhands: {oh['note']}" + (f" ({oh['versions']})" if oh.get("versions") else ""),
         "",

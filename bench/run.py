@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": cfg,
         "machine": machine(),
+        "load_average": {"start": os.getloadavg()},
     }
     began = time.monotonic()
     oh = openhands_env(args)
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     results["install_s"] = args.install_s
     results["targets"] = targets(results["workloads"], args.install_s)
     results["elapsed_s"] = time.monotonic() - began
+    results["load_average"]["end"] = os.getloadavg()  # others' work on a shared machine
     path = write(results, args.out)
     print()
     print(render(results))
