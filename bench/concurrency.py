@@ -3,37 +3,75 @@
 All N sessions are started at once in one ``Trouper``. Throughput is the steps done
 divided by the wall time from the first ``start_session()`` to the last session
 settled; step latency is the time between two model requests of one session (the 50
-ms model latency included). Memory is PSS from ``/proc/<pid>/smaps_rollup``, summed
-over the actor processes (the Thespian admin and all below it), the sandbox servers and
-their shells: once with no session (the fixed part) and once after the run, with every
+ms model latency included). The start of N sessions is the time from the first
+``start_session()`` call until every one of them has made its first model request (the
+LLM server records each request's time and ``x-trouper-session`` header);
+``start_all_s`` is only the time the ``start_session()`` calls take to return.
+
+CPU is utime + stime (and reaped children's) from ``/proc`` of every process of the
+trouper (the Thespian admin and all below it, the sandbox servers and their shells),
+from before the first session starts to after the last one settled, so starting the
+sessions is in it; per step = that / steps done. Memory is PSS and private memory
+(Private_Clean + Private_Dirty) from ``/proc/<pid>/smaps_rollup``, summed over the same
+processes: once with no session (the fixed part) and once after the run, with every
 session's processes still up. Taken after the run, the sample does not slow the run.
+CPU and memory are also given per role (the process name, see ``procs.ROLES``), per
+session: the role's sum over its processes divided by N.
+
+Each N runs in a child process of its own (``python concurrency.py <json>``), watched
+by the bench: a run that takes too long, or leaves less than ``mem_floor_mb`` of
+``MemAvailable``, is ended (the child and every process of its trouper are killed) and
+recorded as an error for that N; so is one that fails to start processes. The bench and
+the other Ns go on.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from common import chat_requests, echo_script, expected_lines, percentile, read_lines
-from contenders import TASK, llm_config
-from procs import Tree, cpu_s, sandbox_servers, tree_memory, trouper_tree
+from procs import (
+    cpu_delta,
+    kill_tree,
+    mem_available_mb,
+    role_cpu_s,
+    role_memory,
+    roles,
+    sandbox_servers,
+    trouper_tree,
+)
 
-from trouper import AgentState, Trouper
-from trouper.actor_system import free_port
-from trouper.testing import FakeLLMServer
+MEM_FLOOR_MB = 1536.0
+"""End a run when ``MemAvailable`` falls below this (the machine is shared)."""
 
 
-def run_n(n: int, steps: int, latency_s: float, workdir: Path, timeout_s: float) -> dict[str, Any]:
-    port, home = free_port(), workdir / f"conc-home-{n}"
+def _kind(role: str) -> str:
+    return {"trouper-sandbox": "sandbox servers", "shells": "shells"}.get(role, "actors")
+
+
+def run_n(
+    n: int, steps: int, latency_s: float, workdir: Path, port: int, timeout_s: float
+) -> dict[str, Any]:
+    from contenders import TASK, llm_config
+
+    from trouper import AgentState, Trouper
+    from trouper.testing import FakeLLMServer
+
+    home = workdir / f"conc-home-{n}"
     result: dict[str, Any] = {"n": n, "steps": steps, "latency_ms": latency_s * 1000}
     with (
         FakeLLMServer(echo_script(steps), latency_s=latency_s) as server,
         Trouper(home=home, admin_port=port) as t,
     ):
-        idle = tree_memory(trouper_tree(port, home))
-        idle_cpu = _tree_cpu(trouper_tree(port, home))
+        idle_roles = roles(trouper_tree(port, home))
+        idle_cpu = role_cpu_s(idle_roles)
+        idle = role_memory(idle_roles)
         bench_cpu = time.process_time()
         began = time.time()
         sessions = [
@@ -50,63 +88,100 @@ def run_n(n: int, steps: int, latency_s: float, workdir: Path, timeout_s: float)
         states = [s.wait(timeout=max(0.1, deadline - time.time())) for s in sessions]
         ended = time.time()
         bench_cpu = time.process_time() - bench_cpu
-        tree = trouper_tree(port, home)
-        loaded = tree_memory(tree)
-        cpu = {kind: used - idle_cpu.get(kind, 0.0) for kind, used in _tree_cpu(tree).items()}
-        cpu["bench process (LLM server, waits)"] = bench_cpu
-        latencies = _step_latencies_ms(server, [s.id for s in sessions])
+        loaded_roles = roles(trouper_tree(port, home))
+        cpu = cpu_delta(idle_cpu, role_cpu_s(loaded_roles))
+        loaded = role_memory(loaded_roles)
+        ids = [s.id for s in sessions]
+        latencies = _step_latencies_ms(server, ids)
         after_start = _steps_between(server, started, ended)
+        first = _first_requests(server, ids)
     finished = sum(1 for s in states if s == AgentState.FINISHED)
     good = sum(
         1
         for i in range(n)
         if read_lines(workdir / f"conc-{n}-{i}" / "out.txt") == expected_lines(steps)
     )
+    per_step = 1000 / max(1, len(latencies))
+    by_kind: dict[str, float] = defaultdict(float)
+    for role, seconds in cpu.items():
+        by_kind[_kind(role)] += seconds * per_step
+    pss_idle = sum(r["pss_mb"] for r in idle.values())
+    pss_total = sum(r["pss_mb"] for r in loaded.values())
+    pss_kinds: dict[str, float] = defaultdict(float)
+    for role, row in loaded.items():
+        pss_kinds[_kind(role).replace(" ", "_") + "_mb"] += row["pss_mb"]
+    firsts = [at - began for at in first.values()]
     result.update(
         {
             "finished": finished,
             "out_ok": good,
             "start_all_s": started - began,
+            "sessions_with_request": len(first),
+            "first_request_all_s": max(firsts) if len(first) == n else None,
+            "first_request_p50_s": percentile(firsts, 50),
             "wall_s": ended - began,
             "steps_per_s": len(latencies) / (ended - began),
             "steps_per_s_after_start": after_start / max(1e-9, ended - started),
-            "cpu_ms_per_step": {k: v * 1000 / max(1, len(latencies)) for k, v in cpu.items()},
+            "cpu_ms_per_step": dict(by_kind),
+            "cpu_ms_per_step_total": sum(by_kind.values()),
+            "cpu_ms_per_step_bench": bench_cpu * per_step,
             "step_p50_ms": percentile(latencies, 50),
             "step_p99_ms": percentile(latencies, 99),
-            "pss_idle_mb": idle["total_mb"],
-            "pss_total_mb": loaded["total_mb"],
-            "pss_per_session_mb": loaded["total_mb"] / n,
-            "pss_marginal_per_session_mb": (loaded["total_mb"] - idle["total_mb"]) / n,
-            "pss_breakdown_mb": {k: v for k, v in loaded.items() if k.endswith("_mb")},
-            "processes": int(loaded["processes"]),
-            "leftover_sandboxes": len(sandbox_servers(home)),
+            "pss_idle_mb": pss_idle,
+            "pss_total_mb": pss_total,
+            "pss_per_session_mb": pss_total / n,
+            "pss_marginal_per_session_mb": (pss_total - pss_idle) / n,
+            "pss_breakdown_mb": dict(pss_kinds),
+            "private_per_session_mb": sum(r["private_mb"] for r in loaded.values()) / n,
+            "by_role": _by_role(loaded, cpu, n, per_step),
+            "processes": sum(int(r["processes"]) for r in loaded.values()),
         }
     )
+    result["leftover_sandboxes"] = len(sandbox_servers(home))
     return result
 
 
-def _tree_cpu(tree: Tree) -> dict[str, float]:
-    """CPU seconds used so far by each kind of process of the tree."""
-    return {
-        "actors": sum(cpu_s(p) for p in tree.actors),
-        "sandbox servers": sum(cpu_s(p) for p in tree.sandboxes),
-        "shells": sum(cpu_s(p) for p in tree.shells),
-    }
+def _by_role(
+    memory: dict[str, dict[str, float]], cpu: dict[str, float], n: int, per_step: float
+) -> dict[str, dict[str, float]]:
+    """Per role: processes, CPU ms per step, and PSS / private MB per session and per
+    process (shared roles, one per trouper, divided by N too)."""
+    out = {}
+    for role in list(memory) + [r for r in cpu if r not in memory]:
+        mem = memory.get(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0})
+        count = int(mem["processes"])
+        out[role] = {
+            "processes": count,
+            "cpu_ms_per_step": cpu.get(role, 0.0) * per_step,
+            "pss_mb_per_session": mem["pss_mb"] / n,
+            "private_mb_per_session": mem["private_mb"] / n,
+            "private_mb_per_process": mem["private_mb"] / count if count else None,
+        }
+    return out
 
 
-def _steps_between(server: FakeLLMServer, began: float, ended: float) -> int:
-    """Steps that ended (a session's next model request) between two times."""
+def _request_times(server: Any) -> dict[str, list[float]]:
     times: dict[str, list[float]] = defaultdict(list)
     for r in chat_requests(server):
         times[r.headers.get("x-trouper-session", "")].append(r.time_s)
+    return times
+
+
+def _first_requests(server: Any, session_ids: list[str]) -> dict[str, float]:
+    """Each session's first model request (time), for those that made one."""
+    times = _request_times(server)
+    return {sid: times[sid][0] for sid in session_ids if times.get(sid)}
+
+
+def _steps_between(server: Any, began: float, ended: float) -> int:
+    """Steps that ended (a session's next model request) between two times."""
+    times = _request_times(server)
     return sum(1 for ts in times.values() for t in ts[1:] if began <= t <= ended)
 
 
-def _step_latencies_ms(server: FakeLLMServer, session_ids: list[str]) -> list[float]:
+def _step_latencies_ms(server: Any, session_ids: list[str]) -> list[float]:
     """Time between consecutive model requests of each session, pooled."""
-    times: dict[str, list[float]] = defaultdict(list)
-    for r in chat_requests(server):
-        times[r.headers.get("x-trouper-session", "")].append(r.time_s)
+    times = _request_times(server)
     wanted = set(session_ids)
     return [
         (b - a) * 1000
@@ -116,15 +191,90 @@ def _step_latencies_ms(server: FakeLLMServer, session_ids: list[str]) -> list[fl
     ]
 
 
-def run(ns: list[int], steps: int, latency_s: float, workdir: Path) -> dict[str, Any]:
-    results = []
+def run_isolated(
+    n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float
+) -> dict[str, Any]:
+    """``run_n`` in a child process, ended if it overruns its time or the memory floor."""
+    from trouper.actor_system import free_port
+
+    port, home, out = free_port(), workdir / f"conc-home-{n}", workdir / f"conc-{n}.json"
+    timeout_s = 120 + n * steps * 0.2
+    cfg = {"n": n, "steps": steps, "latency_s": latency_s, "workdir": str(workdir),
+           "port": port, "timeout_s": timeout_s, "out": str(out)}
+    child = subprocess.Popen([sys.executable, __file__, json.dumps(cfg)],
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout_s + 120 + n * 0.5  # + opening, sampling, closing
+    reason, lowest = None, mem_available_mb()
+    while child.poll() is None:
+        available = mem_available_mb()
+        lowest = min(lowest, available)
+        if available < mem_floor_mb:
+            reason = f"out of memory: MemAvailable {available:.0f} MB < {mem_floor_mb:.0f} MB"
+        elif time.monotonic() > deadline:
+            reason = f"timeout: still running after {timeout_s + 120 + n * 0.5:.0f} s"
+        if reason:
+            child.kill()
+            child.wait()
+            kill_tree(port, home)
+            break
+        time.sleep(0.25)
+    result: dict[str, Any] = {"n": n, "steps": steps}
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        reason = reason or f"the run's process exited {child.returncode} with no figures"
+    if reason:
+        result["error"] = reason
+    result["mem_available_lowest_mb"] = lowest
+    return result
+
+
+def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float) -> str | None:
+    """Why not to start N sessions, judged by the largest N >= 50 run so far (None: go)."""
+    ok = [r for r in done if "error" not in r and r["n"] >= 50]
+    if not ok:
+        return None
+    base = max(ok, key=lambda r: r["n"])
+    need = base["pss_idle_mb"] + n * base["pss_marginal_per_session_mb"]
+    available = mem_available_mb()
+    if need <= available - mem_floor_mb:
+        return None
+    return (f"not run: ~{need / 1024:.1f} GB needed (PSS at N={base['n']}), "
+            f"{available / 1024:.1f} GB available")
+
+
+def run(
+    ns: list[int], steps: int, latency_s: float, workdir: Path,
+    mem_floor_mb: float = MEM_FLOOR_MB,
+) -> dict[str, Any]:
+    results: list[dict[str, Any]] = []
     for n in ns:
         print(
             f"  concurrency: N={n} x {steps} steps, model latency {latency_s * 1000:g} ms",
             flush=True,
         )
+        skip = _too_big(n, results, mem_floor_mb)
+        if skip:
+            results.append({"n": n, "steps": steps, "error": skip})
+            continue
         try:
-            results.append(run_n(n, steps, latency_s, workdir, timeout_s=120 + n * steps * 0.2))
+            results.append(run_isolated(n, steps, latency_s, workdir, mem_floor_mb))
         except Exception as exc:  # noqa: BLE001 - one failed N must not hide the others
             results.append({"n": n, "steps": steps, "error": f"{type(exc).__name__}: {exc}"})
-    return {"steps": steps, "latency_ms": latency_s * 1000, "by_n": results}
+    return {"steps": steps, "latency_ms": latency_s * 1000, "mem_floor_mb": mem_floor_mb,
+            "by_n": results}
+
+
+def _child(cfg: dict[str, Any]) -> int:
+    out = Path(cfg["out"])
+    try:
+        result = run_n(cfg["n"], cfg["steps"], cfg["latency_s"], Path(cfg["workdir"]),
+                       cfg["port"], cfg["timeout_s"])
+    except Exception as exc:  # noqa: BLE001 - reported as this N's error
+        result = {"n": cfg["n"], "steps": cfg["steps"], "error": f"{type(exc).__name__}: {exc}"}
+    out.write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(json.loads(sys.argv[1])))

@@ -24,7 +24,7 @@ from common import (
     expected_lines,
     read_lines,
 )
-from procs import cpu_s
+from procs import cpu_delta, role_cpu_s, roles, session_processes, trouper_tree
 
 from trouper import AgentState, Trouper
 from trouper.agent.prompt import PromptBuilder
@@ -155,26 +155,40 @@ def run_openhands(
 
 
 def run_trouper(t: Trouper, admin_port: int, k: int, workdir: Path, latency_s: float = 0.0) -> Run:
-    """One trouper session (local runtime, multiprocTCPBase, durable log) in ``t``."""
+    """One trouper session (local runtime, multiprocTCPBase, durable log) in ``t``.
+
+    CPU is counted by role over every process that serves the session: its own (the
+    SessionSupervisor and all below it, its sandbox server and shell) and the shared ones
+    (Thespian admin and logger, root, LLM broker), from its second model request to its
+    last (K - 1 steps); earlier sessions of ``t``, idle by then, are left out.
+    """
     run = Run("trouper", k)
     workspace = workdir / f"trouper-{k}-{time.monotonic_ns()}"
+    home = t.home.root
     with FakeLLMServer(echo_script(k), latency_s=latency_s) as server:
         session = t.start_session(
             TASK, llm=llm_config(server), workspace=workspace, max_iterations=k + 5
         )
         started = wait_until(lambda: len(chat_requests(server)) >= 2, 60.0)
-        roles = session_roles(admin_port, t.home.root, session.id) if started else {}
-        before = {role: cpu_s(pid) for role, pid in roles.items()}
+        pids = session_processes(trouper_tree(admin_port, home), home, session.id)
+        if pids is None:
+            pids = roles(trouper_tree(admin_port, home))
+            run.note += " the session's processes were not found: CPU is the whole tree's"
+        before = role_cpu_s(pids) if started else {}
         bench_before = time.process_time()
-        state = session.wait(timeout=60 + k * 2.0)
-        run.cpu_s = {role: cpu_s(pid) - before[role] for role, pid in roles.items()}
+        wait_until(lambda: len(chat_requests(server)) >= k + 1, 60 + k * 2.0, poll_s=0.01)
+        if started:
+            pids.update(session_processes(trouper_tree(admin_port, home), home, session.id)
+                        or {})  # any process started since (a restarted actor)
+            run.cpu_s = {r: s for r, s in cpu_delta(before, role_cpu_s(pids)).items() if s}
         run.cpu_s["bench process (LLM server, wait)"] = time.process_time() - bench_before
+        state = session.wait(timeout=60 + k * 2.0)
         run.request_times_s = [r.time_s for r in chat_requests(server)]
         run.cpu_steps = max(1, k - 1)
     events = list(session.events())
     problems = check_log(events)
     run.ok = state == AgentState.FINISHED and not problems
-    run.note = "" if run.ok else f"state {state.value}; {problems[:3]}"
+    run.note += "" if run.ok else f" state {state.value}; {problems[:3]}"
     run.extra = {"session_id": session.id, "segments": segments(run.request_times_s, events)}
     _check_out(run, workspace)
     return run

@@ -6,11 +6,17 @@ creates, so a RuntimeProxy is the parent of its sandbox server (until the proxy 
 restarted: the server then outlives it) and a SessionSupervisor the parent of its
 RuntimeProxy and Controller. Sandbox servers are also found by their ``--state-dir``,
 which lies under the trouper's home.
+
+Every trouper process names itself for its role (``/proc/<pid>/comm``: ``trouper-admin``,
+``-root``, ``-llm``, ``-session``, ``-proxy``, ``-ctl``, ``-sandbox``), so CPU time and
+memory are attributed to roles by name (``roles``, ``role_cpu_s``, ``role_memory``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,8 +116,24 @@ def pss_kb(pid: int) -> int:
     return 0
 
 
+def _cpu_clock_s(pid: int) -> float | None:
+    """The process's CPU-time clock (user + system of all its threads, ns precision):
+    ``clock_gettime`` on the clock id Linux gives every pid (``-(pid + 1) * 8 + 2``, i.e.
+    ``CPUCLOCK_SCHED`` of the process). None if it is gone or the clock is refused."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except (OSError, OverflowError):
+        return None
+
+
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used."""
+    """User + system CPU seconds the process has used (0 if it is gone).
+
+    Read from its CPU-time clock: ``/proc/<pid>/stat`` counts whole clock ticks (10 ms),
+    too coarse for a process that is nearly idle; stat is the fallback."""
+    precise = _cpu_clock_s(pid)
+    if precise is not None:
+        return precise
     fields = _stat(pid)
     if fields is None:
         return 0.0
@@ -159,3 +181,163 @@ def tree_memory(tree: Tree) -> dict[str, float]:
     memory["total_mb"] = sum(memory.values())
     memory["processes"] = float(len(tree.all))
     return memory
+
+
+# Roles: every trouper process names itself for its role (``/proc/<pid>/comm``).
+
+ROLES = (
+    "trouper-admin",
+    "trouper-root",
+    "trouper-llm",
+    "trouper-session",
+    "trouper-proxy",
+    "trouper-ctl",
+    "trouper-sandbox",
+    "shells",
+)
+"""The roles in the order reports list them. ``trouper-admin`` holds Thespian's admin and
+its logger process; ``shells`` is everything below the sandbox servers (bash and what it
+runs), which keep their own names. A process of the tree with another name is counted
+as ``other (<name>)``."""
+SHARED_ROLES = frozenset({"trouper-admin", "trouper-root", "trouper-llm"})
+"""Roles with one process (or two: admin and logger) per ``Trouper``, not per session."""
+
+
+def comm(pid: int) -> str:
+    """The process's name (``/proc/<pid>/comm``; "" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def roles(tree: Tree) -> dict[int, str]:
+    """pid -> role of every process of the tree (see ``ROLES``)."""
+    out = {}
+    for pid in tree.actors + tree.sandboxes:
+        name = comm(pid)
+        out[pid] = name if name.startswith("trouper-") else f"other ({name or '?'})"
+    for pid in tree.shells:
+        out[pid] = "shells"
+    return out
+
+
+def role_order(names: object) -> list[str]:
+    """Role names in ``ROLES`` order, unknown ones after."""
+    rank = {role: i for i, role in enumerate(ROLES)}
+    return sorted(names, key=lambda r: (rank.get(r, len(rank)), r))  # type: ignore[arg-type]
+
+
+def cpu_with_children_s(pid: int) -> float:
+    """User + system CPU seconds of the process and of its children it has waited for
+    (so a command a shell ran and reaped counts); 0 if it is gone."""
+    fields = _stat(pid)
+    if fields is None:
+        return 0.0
+    reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+    precise = _cpu_clock_s(pid)
+    if precise is None:
+        return reaped + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return reaped + precise
+
+
+def role_cpu_s(pids_: dict[int, str]) -> dict[str, float]:
+    """CPU seconds used so far by each role (processes and their reaped children).
+
+    Take two of these and subtract (``cpu_delta``): a process that started in between
+    counts whole, and one that ended and was reaped by a parent in the tree moves to the
+    parent's role, so the sum over roles stays right."""
+    used: dict[str, float] = defaultdict(float)
+    for pid, role in pids_.items():
+        used[role] += cpu_with_children_s(pid)
+    return dict(used)
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {
+        role: after.get(role, 0.0) - before.get(role, 0.0)
+        for role in role_order(set(before) | set(after))
+    }
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """(PSS, private) kB from ``smaps_rollup``; private is Private_Clean + Private_Dirty."""
+    pss = private = 0
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            pss = int(line.split()[1])
+        elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+            private += int(line.split()[1])
+    return pss, private
+
+
+def role_memory(pids_: dict[int, str]) -> dict[str, dict[str, float]]:
+    """Per role: processes, PSS MB and private MB (summed over its processes)."""
+    out: dict[str, dict[str, float]] = {}
+    for pid, role in pids_.items():
+        pss, private = memory_kb(pid)
+        row = out.setdefault(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0})
+        row["processes"] += 1
+        row["pss_mb"] += pss / 1024.0
+        row["private_mb"] += private / 1024.0
+    return {role: out[role] for role in role_order(out)}
+
+
+def session_processes(tree: Tree, home: Path, session_id: str) -> dict[int, str] | None:
+    """pid -> role of one session's own processes (its SessionSupervisor and all below
+    it, its sandbox server and all below it) and of the shared ones (admin, root, LLM
+    broker); None when its SessionSupervisor cannot be found."""
+    every = roles(tree)
+    server = sandbox_server_of(home, session_id)
+    supervisor = server
+    while supervisor is not None and every.get(supervisor) != "trouper-session":
+        supervisor = parent(supervisor) if supervisor in every else None
+    if server is None or supervisor is None:
+        return None
+    children = children_map()
+    own = set(descendants(supervisor, children)) | set(descendants(server, children))
+    return {pid: role for pid, role in every.items() if pid in own or role in SHARED_ROLES}
+
+
+def mem_available_mb() -> float:
+    """``MemAvailable`` from ``/proc/meminfo`` in MB (inf when unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("inf")
+
+
+def kill_tree(admin_port: int, home: Path) -> list[int]:
+    """SIGKILL a trouper's processes (actors, sandbox servers, shells); the pids killed.
+
+    For a run that must be ended (out of time or memory): the admin's whole process
+    group goes (actors a dead parent left included), then every sandbox server under
+    ``home`` and what runs below it. A few passes catch processes forked meanwhile."""
+    killed: set[int] = set()
+    for _ in range(5):
+        tree = trouper_tree(admin_port, home)
+        admin = listening_pid(admin_port)
+        try:
+            group = os.getpgid(admin) if admin is not None else None
+            if group is not None and group != os.getpgrp():  # never the bench's own group
+                os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+        targets = [p for p in tree.all if alive(p)]
+        if not targets and admin is None:
+            break
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass
+        time.sleep(0.2)
+    return sorted(killed)

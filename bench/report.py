@@ -1,4 +1,4 @@
-"""The bench's printed table and its check against the issue's targets."""
+"""The bench's printed tables (the targets are in targets.py)."""
 
 from __future__ import annotations
 
@@ -6,44 +6,8 @@ from typing import Any
 
 import docker_runtime
 from common import fmt, median
-
-TARGETS = {
-    "trouper/bare per step at K=200": ("<=", 1.5),
-    "openhands/trouper per step at K=200": (">=", 3.0),
-    "openhands (subprocess terminal)/trouper per step at K=200": (">=", 3.0),
-    "PSS per session at N=100 (MB)": ("<=", 40.0),
-    "RuntimeProxy recovery, median ms to RUNNING": ("<=", 500.0),
-}
-
-
-def targets(workloads: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each target with the measured value (None when not measured) and whether it is met."""
-    results = workloads
-    step = results.get("step_overhead", {}).get("by_k", {})
-    k = "200" if "200" in step else (max(step, key=int) if step else None)
-    ratios = step.get(k, {}).get("ratios", {}) if k else {}
-    by_n = results.get("concurrency", {}).get("by_n", [])
-    n100 = next((r for r in by_n if r.get("n") == 100), None)
-    runtime = results.get("recovery", {}).get("by_role", {}).get("runtime", {})
-    values = {
-        "trouper/bare per step at K=200": ratios.get("trouper/bare") if k == "200" else None,
-        "openhands/trouper per step at K=200": ratios.get("openhands/trouper")
-        if k == "200"
-        else None,
-        "openhands (subprocess terminal)/trouper per step at K=200": ratios.get(
-            "openhands-subprocess/trouper"
-        )
-        if k == "200"
-        else None,
-        "PSS per session at N=100 (MB)": n100.get("pss_per_session_mb") if n100 else None,
-        "RuntimeProxy recovery, median ms to RUNNING": runtime.get("median_running_ms"),
-    }
-    out = {}
-    for name, (op, limit) in TARGETS.items():
-        value = values[name]
-        met = None if value is None else (value <= limit if op == "<=" else value >= limit)
-        out[name] = {"target": f"{op} {limit:g}", "value": value, "met": met}
-    return out
+from procs import role_order
+from targets import target_lines
 
 
 def _line(cells: list[str], widths: list[int]) -> str:
@@ -86,7 +50,7 @@ def step_lines(r: dict[str, Any]) -> list[str]:
                     f"{s['first_tenth_median_ms']:.1f} -> {s['last_tenth_median_ms']:.1f}",
                     fmt(s["p90_ms"]),
                     fmt(s["max_ms"]),
-                    fmt(s.get("cpu_ms_per_step_total")),
+                    fmt(s.get("cpu_ms_per_step_contender", s.get("cpu_ms_per_step_total"))),
                     fmt(s["median_ms"] / base if base else None, 2, "x"),
                 ]
             )
@@ -107,7 +71,7 @@ def step_lines(r: dict[str, Any]) -> list[str]:
             for role, ms in sorted(trouper["cpu_ms_per_step"].items(), key=lambda kv: -kv[1])
             if ms > 0
         ]
-        lines.append("  trouper CPU ms per step by process: " + ", ".join(parts))
+        lines.append("  trouper CPU ms per step by role: " + ", ".join(parts))
     for by in r["by_k"].values():
         for name in CONTENDERS:
             for note in (by.get(name) or {}).get("notes", []):
@@ -140,7 +104,9 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
     lines = [
         f"3. Concurrency: N sessions x {r['steps']} steps, model latency "
         f"{r['latency_ms']:g} ms; steps/s over the whole run and once all were started; "
-        "PSS summed over actors + sandbox servers + shells (fixed: with no session)"
+        "all started: first start_session() -> every session's first model request; "
+        "calls: start_session() calls returning; PSS and CPU (start included, bench "
+        "process not) over actors + sandbox servers + shells (fixed: with no session)"
     ]
     head = [
         "N",
@@ -153,14 +119,15 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
         "marginal MB",
         "fixed MB",
         "procs",
-        "start all s",
+        "all started s",
+        "calls s",
         "wall s",
         "CPU ms/step",
     ]
     rows = []
     for n in r["by_n"]:
-        if "error" in n:
-            rows.append([str(n["n"]), n["error"][:60]] + [""] * (len(head) - 2))
+        if "finished" not in n:
+            rows.append([str(n["n"]), n.get("error", "?")[:80]] + [""] * (len(head) - 2))
             continue
         rows.append(
             [
@@ -174,11 +141,45 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
                 fmt(n["pss_marginal_per_session_mb"]),
                 fmt(n["pss_idle_mb"]),
                 str(n["processes"]),
+                fmt(n.get("first_request_all_s"), 2),
                 fmt(n["start_all_s"], 2),
                 fmt(n["wall_s"], 2),
-                fmt(sum(n["cpu_ms_per_step"].values())),
+                fmt(n.get("cpu_ms_per_step_total")),
             ]
         )
+    lines += _table(head, rows)
+    lines += [f"  N={n['n']}: {n['error']}" for n in r["by_n"] if "error" in n and "finished" in n]
+    return lines + role_lines(r["by_n"])
+
+
+def role_lines(by_n: list[dict[str, Any]]) -> list[str]:
+    """Per role, per session: CPU ms per step, private and PSS MB, for each N."""
+    runs = [n for n in by_n if n.get("by_role")]
+    if not runs:
+        return []
+    lines = ["  by role, per session (role's sum / N): CPU ms/step | private MB | PSS MB"]
+    head = ["role"] + [f"N={n['n']}" for n in runs]
+    names = role_order({role for n in runs for role in n["by_role"]})
+    rows = []
+    for role in names:
+        cells = [role]
+        for n in runs:
+            x = n["by_role"].get(role)
+            cells.append(
+                f"{fmt(x['cpu_ms_per_step'], 2)} | {fmt(x['private_mb_per_session'])} | "
+                f"{fmt(x['pss_mb_per_session'])}"
+                if x
+                else "-"
+            )
+        rows.append(cells)
+    rows.append(
+        ["all"]
+        + [
+            f"{fmt(n['cpu_ms_per_step_total'], 2)} | {fmt(n['private_per_session_mb'])} | "
+            f"{fmt(n['pss_per_session_mb'])}"
+            for n in runs
+        ]
+    )
     return lines + _table(head, rows)
 
 
@@ -254,16 +255,14 @@ def event_log_lines(r: dict[str, Any]) -> list[str]:
     return lines + _table(["", ""], rows)
 
 
-def target_lines(t: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["Targets"]
-    for name, row in t.items():
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[row["met"]]
-        lines.append(f"  {name}: {fmt(row['value'], 2)} (target {row['target']}): {verdict}")
-    return lines
-
-
 def _remote_lines(r: dict[str, Any]) -> list[str]:
     from remote_runtime import lines
+
+    return lines(r)
+
+
+def _idle_lines(r: dict[str, Any]) -> list[str]:
+    from idle import lines
 
     return lines(r)
 
@@ -280,6 +279,11 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}",
         f"machine: {m['cpu_count']} x {m['cpu_model']}, {m['mem_total_gib']} GiB, {m['os']}",
+        "load average (1, 5, 15 min): "
+        + "; ".join(
+            f"{when} " + ", ".join(f"{x:.2f}" for x in load)
+            for when, load in results.get("load_average", {}).items()
+        ),
         f"python {m['python']}, " + ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v),
         f"openhands: {oh['note']}" + (f" ({oh['versions']})" if oh.get("versions") else ""),
         "",
@@ -306,6 +310,7 @@ def render(results: dict[str, Any]) -> str:
         ("docker_runtime", lambda r: docker_runtime.lines(r, fmt, _table)),
         ("remote_runtime", _remote_lines),
         ("daemon", _daemon_lines),
+        ("idle", _idle_lines),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

@@ -8,9 +8,12 @@ OpenHands SDK), ``start`` (start_session to the first model request), ``concurre
 (N sessions at once, 50 ms model latency), ``recovery`` (SIGKILL an actor mid-command),
 ``eventlog`` (durable appends, restoring a 10,000-event session), ``daemon`` (events to a
 streaming client, SIGKILL to the next step: bench/daemon_bench.py), ``docker`` (the Docker
-runtime next to the local one; skipped without an engine). Every workload uses
+runtime next to the local one; skipped without an engine), ``idle`` (the CPU of sessions
+that wait for the user or have finished: bench/idle.py). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
-``bench/results/bench-<time>.json`` and ``bench/results/latest.json``.
+``bench/results/bench-<time>.json`` and ``bench/results/latest.json``; their ``targets``
+are issue 14's goals with the run's values (bench/targets.py; bench/README.md says what
+each row means and how it is measured).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import concurrency  # noqa: E402
 import daemon_bench  # noqa: E402
 import docker_runtime  # noqa: E402
 import event_log  # noqa: E402
+import idle  # noqa: E402
 import recovery  # noqa: E402
 import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
@@ -41,10 +45,11 @@ import step_overhead  # noqa: E402
 import venvs  # noqa: E402
 from common import RESULTS_DIR, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
-from report import render, targets  # noqa: E402
+from report import render  # noqa: E402
+from targets import targets  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
-             "daemon")
+             "daemon", "idle")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +68,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--ks", help="step counts for the step workload, e.g. 20,200")
     parser.add_argument("--rounds", type=int, help="rounds of the step workload")
-    parser.add_argument("--ns", help="session counts for the concurrency workload")
+    parser.add_argument(
+        "--ns",
+        help="session counts for the concurrency workload, e.g. 1,10,50,100,500,1000 (a "
+        "run that runs out of time or memory is recorded as that N's error)",
+    )
+    parser.add_argument(
+        "--mem-floor-mb",
+        type=float,
+        default=concurrency.MEM_FLOOR_MB,
+        help="end a concurrency run when MemAvailable falls below this (default "
+        f"{concurrency.MEM_FLOOR_MB:g})",
+    )
     parser.add_argument("--conc-steps", type=int, help="steps per session (concurrency)")
     parser.add_argument(
         "--conc-latency-ms",
@@ -72,6 +88,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="model latency for the concurrency workload (default 50)",
     )
     parser.add_argument("--trials", type=int, help="recovery trials per killed role")
+    parser.add_argument("--idle-sessions", type=int, help="sessions of the idle workload")
+    parser.add_argument("--idle-window-s", type=float, help="the idle workload's window")
+    parser.add_argument(
+        "--install-s",
+        type=float,
+        help="seconds the README's first command took on a fresh machine (timed outside "
+        "the bench): the value of that target row, null without it",
+    )
     parser.add_argument(
         "--latency-ms",
         type=float,
@@ -106,6 +130,10 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
                    "warm": 1 if quick else 3, "actions": 20 if quick else 200},
         "daemon_quick": quick,
+        "idle_sessions": args.idle_sessions or (3 if quick else 20),
+        "idle_window_s": args.idle_window_s or (2.0 if quick else 10.0),
+        "idle_settle_s": 0.5 if quick else 2.0,
+        "mem_floor_mb": args.mem_floor_mb,
     }
 
 
@@ -139,7 +167,17 @@ def run_workloads(
         "concurrency": (
             "concurrency",
             lambda: concurrency.run(
-                cfg["ns"], cfg["concurrency_steps"], cfg["concurrency_latency_s"], workdir
+                cfg["ns"],
+                cfg["concurrency_steps"],
+                cfg["concurrency_latency_s"],
+                workdir,
+                cfg["mem_floor_mb"],
+            ),
+        ),
+        "idle": (
+            "idle",
+            lambda: idle.run(
+                cfg["idle_sessions"], cfg["idle_window_s"], cfg["idle_settle_s"], workdir
             ),
         ),
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
@@ -204,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": cfg,
         "machine": machine(),
+        "load_average": {"start": os.getloadavg()},
     }
     began = time.monotonic()
     oh = openhands_env(args)
@@ -212,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         results["workloads"] = run_workloads(args, cfg, oh, workdir)
         results["leftover_sandbox_pids"] = reap(workdir)
     results["openhands_env"] = _openhands_versions(oh, results["workloads"])
-    results["targets"] = targets(results["workloads"])
+    results["install_s"] = args.install_s
+    results["targets"] = targets(results["workloads"], args.install_s)
     results["elapsed_s"] = time.monotonic() - began
+    results["load_average"]["end"] = os.getloadavg()  # others' work on a shared machine
     path = write(results, args.out)
     print()
     print(render(results))

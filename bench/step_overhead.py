@@ -4,7 +4,15 @@ Rounds alternate the contenders (rotating who goes first) so that a noisy machin
 hits all of them alike. Per contender and K: the median step time over every step of
 every round, the median of the first and last tenth of the steps (how a step's cost
 grows with the session's length), the worst step, and CPU milliseconds per step by
-process.
+process role.
+
+This workload gives the table's "CPU per step, one session (all processes)":
+``cpu_ms_per_step_contender`` of trouper at the largest K. It counts every process that
+serves the session, by role (``procs.ROLES``): the Thespian admin and its logger, the root,
+the LLM broker, the SessionSupervisor, RuntimeProxy and Controller, the sandbox server and
+its shell (with what they ran and reaped), from the session's second model request to its
+last, so session start is left out (the concurrency workload's N=1 row has it in). The
+bench process (the fake LLM server) is reported apart and not in that figure.
 """
 
 from __future__ import annotations
@@ -41,6 +49,11 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
         "round_medians_ms": [median(s) for s in steps],
         "cpu_ms_per_step": {role: round(ms, 2) for role, ms in cpu.items()},
         "cpu_ms_per_step_total": round(sum(cpu.values()), 2) if cpu else None,
+        "cpu_ms_per_step_contender": round(
+            sum(ms for role, ms in cpu.items() if not role.startswith("bench")), 2
+        )
+        if cpu
+        else None,
         "segments_ms": _segments(ok),
         "extra": {k: v for k, v in ok[0].extra.items() if k != "segments"} if ok else {},
     }

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 
-GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog", "docker,remote"]
+GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog,idle", "docker,remote"]
 """Every workload, in three runs the suite's workers share (one run took ~55 s alone)."""
 
 
