@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 _OUTCOME_FIELDS = frozenset(Outcome.model_fields)
 _STOP_MARGIN_S = 60.0
 """Time past an action's hard timeout allowed for the kill, a shell restart and the reply."""
+KEEPALIVE_S = 8.0
+"""A kept-alive connection idle for longer is not reused: the server closes one idle for
+10 s (``READ_TIMEOUT_S``), and a request sent on it would fail and be sent again."""
 
 
 class SandboxClient:
@@ -57,7 +60,8 @@ class SandboxClient:
         self.poll_s = poll_s
         """Longest single long-poll while waiting for an action."""
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
+        """Kept-alive connections and when each was last used (monotonic)."""
         self._lock = threading.Lock()
 
     @property
@@ -133,7 +137,7 @@ class SandboxClient:
         """Close the idle connections (idempotent)."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
     # ---- HTTP ----
@@ -193,8 +197,15 @@ class SandboxClient:
         raise AssertionError("unreachable")
 
     def _acquire(self, timeout_s: float) -> tuple[http.client.HTTPConnection, bool]:
+        now, conn, stale = time.monotonic(), None, []
         with self._lock:
-            conn = self._idle.pop() if self._idle else None
+            while self._idle and conn is None:
+                conn, used_at = self._idle.pop()
+                if now - used_at > KEEPALIVE_S:  # the server has closed it, or is about to
+                    stale.append(conn)
+                    conn = None
+        for old in stale:
+            old.close()
         if conn is None:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
             try:
@@ -215,7 +226,7 @@ class SandboxClient:
             conn.close()
             return
         with self._lock:
-            self._idle.append(conn)
+            self._idle.append((conn, time.monotonic()))
 
     def _decode(self, status: int, payload: bytes, operation: str) -> dict[str, Any]:
         try:

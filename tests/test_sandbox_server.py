@@ -265,7 +265,7 @@ def test_the_client_outlives_idle_connections_the_server_closed(
     client = server.client()
     try:
         client.alive()
-        idle = client._idle[0]
+        idle, _ = client._idle[0]
         assert idle.sock is not None
         wait_until(lambda: closed_by_server(idle.sock, 0.1), 5, "the idle connection closed")
         assert client.alive()["pid"] == server.proc.pid  # a fresh connection, transparently
@@ -291,3 +291,20 @@ def test_an_action_over_the_body_cap_is_rejected_before_sending(
         assert not (sandbox.workspace / "big.txt").exists()
     finally:
         sandbox.stop()
+
+
+def test_a_connection_idle_past_the_keepalive_is_not_reused(
+    start_server: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One the server is about to close (or has) is dropped, not tried and sent again."""
+    monkeypatch.setattr(client_module, "KEEPALIVE_S", 0.0)
+    server = start_server()
+    client = server.client()
+    try:
+        client.alive()
+        old, _ = client._idle[0]
+        client.alive()
+        assert old.sock is None  # closed by the client, never written to
+        assert client._idle[0][0] is not old
+    finally:
+        client.close()
