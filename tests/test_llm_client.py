@@ -1,0 +1,69 @@
+"""llm/client.py: litellm's success logging runs only when someone listens to it, and the
+price of a call is the one litellm computed while building the response."""
+
+from __future__ import annotations
+
+import threading
+
+import litellm
+import litellm.utils
+import pytest
+
+from trouper.config import LLMConfig
+from trouper.llm import client
+from trouper.messages.protocol import Complete
+from trouper.testing import FakeLLMServer, wait_until
+from trouper.testing.fake_llm import load_script
+
+
+@pytest.fixture
+def request_to():
+    servers: list[FakeLLMServer] = []
+
+    def make(model: str = "hosted_vllm/scripted", **llm: object) -> Complete:
+        server = FakeLLMServer(load_script([{"say": "hello"}] * 5)).start()
+        servers.append(server)
+        config = LLMConfig(model=model, base_url=server.url, api_key="k", **llm)
+        return Complete(request_id="r", session_id="s", llm=config,
+                        messages=[{"role": "user", "content": "hi"}])
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def test_no_success_logging_is_submitted_when_nobody_listens(request_to, monkeypatch):
+    submitted = []
+    real_submit = litellm.utils.executor.submit
+    monkeypatch.setattr(litellm.utils.executor, "submit",
+                        lambda *a, **k: submitted.append(a) or real_submit(*a, **k))
+    completed, _ = client.complete(request_to())
+    assert completed.content == "hello"
+    assert submitted == []
+
+
+def test_a_programs_own_litellm_callback_still_runs(request_to, monkeypatch):
+    seen = threading.Event()
+
+    def callback(kwargs, response, start, end):  # litellm's custom-function callback
+        seen.set()
+
+    monkeypatch.setattr(litellm, "success_callback", [callback])
+    completed, _ = client.complete(request_to())
+    assert completed.content == "hello"
+    wait_until(seen.is_set, 10, "the program's litellm callback")
+
+
+def test_configured_prices_win_and_unknown_models_cost_nothing(request_to):
+    priced, _ = client.complete(request_to(input_cost_per_token=1.0, output_cost_per_token=2.0))
+    assert priced.cost_usd == priced.prompt_tokens * 1.0 + priced.completion_tokens * 2.0 > 0
+    unknown, _ = client.complete(request_to())
+    assert unknown.cost_usd == 0.0
+
+
+def test_a_known_model_is_priced_as_litellm_prices_it(request_to):
+    completed, _ = client.complete(request_to(model="openai/gpt-4o-mini"))
+    expected = litellm.cost_per_token(model="gpt-4o-mini",
+                                      prompt_tokens=completed.prompt_tokens,
+                                      completion_tokens=completed.completion_tokens)
+    assert completed.cost_usd == pytest.approx(sum(expected)) and completed.cost_usd > 0
