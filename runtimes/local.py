@@ -49,10 +49,14 @@ logger = logging.getLogger(__name__)
 RUNTIMES_DIR = Path(__file__).resolve().parent
 """The folder holding the ``sandbox`` package; the server imports it from here."""
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "import sys; sys.modules['ssl'] = sys.modules['_hashlib'] = None; "
+    "sys.path.insert(0, sys.argv.pop(1)); "
     "from sandbox.__main__ import main; sys.exit(main())"
 )
-"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd."""
+"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd.
+OpenSSL stays unloaded (http.client would import ssl, hmac and hashlib _hashlib; their
+stdlib fallbacks do the server's hashing and constant-time compare): ~1.2 MB less
+private memory per sandbox."""
 PASSED_ENV = tuple("PATH HOME USER LOGNAME SHELL LANG LC_ALL LC_CTYPE TZ TMPDIR".split())
 """Variables of this process the shell inherits; everything else comes from ``env``."""
 

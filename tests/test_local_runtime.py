@@ -331,3 +331,13 @@ def test_sandbox_package_is_stdlib_only_and_self_contained() -> None:
             [python, "-I", "-S", "-c", boot, str(package.parent)], capture_output=True, timeout=30
         )
         assert done.returncode == 0, (python, done.stderr.decode())
+
+
+def test_the_server_leaves_openssl_unloaded(make_sandbox: Callable[..., LocalSandbox]) -> None:
+    """A sandbox per session: OpenSSL's ~1.2 MB of private pages in each would add up."""
+    sandbox = make_sandbox()
+    sandbox.start(1)
+    pid = sandbox.runtime.alive()["pid"]
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libssl" not in maps and "_hashlib" not in maps and "libcrypto" not in maps
+    assert sandbox.runtime.alive()["pid"] == pid  # the token check still answers
