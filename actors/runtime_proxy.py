@@ -154,7 +154,7 @@ class RuntimeProxy(TrouperActor):
         waiting, self._waiting = self._waiting, []
         for msg, sender in waiting:
             self._dispatch_own(msg, sender)
-        self._watch_exit()
+        # self._watch_exit() is off until a stuck-session flake seen with it is understood
         self.after(self._health_every_s(), "health")
 
     def on_timer_health(self, token: object) -> None:
