@@ -109,7 +109,9 @@ def publish(path: Path, owner_pid: int = 0, owner_start: int | None = None) -> N
 def _watch_owner(owner: int, owner_start: int | None) -> None:
     exit_fd = exit_watch(owner)  # opened, then checked: it is the owner, not a reused pid
     if exit_fd is not None and _same_process(owner, owner_start):
-        select.select([exit_fd], [], [])  # wakes only when the owner exits: no polling
+        waiter = select.poll()  # poll, not select: no limit on the descriptor's number
+        waiter.register(exit_fd, select.POLLIN)
+        waiter.poll()  # wakes only when the owner exits: no polling
     while _same_process(owner, owner_start):  # no pidfd here: ask now and then
         time.sleep(settings().owner_check_s)
     logging.getLogger(__name__).warning(

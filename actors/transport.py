@@ -151,8 +151,6 @@ def seal(key_file: str | os.PathLike[str] | None = None) -> AuthenticatedCodec:
     os.environ["THESPIAN_BASE_IPADDR"] = LOOPBACK
     TCPTransport.serializer = codec
     TCPTransport.ReceiveBuffer = CappedReceiveBuffer
-    # transport_loop.install() (a poll-based selector) is not called: a chaos run left a
-    # session stuck while it and the proxy's exit watch were in, and the cause is not found
     IPBase.IPActorAddress.bindArgs = property(_bind_advertised)
     _state["codec"], _state["key_file"] = codec, wanted
     return codec

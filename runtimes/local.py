@@ -381,8 +381,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-
-
 def _tail(path: Path, chars: int) -> str:
     try:
         return path.read_text(encoding="utf-8", errors="replace")[-chars:]
