@@ -9,6 +9,9 @@ session goes on in the daemon (exit 130, as every interrupted command).
 from __future__ import annotations
 
 import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,18 @@ from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED, USAGE, CliError, 
 
 DETACHED = ("detached: session {id} goes on in the daemon; follow it again with "
             "'trouper events {id} --follow'")
+
+
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt inside the block even where this process was started
+    with SIGINT ignored (a ``cmd &`` shell does that, and Python then never installs its
+    handler): following a session always detaches on Ctrl-C, as ``trouper run`` pauses."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_summary_line(summary: dict[str, Any]) -> None:
@@ -91,8 +106,9 @@ def events_remote(client: Any, *, session_id: str, since: int, as_json: bool, ve
                   follow: bool, **_: Any) -> int:
     session = client.session(session_id)
     try:
-        for event in session.events(since, follow=follow):
-            _show(event, as_json, verbose)
+        with ctrl_c_interrupts():
+            for event in session.events(since, follow=follow):
+                _show(event, as_json, verbose)
     except KeyboardInterrupt:
         return INTERRUPTED_BASE + 2
     return OK
@@ -116,11 +132,12 @@ def events_local(*, session_id: str, home: Path | None, since: int, as_json: boo
         view = SessionView.of(store.read(session_id, limit=since)) if since else SessionView()
         if view.settled and view.last_seq >= store.last_seq(session_id):
             return OK
-        for event in store.follow(session_id, since=since):
-            view.apply(event)
-            _show(event, as_json, verbose)
-            if view.settled and view.last_seq >= store.last_seq(session_id):
-                break
+        with ctrl_c_interrupts():
+            for event in store.follow(session_id, since=since):
+                view.apply(event)
+                _show(event, as_json, verbose)
+                if view.settled and view.last_seq >= store.last_seq(session_id):
+                    break
     except KeyboardInterrupt:
         return INTERRUPTED_BASE + 2
     finally:
@@ -135,7 +152,8 @@ def follow_remote(session: Any, since: int, timeout_s: float, verbose: bool) -> 
     """Stream a daemon's session until it settles or ``timeout_s``; a summary; the code.
     Ctrl-C detaches (the session goes on)."""
     try:
-        stream(session, timeout_s, verbose, since=since)
+        with ctrl_c_interrupts():
+            stream(session, timeout_s, verbose, since=since)
     except KeyboardInterrupt:
         click.echo(DETACHED.format(id=session.id), err=True)
         return INTERRUPTED_BASE + 2

@@ -97,7 +97,12 @@ def test_pause_resume_and_stop_from_the_command_line(daemon, scripted):
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
 
 
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a `cmd &` shell starts it
+
+
 def test_run_daemon_follows_and_ctrl_c_detaches(daemon, scripted, tmp_path):
+    """Even started with SIGINT ignored (Python then installs no handler of its own)."""
     server, _ = scripted([{"tool": "run", "args": {"command": f"echo {i}"}, "delay_s": 0.2}
                           for i in range(15)] + [FINISH])
     env = {**os.environ, "TROUPER_HOME": str(daemon.home.root)}
@@ -105,7 +110,8 @@ def test_run_daemon_follows_and_ctrl_c_detaches(daemon, scripted, tmp_path):
         [sys.executable, "-m", "trouper", "run", "count to fifteen", "--daemon",
          "--model", "hosted_vllm/scripted", "--base-url", server.url, "--api-key", "test-key",
          "--workspace", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=_sigint_ignored)
     try:
         wait_until(lambda: any(s["task"] == "count to fifteen" and s["last_seq"] > 5
                                for s in daemon.client().sessions()), 60, "the session running")
