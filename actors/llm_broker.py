@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from thespian.actors import ActorAddress
 
 from ..llm.backoff import Backoff
-from ..llm.client import complete, warm_up
+from ..llm.client import complete
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, estimate_tokens
@@ -94,7 +94,6 @@ class LLMBroker(TrouperActor):
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.publish_pid(Home.at(msg.home).actor_pid_path("broker"))
-        self.background.submit(warm_up, lambda _result, _error: None)
 
     def on_complete(self, msg: Complete, sender: ActorAddress) -> None:
         if msg.request_id in self._calls:

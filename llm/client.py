@@ -6,6 +6,7 @@ Runs on a broker worker thread, never on an actor's thread.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import time
@@ -24,20 +25,18 @@ logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True
 
 
+def _can_skip_mcp() -> bool:
+    """Whether this litellm's ``completion`` takes ``_skip_mcp_handler`` (1.106 does)."""
+    completion = inspect.unwrap(litellm.completion)  # under litellm's @client wrapper
+    code = getattr(completion, "__code__", None)
+    return code is not None and "_skip_mcp_handler" in code.co_consts
 
-def warm_up() -> None:
-    """Import what litellm loads on its first call with tools (mcp, starlette...).
 
-    The broker calls this on a worker thread when it boots, so its first real call does
-    not pay about a second for it. It is deliberately *not* imported before the actor
-    system forks: every actor process would then carry these modules, and Python's
-    reference counting and GC turn such shared pages private in each process.
-    """
-    try:
-        import litellm.responses.mcp.chat_completions_handler  # noqa: F401
-        import litellm.responses.mcp.litellm_proxy_mcp_handler  # noqa: F401
-    except ImportError:  # pragma: no cover - another litellm version
-        logger.debug("litellm's MCP handlers moved; they load on the first call")
+SKIP_MCP = _can_skip_mcp()
+"""trouper's tools are plain functions, never MCP gateway tools: litellm is told so, and
+then neither imports its MCP handlers (the ``mcp`` package, starlette...: ~0.4 s of CPU and
+tens of MB in the broker) nor checks every tool for a gateway URL. Another litellm
+without the switch imports them on its first call with tools, as before."""
 
 
 try:  # litellm's own switch for calls made inside litellm (no success logging)
@@ -82,6 +81,8 @@ def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, 
     }
     if request.tools:
         kwargs["tools"] = request.tools
+        if SKIP_MCP:
+            kwargs["_skip_mcp_handler"] = True
     if cfg.base_url:
         kwargs["api_base"] = cfg.base_url
     if cfg.api_key is not None:

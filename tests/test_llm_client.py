@@ -67,3 +67,38 @@ def test_a_known_model_is_priced_as_litellm_prices_it(request_to):
                                       prompt_tokens=completed.prompt_tokens,
                                       completion_tokens=completed.completion_tokens)
     assert completed.cost_usd == pytest.approx(sum(expected)) and completed.cost_usd > 0
+
+
+MCP_PROBE = """
+import os, sys
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+from trouper.agent.tools import tool_specs
+from trouper.config import LLMConfig
+from trouper.llm import client
+from trouper.messages.protocol import Complete
+from trouper.testing import FakeLLMServer, load_script
+
+with FakeLLMServer(load_script([{"tool": "run", "args": {"command": "ls"}}])) as server:
+    config = LLMConfig(model="hosted_vllm/scripted", base_url=server.url, api_key="k")
+    completed, _ = client.complete(Complete(
+        request_id="r", session_id="s", llm=config,
+        messages=[{"role": "user", "content": "hi"}], tools=tool_specs()))
+handlers = ("mcp", "litellm.responses.mcp.chat_completions_handler",
+            "litellm.responses.mcp.litellm_proxy_mcp_handler")
+print(completed.tool_calls[0].name, sorted(m for m in handlers if m in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_a_call_with_tools_loads_no_mcp_handler():
+    """trouper's tools are plain functions: litellm is told so and skips its MCP gateway
+    (the mcp package, starlette...: ~0.4 s of CPU and ~20 MB in the broker). A fresh
+    interpreter, since this one may have loaded them for another reason."""
+    import subprocess
+    import sys
+
+    assert client.SKIP_MCP, "this litellm lost _skip_mcp_handler: see llm/client.py"
+    probe = subprocess.run([sys.executable, "-c", MCP_PROBE], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.split(maxsplit=1) == ["run", "[]\n"]
