@@ -36,6 +36,7 @@ from thespian.system import multiprocCommon
 from ..paths import enter_private_process, write_private
 from ..processes import exit_watch, name_process, pid_alive, start_time
 from ..settings import settings
+from . import reaping
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ _next_admin: dict[str, Any] = {"home": None, "owner_pid": 0}
 
 
 def install() -> None:
-    """Wrap Thespian's fork entries (idempotent). Raises RuntimeError if they are gone."""
+    """Wrap Thespian's fork entries and make it report every dead child (``reaping``);
+    idempotent. Raises RuntimeError if they are gone."""
+    reaping.install()
     for name in ("startAdmin", "startChild"):
         entry = getattr(multiprocCommon, name, None)
         if entry is None:
