@@ -6,7 +6,8 @@ A supervisor (``actors/supervision.py``) restarts a dead child alone (one for on
   up on the child for a cooldown that doubles each round (``giveup_cooldown_s`` up to
   ``giveup_cooldown_max_s``), then starts it again from a clean budget by itself; after
   ``giveup_rounds`` rounds it stays down until someone restarts it (a user's resume);
-- between tries an exponential backoff with full jitter, as a timer, never a sleep.
+- the first restart at once; between later tries an exponential backoff with full
+  jitter, as a timer, never a sleep.
 
 ``RestartBudget`` takes its clock and random source as arguments, so every rule here is
 tested on a fake clock (``tests/test_restarts.py``).
@@ -31,7 +32,8 @@ class RestartPolicy(BaseModel):
     """Restarts of one child allowed within ``period_s``; past that the supervisor gives up."""
     period_s: float = Field(default=60.0, gt=0)
     backoff_initial_s: float = Field(default=0.05, ge=0)
-    """Upper bound of the first wait before a restart."""
+    """Upper bound of the wait before the second restart in ``period_s`` (the first is
+    at once); it doubles for each one after."""
     backoff_max_s: float = Field(default=5.0, ge=0)
     """Cap on one wait before a restart."""
     giveup_cooldown_s: float = Field(default=30.0, ge=0)
@@ -76,9 +78,13 @@ class RestartBudget:
         return True
 
     def backoff_s(self) -> float:
-        """Full jitter: uniform in [0, min(max, initial * 2**(restarts-1))]."""
-        tries = max(1, len(self._restarts))
-        ceiling = min(self._policy.backoff_max_s, self._policy.backoff_initial_s * 2 ** (tries - 1))
+        """0 for the first restart in the window (a lone crash costs no wait: a killed
+        proxy's session is back sooner), then full jitter: uniform in
+        [0, min(max, initial * 2**(restarts-2))]."""
+        tries = len(self._restarts)
+        if tries <= 1:
+            return 0.0
+        ceiling = min(self._policy.backoff_max_s, self._policy.backoff_initial_s * 2 ** (tries - 2))
         return self._rng.uniform(0.0, ceiling)
 
     def reset(self) -> None:

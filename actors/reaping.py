@@ -55,7 +55,7 @@ def _child_exited(self: Any, child_address: Any) -> None:
         if address == child_address:
             continue  # the exit just handled
         logger.info("a child (%s) died while its parent handled another child's exit; "
-                       "reporting it", address)
+                    "reporting it", address)
         try:
             self.transport.scheduleTransmit(
                 None, TransmitIntent(self.transport.myAddress, ChildActorExited(address)))
