@@ -52,6 +52,11 @@ class Settings(BaseModel):
     sandbox_health_every_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     """How often a runtime proxy asks its sandbox whether it still lives (a sandbox that
     died while idle is replaced within about this long)."""
+    sandbox_watched_health_every_s: float = Field(default=100.0, gt=0, allow_inf_nan=False)
+    """The same for a sandbox whose process the proxy watches (a local server: its exit
+    wakes the proxy at once), so an idle session costs next to nothing: this slow check
+    finds a server that lives but no longer answers, and keeps it from idling out (it
+    runs at least three times per ``sandbox_idle_timeout_s``)."""
     journal_resolve_wait_s: float = Field(default=5.0, ge=0, allow_inf_nan=False)
     """How long one ``resolve`` waits for an action still running before answering so."""
     journal_retry_first_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
@@ -68,7 +73,7 @@ class Settings(BaseModel):
     """How long a closing actor system waits for sessions to stop their sandboxes."""
     owner_check_s: float = Field(default=0.2, gt=0, allow_inf_nan=False)
     """How often an embedded actor system's admin checks that its program still runs."""
-    sandbox_idle_timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    sandbox_idle_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
 

@@ -217,16 +217,26 @@ class TrouperActor(Actor):
         return ThespianWatch(self._watched())
 
     def _watched(self) -> list[int]:
-        """The descriptors Thespian should watch for this actor: the worker pool's pipe."""
+        """What Thespian watches for this actor: the pool's pipe and ``watched_fds``."""
         background = self._background
-        return [] if background is None or background.closed else [background.fileno]
+        own = [] if background is None or background.closed else [background.fileno]
+        return own + ([] if self._stopping else self.watched_fds())
+
+    def watched_fds(self) -> list[int]:
+        """Descriptors this role waits on (``on_fd_ready`` when one is readable)."""
+        return []
+
+    def on_fd_ready(self, fd: int) -> None:
+        """A descriptor of ``watched_fds`` is readable."""
 
     def _dispatch(self, msg: Any, sender: ActorAddress) -> None:
         if isinstance(msg, WatchMessage):
-            if self._background is None:
-                self.drop(msg, "it watches nothing", logging.WARNING)
-            else:
-                self._background.drain()
+            background = self._background
+            for fd in msg.ready:
+                if background is not None and fd == background.fileno:
+                    background.drain()
+                elif fd in self.watched_fds():
+                    self.on_fd_ready(fd)
             return
         if isinstance(msg, WakeupMessage):
             self.on_wakeup(msg.payload, sender)

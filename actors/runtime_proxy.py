@@ -14,6 +14,7 @@ brings up is stopped too. An action for another session is dropped, never run he
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from ..messages.protocol import (
 )
 from ..messages.tree import BootRuntime, Superseded
 from ..paths import Home
+from ..processes import exit_watch
 from ..runtimes import load_sandbox
 from ..runtimes.base import JournalRecord, Sandbox, SandboxHealth
 from ..settings import settings
@@ -58,6 +60,8 @@ class RuntimeProxy(TrouperActor):
         self._starting = False
         self._closes: list[tuple[CloseSandbox, ActorAddress]] = []
         """CloseSandbox requests not answered yet: all are answered when the stop is done."""
+        self._exit_fd: int | None = None
+        """A pidfd of the sandbox server, readable once it exits (None: not watched)."""
         self._blocked: dict[str, float] = {}
         """Actions the sandbox could not journal, with the wait before the next try."""
 
@@ -105,11 +109,32 @@ class RuntimeProxy(TrouperActor):
             session_id=self._session_id, phase=phase, detail=detail))
 
     def _health_every_s(self) -> float:
-        """The health period: the settings', or the backend's when it asks for less (a
-        container's death is cheap to see and should be seen within a second)."""
+        """The health period: the settings', slower while the sandbox's exit is watched,
+        or the backend's when it asks for less (a container's death is cheap to see and
+        should be seen within a second)."""
         wanted = getattr(self._sandbox, "health_every_s", None)
         every = settings().sandbox_health_every_s
+        if self._exit_fd is not None:  # often enough that the server never idles out
+            idle_s = getattr(self._sandbox, "idle_timeout_s", None) or float("inf")
+            every = min(settings().sandbox_watched_health_every_s, idle_s / 3)
         return min(every, wanted) if isinstance(wanted, (int, float)) and wanted > 0 else every
+
+    def _watch_exit(self) -> None:
+        """Wait on the sandbox server's exit (a pidfd Thespian selects on) where the
+        backend runs one here, rather than asking it every few seconds whether it lives."""
+        server_pid = getattr(self._sandbox, "server_pid", None)
+        pid = server_pid() if callable(server_pid) else None
+        self._exit_fd = exit_watch(pid) if pid else None
+
+    def watched_fds(self) -> list[int]:
+        return [] if self._exit_fd is None else [self._exit_fd]
+
+    def on_fd_ready(self, fd: int) -> None:
+        """The server exited: stop watching, and let a health check say how it ended."""
+        os.close(fd)  # here, on the actor's thread: Thespian gets the list without it next
+        self._exit_fd = None
+        if self._sandbox is not None and not self._stopping:
+            self.background.submit(self._sandbox.alive, self._health_checked)
 
     def _started(self, attached: bool | None, error: BaseException | None) -> None:
         self._starting = False
@@ -129,6 +154,7 @@ class RuntimeProxy(TrouperActor):
         waiting, self._waiting = self._waiting, []
         for msg, sender in waiting:
             self._dispatch_own(msg, sender)
+        self._watch_exit()
         self.after(self._health_every_s(), "health")
 
     def on_timer_health(self, token: object) -> None:
@@ -149,7 +175,7 @@ class RuntimeProxy(TrouperActor):
     def _report_failure(self, cause: RuntimeFailure, error: BaseException | None,
                         detail: str = "") -> None:
         """Tell the supervisor what failed, then exit so it restarts a clean proxy. Once:
-        a dead server can be seen by a health check and by the request it broke alike."""
+        a dead server is seen by its exit watch and by the request it broke alike."""
         if self._stopping:
             return
         if isinstance(error, StaleEpoch) or cause == RuntimeFailure.SUPERSEDED:

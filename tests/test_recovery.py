@@ -232,6 +232,27 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
     assert not (tmp_path / "ledger.txt").exists()
 
 
+def test_an_idle_sandbox_server_that_dies_is_replaced_through_its_exit_watch(
+        scripted, tmp_path, monkeypatch):
+    """With health checks an hour apart, only the proxy's wait on the server's exit (a
+    pidfd Thespian selects on) can see the death: an idle session polls nothing."""
+    monkeypatch.setenv("TROUPER_SANDBOX_HEALTH_EVERY_S", "3600")
+    monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "3600")
+    _, llm = scripted([{"say": "Ready when you are."}, FINISH])
+    with Trouper(home=tmp_path / "home") as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        killed_at = session.record.last_seq
+        kill_sandbox(session)
+        wait_until(lambda: [e.phase for e in session.events(since=killed_at)
+                            if isinstance(e, RuntimeEvent)][:2] == ["failed", "started"],
+                   30, "the exit watch to replace the sandbox")
+        assert session.state == AgentState.AWAITING_USER_INPUT
+        session.send("go")
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        assert check_log(list(session.events())) == []
+
+
 def test_a_sandbox_that_dies_while_idle_is_replaced_by_the_health_check(trouper, scripted,
                                                                        tmp_path):
     _, llm = scripted([
