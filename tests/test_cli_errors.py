@@ -199,9 +199,11 @@ def test_every_error_maps_to_a_code_and_one_line(exc, code):
 
 
 def test_error_lines_are_masked():
-    remember_secrets([("API_TOKEN", "tok-0123456789abcdef")])
+    # a name of its own: the registry is the process's, and another test in this worker
+    # may have remembered API_TOKEN with another value (that one would read API_TOKEN_2)
+    remember_secrets([("CLI_ERRORS_TOKEN", "tok-0123456789abcdef")])
     _, message = classify(ConfigError("bad key tok-0123456789abcdef\nin llm"))
-    assert message == "bad key <secret:API_TOKEN>; in llm"
+    assert message == "bad key <secret:CLI_ERRORS_TOKEN>; in llm"
 
 
 def test_an_unexpected_exception_names_its_type_and_asks_for_debug(monkeypatch, tmp_path):
