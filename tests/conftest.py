@@ -14,13 +14,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from trouper.testing import FakeLLMServer, load_script  # noqa: E402
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests (real processes, seconds each) first, the quick ones after: the workers
-    share the long ones out at the start and fill the gaps at the end with quick ones,
-    instead of one worker ending the run alone on a long test it picked up last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(scope="module")
 def trouper_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("home")
