@@ -131,8 +131,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                    "warm": 1 if quick else 3, "actions": 20 if quick else 200},
         "daemon_quick": quick,
         "idle_sessions": args.idle_sessions or (3 if quick else 20),
-        # full: many periods of a proxy's health request (5 s), so its cost is in the figure
-        "idle_window_s": args.idle_window_s or (2.0 if quick else 60.0),
+        # full: two periods of a local sandbox's health request (100 s), so its cost is in it
+        "idle_window_s": args.idle_window_s or (2.0 if quick else 200.0),
         "idle_settle_s": 0.5 if quick else 2.0,
         "mem_floor_mb": args.mem_floor_mb,
     }
