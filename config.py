@@ -53,11 +53,18 @@ def _not_blank(value: str) -> str:
     return value
 
 
+_USERINFO = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#@]*@", re.I)
+"""A URL whose authority carries ``user[:password]@``."""
+
+
 def _http_url(value: str | None) -> str | None:
     # without a scheme httpx fails on every call, which reads as a transient error and
     # would be retried for minutes
     if value is not None and not value.lower().startswith(("http://", "https://")):
         raise ValueError("must be an http:// or https:// URL")
+    if value is not None and _USERINFO.match(value):  # the URL is stored with the session
+        raise ValueError("must not carry credentials (user:password@): they would be "
+                         "stored with the session; give the key as api_key or token")
     return value
 
 

@@ -79,6 +79,22 @@ def test_several_problems_are_named_at_once(refused):
                                                "command_timeout_s:"))
 
 
+@pytest.mark.parametrize("url", ["http://user:pw-8812@127.0.0.1:9/v1",
+                                 "https://tok-8812@proxy.example.test/v1"])
+def test_credentials_in_a_base_url_are_refused_unechoed(refused, url):
+    """The base URL is stored with the session: a key in it would be a secret in the log."""
+    error = refused(llm={**LLM, "base_url": url})
+    assert error.field == "llm.base_url" and "must not carry credentials" in str(error)
+    assert "8812" not in str(error)
+
+
+def test_credentials_in_a_remote_runtime_url_are_refused_unechoed(refused):
+    error = refused(runtime={"kind": "remote", "url": "https://me:pw-8812@box.test:8800",
+                             "token": "t" * 32})
+    assert error.field == "runtime.remote.url" and "must not carry credentials" in str(error)
+    assert "8812" not in str(error)
+
+
 def test_an_unknown_option_suggests_the_close_one(refused):
     error = refused(max_iteration=5)
     assert error.field == "max_iteration"
