@@ -237,6 +237,8 @@ class TrouperActor(Actor):
                     background.drain()
                 elif fd in self.watched_fds():
                     self.on_fd_ready(fd)
+                else:
+                    self.drop(msg, f"descriptor {fd} is not one this actor watches now")
             return
         if isinstance(msg, WakeupMessage):
             self.on_wakeup(msg.payload, sender)

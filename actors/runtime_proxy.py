@@ -124,6 +124,8 @@ class RuntimeProxy(TrouperActor):
         backend runs one here, rather than asking it every few seconds whether it lives."""
         server_pid = getattr(self._sandbox, "server_pid", None)
         pid = server_pid() if callable(server_pid) else None
+        if self._exit_fd is not None:  # a start again in this incarnation: the old server's
+            os.close(self._exit_fd)
         self._exit_fd = exit_watch(pid) if pid else None
 
     def watched_fds(self) -> list[int]:

@@ -56,3 +56,41 @@ def test_two_handlers_for_one_type_fail_when_the_class_is_made():
 
     with pytest.raises(TypeError, match="both handle Ping"):
         _handlers_of(Twice)
+
+
+def test_a_ready_descriptor_goes_to_its_owner_and_a_stranger_is_dropped(monkeypatch, caplog):
+    """The actor's own watched descriptors reach ``on_fd_ready``; one it does not watch (a
+    descriptor it closed a turn ago) is dropped with a log line, never a crash."""
+    import logging
+    import os
+
+    from thespian.actors import WatchMessage
+
+    from trouper.actors import base
+
+    monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
+    monkeypatch.setattr(base, "name_process", lambda name: None)
+    monkeypatch.setattr(base.gc, "freeze", lambda: None)
+
+    class Watcher(TrouperActor):
+        def __init__(self, fd: int) -> None:
+            super().__init__()
+            self.fd, self.ready = fd, []
+
+        def watched_fds(self) -> list[int]:
+            return [self.fd]
+
+        def on_fd_ready(self, fd: int) -> None:
+            self.ready.append(fd)
+
+    read, write = os.pipe()
+    try:
+        actor = Watcher(read)
+        assert actor._watched() == [read]
+        with caplog.at_level(logging.INFO):
+            actor._dispatch(WatchMessage([read, 999]), None)
+        assert actor.ready == [read]
+        assert "descriptor 999 is not one this actor watches" in caplog.text
+    finally:
+        os.close(read)
+        os.close(write)
