@@ -5,8 +5,9 @@ with a ``PoisonMessage``. A handler with side effects must never raise, so
 ``TrouperActor.receiveMessage`` catches everything; an actor whose state is in doubt
 after a failure says why to its parent and exits, and the supervisor restarts it clean.
 
-A handler never blocks: long work runs in ``Background`` threads that report through a
-self-pipe the actor watches (``ThespianWatch``, returned from *every* receive call).
+A handler never blocks: long work runs in ``Background`` threads (``background.py``) that
+report through a self-pipe the actor watches (``ThespianWatch``, returned from *every*
+receive call).
 
 Every handler is total (I6): a message an actor cannot use (junk, another actor's
 protocol, a second boot, a timer it did not set, a late reply) is logged in one line by
@@ -20,12 +21,10 @@ import ctypes
 import gc
 import logging
 import os
-import queue
 import signal
 import traceback
 import typing
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -47,6 +46,7 @@ from ..messages.base import Frozen
 from ..messages.tree import Failing
 from ..paths import write_private
 from ..processes import name_process, start_time
+from .background import Background
 
 logger = logging.getLogger(__name__)
 
@@ -63,79 +63,6 @@ class Timer:
     token: Any = None
     serial: int = 0
     """Numbers the timers one actor set; a wakeup carrying any other payload is dropped."""
-
-
-class Background:
-    """Runs blocking calls on worker threads; results come back on the actor's thread.
-
-    A worker puts ``(callback, result, error)`` on a queue and writes one byte to a pipe;
-    the actor watches the pipe's read end and, on ``WatchMessage``, calls ``drain``.
-    """
-
-    def __init__(self, max_workers: int = 32) -> None:
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        self._done: queue.SimpleQueue[tuple[Callable[..., None], Any, BaseException | None]] = (
-            queue.SimpleQueue()
-        )
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="trouper")
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def fileno(self) -> int:
-        return self._read_fd
-
-    def submit(
-        self,
-        work: Callable[[], Any],
-        on_done: Callable[[Any, BaseException | None], None],
-    ) -> None:
-        """Run ``work()`` on a thread; ``on_done(result, error)`` runs later on the actor."""
-        self._pool.submit(self._run, work, on_done)
-
-    def _run(self, work: Callable[[], Any], on_done: Callable[..., None]) -> None:
-        try:
-            result, error = work(), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the actor as data
-            result, error = None, exc
-        self._done.put((on_done, result, error))
-        if not self._closed:
-            try:
-                os.write(self._write_fd, b"x")
-            except OSError:
-                logger.debug("background pipe closed before a result was signalled")
-
-    def drain(self) -> None:
-        """Call the callbacks of finished work, on the caller's (the actor's) thread."""
-        if self._closed:
-            return  # the actor is exiting: its pipe is gone and nobody waits for results
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                on_done, result, error = self._done.get_nowait()
-            except queue.Empty:
-                return
-            on_done(result, error)
-
-    def close(self) -> None:
-        """Stop taking work; running threads finish on their own. Idempotent.
-
-        The pipe stays open until the process ends: Thespian handles an exit request
-        without taking the actor's new watch list, and keeps watching the read end while
-        it drains; closed, its number could be reused by a file, and epoll fails on that
-        (EPERM, a traceback on the program's stderr)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def die_with_parent() -> None:
