@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -37,7 +37,21 @@ if TYPE_CHECKING:
     from .store import SessionRecord
 
 logger = logging.getLogger(__name__)
-console = Console(highlight=False)
+
+
+class _FirstUseConsole:
+    """rich's Console, made on first use: it reads the terminal's width and colour
+    settings (COLUMNS, NO_COLOR...) then, not when this module is imported."""
+
+    _console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _FirstUseConsole._console is None:
+            _FirstUseConsole._console = Console(highlight=False)
+        return getattr(_FirstUseConsole._console, name)
+
+
+console: Console = _FirstUseConsole()  # type: ignore[assignment]
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..paths import Home, private_file
@@ -29,8 +30,12 @@ START_TIMEOUT_S = 120.0
 
 
 def start(home: Home, host: str = "127.0.0.1", port: int = 0,
-          timeout_s: float = START_TIMEOUT_S, debug: bool = False) -> dict[str, Any]:
-    """Start the home's daemon; return its info (url, pid, port...). Raises DaemonError."""
+          timeout_s: float = START_TIMEOUT_S, debug: bool = False,
+          popen: Callable[..., Any] = subprocess.Popen) -> dict[str, Any]:
+    """Start the home's daemon; return its info (url, pid, port...). Raises DaemonError.
+
+    ``popen`` starts the process (``subprocess.Popen``'s arguments; a test harness may
+    pass ``testing.forkserver.Popen``)."""
     files = DaemonFiles(home)
     info = running_info(files)
     if info is not None:
@@ -43,7 +48,7 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
                "--ready-fd", str(write_end)]
     try:
         with open(log, "ab") as out:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+            proc = popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     pass_fds=(write_end,), start_new_session=True,
                                     cwd=home.root)  # never pins the caller's folder
     finally:
@@ -66,7 +71,7 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
     return message
 
 
-def _read_ready(fd: int, proc: subprocess.Popen[bytes], timeout_s: float
+def _read_ready(fd: int, proc: Any, timeout_s: float
                 ) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout_s
     data = b""

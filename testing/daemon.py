@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,10 @@ class TestDaemon:
     """One home's daemon process, as a test drives it."""
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
+
+    popen: Callable[..., Any] = subprocess.Popen
+    """What starts the daemon process (``subprocess.Popen``'s arguments): a suite may set
+    ``forkserver.Popen`` here once, so that its daemons skip the imports."""
 
     def __init__(self, home: Path, port: int = 0, env: dict[str, str] | None = None) -> None:
         from ..daemon.files import DaemonFiles
@@ -57,7 +62,8 @@ class TestDaemon:
         from ..daemon.process import start
 
         with _environment(self.env):
-            self.info = start(self.home, "127.0.0.1", self.port, timeout_s=timeout_s)
+            self.info = start(self.home, "127.0.0.1", self.port, timeout_s=timeout_s,
+                              popen=type(self).popen)
         self.port = int(self.info["port"])
         return self
 

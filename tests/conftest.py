@@ -11,7 +11,17 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from trouper.testing import FakeLLMServer, load_script  # noqa: E402
+from trouper.testing import FakeLLMServer, forkserver, load_script  # noqa: E402
+from trouper.testing.daemon import TestDaemon  # noqa: E402
+
+# The suite's trouper processes (CLI commands, daemons) are forked from one zygote per
+# worker that imported trouper and litellm once (testing/forkserver.py): ~3.5 s of CPU
+# each otherwise, most of the suite's. README's first command still starts afresh.
+TestDaemon.popen = forkserver.Popen
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    forkserver.stop()  # the zygote this worker started, if it started one
 
 
 @pytest.fixture(scope="module")

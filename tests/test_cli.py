@@ -14,13 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from trouper.testing import forkserver
+
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
-def trouper_cmd(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def trouper_cmd(*args: str, home: Path, timeout: float = 120, fork: bool = True
+                ) -> subprocess.CompletedProcess:
+    """``python -m trouper ARGS``: forked from the suite's zygote unless ``fork`` is false
+    (then started afresh, imports and all, as a user's shell starts it)."""
     env = {**os.environ, "TROUPER_HOME": str(home), "COLUMNS": "200"}
     env.pop("TROUPER_MODEL", None)
-    return subprocess.run([sys.executable, "-m", "trouper", *args], env=env, text=True,
-                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return (forkserver.run if fork else subprocess.run)(
+        [sys.executable, "-m", "trouper", *args], env=env, text=True, capture_output=True,
+        timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def readme_first_command() -> list[str]:
@@ -54,7 +60,7 @@ def assert_demo_made_a_tested_program(result: subprocess.CompletedProcess, home:
 
 def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path):
     home = tmp_path / "home"
-    result = trouper_cmd(*readme_first_command(), home=home)
+    result = trouper_cmd(*readme_first_command(), home=home, fork=False)  # as a shell does
     assert_demo_made_a_tested_program(result, home)
     log = home / "logs" / "trouper.log"
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
@@ -168,7 +174,7 @@ def test_a_scripted_server_listens_where_the_kernel_hands_out_no_port():
 def test_fake_llm_command_serves_a_script(tmp_path):
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"say": "hello from the script"}]))
-    proc = subprocess.Popen([sys.executable, "-m", "trouper", "fake-llm", "--script",
+    proc = forkserver.Popen([sys.executable, "-m", "trouper", "fake-llm", "--script",
                              str(script), "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

@@ -28,7 +28,7 @@ from trouper.exceptions import (
     UnknownSession,
 )
 from trouper.masking import remember_secrets
-from trouper.testing import ScriptError
+from trouper.testing import ScriptError, forkserver
 
 USAGE, ENVIRONMENT, UNEXPECTED = 2, 3, 4
 
@@ -40,7 +40,7 @@ def trouper_cmd(*args: str, home: Path, **env: str) -> subprocess.CompletedProce
     for name in ("TROUPER_MODEL", "TROUPER_DEBUG", "TROUPER_TRANSPORT_KEY_FILE"):
         if name not in env:
             full_env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "trouper", *args], env=full_env, text=True,
+    return forkserver.run([sys.executable, "-m", "trouper", *args], env=full_env, text=True,
                           capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -221,3 +221,13 @@ def test_an_unexpected_exception_names_its_type_and_asks_for_debug(monkeypatch, 
     assert debug.exit_code == UNEXPECTED
     assert "Traceback (most recent call last)" in debug.stderr
     assert "RuntimeError: the store exploded" in debug.stderr
+
+
+def test_the_console_reads_the_terminal_settings_when_it_first_prints(monkeypatch):
+    """Not on import: a process forked after the import (or a program that sets COLUMNS
+    later) prints at the width it has then."""
+    from trouper import cli_session
+
+    monkeypatch.setattr(cli_session._FirstUseConsole, "_console", None)
+    monkeypatch.setenv("COLUMNS", "123")
+    assert cli_session.console.width == 123

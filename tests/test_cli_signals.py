@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trouper.processes import children_of, pid_alive, start_time
-from trouper.testing import FakeLLMServer, check_log, wait_until
+from trouper.testing import FakeLLMServer, check_log, forkserver, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -85,7 +85,7 @@ def _run_until_the_command_sleeps(tmp_path: Path) -> tuple[subprocess.Popen, dic
     out = (tmp_path / "out.txt").open("w")
     err = (tmp_path / "err.txt").open("w")
     # its own session, as a shell's foreground job: a Ctrl-C reaches the whole group
-    cli = subprocess.Popen(
+    cli = forkserver.Popen(
         [sys.executable, "-m", "trouper", "run", "wait a while", "--script", str(script),
          "--workspace", str(workspace)],
         env=_env(home), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -159,7 +159,7 @@ def _carry_on(home: Path, session_id: str, script: Path, by_cli: bool) -> None:
     from trouper.cli_scripted import scripted_port
 
     if by_cli:
-        again = subprocess.run(
+        again = forkserver.run(
             [sys.executable, "-m", "trouper", "resume", session_id, "--script", str(script)],
             env=_env(home), stdin=subprocess.DEVNULL, capture_output=True, text=True,
             timeout=120)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from trouper.testing import wait_until
+from trouper.testing import forkserver, wait_until
 from trouper.testing.daemon import running_daemon
 
 pytestmark = pytest.mark.slow  # starts a daemon process
@@ -27,7 +27,7 @@ def daemon(tmp_path_factory):
 
 def trouper(daemon, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "TROUPER_HOME": str(daemon.home.root), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "trouper", *args], capture_output=True,
+    return forkserver.run([sys.executable, "-m", "trouper", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
@@ -97,21 +97,17 @@ def test_pause_resume_and_stop_from_the_command_line(daemon, scripted):
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
 
 
-def _sigint_ignored() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a `cmd &` shell starts it
-
-
 def test_run_daemon_follows_and_ctrl_c_detaches(daemon, scripted, tmp_path):
     """Even started with SIGINT ignored (Python then installs no handler of its own)."""
     server, _ = scripted([{"tool": "run", "args": {"command": f"echo {i}"}, "delay_s": 0.2}
                           for i in range(15)] + [FINISH])
     env = {**os.environ, "TROUPER_HOME": str(daemon.home.root)}
-    proc = subprocess.Popen(
+    proc = forkserver.Popen(
         [sys.executable, "-m", "trouper", "run", "count to fifteen", "--daemon",
          "--model", "hosted_vllm/scripted", "--base-url", server.url, "--api-key", "test-key",
          "--workspace", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=_sigint_ignored)
+        sigint_ignored=True)  # as a `cmd &` shell starts it
     try:
         wait_until(lambda: any(s["task"] == "count to fifteen" and s["last_seq"] > 5
                                for s in daemon.client().sessions()), 60, "the session running")
@@ -137,9 +133,9 @@ def test_open_prints_the_token_in_the_fragment_and_logs_show_the_daemon(daemon):
 
 def test_without_a_daemon_session_commands_say_so(tmp_path):
     env = {**os.environ, "TROUPER_HOME": str(tmp_path / "empty")}
-    out = subprocess.run([sys.executable, "-m", "trouper", "pause", "s-123"],
+    out = forkserver.run([sys.executable, "-m", "trouper", "pause", "s-123"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 3 and "no daemon runs for" in out.stderr
-    listed = subprocess.run([sys.executable, "-m", "trouper", "sessions", "--json"],
+    listed = forkserver.run([sys.executable, "-m", "trouper", "sessions", "--json"],
                             capture_output=True, text=True, env=env, timeout=60)
     assert listed.returncode == 0 and listed.stdout == ""

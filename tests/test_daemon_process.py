@@ -17,7 +17,7 @@ from trouper.daemon.server import DaemonError
 from trouper.messages.events import ActionEvent, ObservationEvent
 from trouper.paths import Home
 from trouper.store import open_store
-from trouper.testing import check_log, wait_until
+from trouper.testing import check_log, forkserver, wait_until
 from trouper.testing.daemon import TestDaemon, running_daemon
 
 pytestmark = pytest.mark.slow  # starts daemon processes
@@ -85,7 +85,7 @@ def test_daemon_stop_leaves_sessions_resumable_and_start_carries_them_on(tmp_pat
         listener.start()
         wait_until(lambda: daemon.http().get("/v1/health").json()["streams"] == 1, 30,
                    "the stream open")
-        out = subprocess.run([sys.executable, "-m", "trouper", "daemon", "stop", "--home",
+        out = forkserver.run([sys.executable, "-m", "trouper", "daemon", "stop", "--home",
                               str(home)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "stopped" in out.stdout and not lock_is_held(daemon.files)
@@ -107,7 +107,7 @@ def test_two_daemons_never_share_a_home(tmp_path):
         with pytest.raises(DaemonError, match="already runs"):
             start_daemon(Home.at(home), port=0, timeout_s=60)
         # started by hand, past the check: the home's lock refuses it
-        out = subprocess.run([sys.executable, "-m", "trouper", "daemon", "run", "--home",
+        out = forkserver.run([sys.executable, "-m", "trouper", "daemon", "run", "--home",
                               str(home)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 3 and "already runs" in out.stderr
         assert first.http().get("/v1/health").json()["pid"] == first.pid
@@ -122,7 +122,7 @@ def test_status_says_whether_it_runs(tmp_path):
     home = tmp_path / "home"
 
     def status() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "trouper", "daemon", "status", "--home",
+        return forkserver.run([sys.executable, "-m", "trouper", "daemon", "status", "--home",
                                str(home)], capture_output=True, text=True, timeout=60)
 
     assert status().returncode == 1 and "not running" in status().stdout

@@ -1,0 +1,192 @@
+"""The parent process of ``forkserver``: imports trouper once, then forks each process a
+test asks for and lets it become ``python -m ...``, ``python -c ...`` or ``python FILE``.
+
+    python -m trouper.testing.zygote FD     # FD: its end of the test process's socketpair
+
+Each request on that socket is one JSON object (the command, environment, folder, the
+target descriptor numbers) with its descriptors: first the reply socket, then one
+descriptor per target (stdin, stdout, stderr, any ``pass_fds``). The zygote forks, answers
+``{"pid": N}`` on the reply socket and, once it has reaped the child, ``{"exit": code}``
+(negative for a signal, as ``subprocess`` says). The child puts its descriptors in place,
+takes the environment, folder, session and SIGINT disposition it was given, and runs the
+command as the interpreter would, so it exits as that command would: with its
+``SystemExit`` code, 1 and a traceback for an uncaught error, by SIGINT for an uncaught
+``KeyboardInterrupt``.
+
+There is no listening socket: only the test process holds the other end of the pair, and
+the zygote dies with it (``PR_SET_PDEATHSIG``). When that end closes, the zygote takes no
+more requests and exits once it has reported its last child's exit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import gc
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import types
+from typing import Any
+
+PRELOAD = ("trouper.cli", "trouper.actor_system", "trouper.daemon.server",
+           "trouper.testing.fake_llm")
+"""What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once."""
+
+MAX_REQUEST = 1 << 20
+MAX_FDS = 64
+_PR_SET_PDEATHSIG = 1
+_DEFERRED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+
+
+class Job:
+    """One request, in the forked child: what to become."""
+
+    def __init__(self, request: dict[str, Any], fds: list[int]) -> None:
+        self.argv: list[str] = request["argv"]
+        self.env: dict[str, str] = request["env"]
+        self.cwd: str = request["cwd"]
+        self.targets: list[int] = request["targets"]
+        self.new_session: bool = request["new_session"]
+        self.sigint_ignored: bool = request["sigint_ignored"]
+        self.fds = fds
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    _die_with_parent()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
+        raise SystemExit(f"zygote: an import started threads: {threading.enumerate()}")
+    gc.freeze()  # the children's collector never writes to what they share
+    control.send(b"ready")
+    job = _serve(control)  # returns only in a forked child
+    _become(job)
+    _run(job.argv)
+
+
+def _serve(control: socket.socket) -> Job:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    replies: dict[int, socket.socket] = {}
+    taking = True
+    while taking or replies:
+        readable, _, _ = select.select([control, wake_r] if taking else [wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            _reap(replies)
+        if control not in readable:
+            continue
+        data, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, MAX_FDS)
+        if not data:  # the test process closed its end: report the last exits, then go
+            taking = False
+            continue
+        reply = socket.socket(fileno=fds[0])
+        # a signal sent to the child before it has its own handlers waits for them (a
+        # SIGINT would otherwise raise KeyboardInterrupt in the zygote's code)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sock in (control, reply, *replies.values()):
+                sock.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            return Job(json.loads(data), fds[1:])
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
+        for fd in fds[1:]:
+            os.close(fd)
+        reply.send(json.dumps({"pid": pid}).encode())
+        replies[pid] = reply
+        _reap(replies)  # a child that ended before it was filed
+    raise SystemExit(0)
+
+
+def _reap(replies: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        reply = replies.pop(pid, None)
+        if reply is not None:
+            try:
+                reply.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+            except OSError:
+                pass  # nobody waits for it any more
+            reply.close()
+
+
+def _become(job: Job) -> None:
+    """Put the descriptors, session, folder, environment and signals in place."""
+    floor = max([*job.targets, *job.fds]) + 1  # lifted first: no dup2 overwrites a source
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in job.fds]
+    for fd in job.fds:
+        os.close(fd)
+    for fd, target in zip(lifted, job.targets, strict=True):
+        os.dup2(fd, target)
+    for fd in lifted:
+        os.close(fd)
+    if job.new_session:
+        os.setsid()
+    os.chdir(job.cwd)
+    os.environ.clear()
+    os.environ.update(job.env)
+    signal.signal(signal.SIGINT,
+                  signal.SIG_IGN if job.sigint_ignored else signal.default_int_handler)
+    unbuffered = bool(job.env.get("PYTHONUNBUFFERED"))
+    sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
+    sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
+
+
+def _run(argv: list[str]) -> None:
+    """Run ``argv`` (what follows ``python``) as the interpreter would run it."""
+    sys.excepthook = _without_zygote_frames
+    if argv[0] == "-m":
+        sys.argv = ["-m", *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        module = types.ModuleType("__main__")
+        module.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = module
+        exec(compile(argv[1], "<string>", "exec"), module.__dict__)  # noqa: S102
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def _without_zygote_frames(kind: type[BaseException], error: BaseException,
+                           tb: types.TracebackType | None) -> None:
+    """An uncaught error's traceback from the command's first frame, as if started."""
+    frame = tb
+    while frame is not None and frame.tb_frame.f_code is not _run.__code__:
+        frame = frame.tb_next
+    trimmed = frame.tb_next if frame is not None else tb
+    sys.__excepthook__(kind, error.with_traceback(trimmed), trimmed)  # it prints the error's
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        raise SystemExit("zygote: the test process is gone")
+
+
+if __name__ == "__main__":
+    main()

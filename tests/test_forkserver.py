@@ -1,0 +1,149 @@
+"""The suite's fork server: a forked process behaves as a started one where tests look."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trouper.processes import listening_sockets, socket_inodes
+from trouper.testing import forkserver
+from trouper.testing.forkserver import ForkedProcess, ForkServer
+
+pytestmark = pytest.mark.slow  # starts a zygote (imports trouper and litellm once)
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = ForkServer()
+    yield server
+    server.close()
+
+
+def forked(server: ForkServer, code: str, **kwargs) -> ForkedProcess:
+    return ForkedProcess([sys.executable, "-c", code], server, **kwargs)
+
+
+def test_output_exit_code_input_environment_and_folder(server, tmp_path):
+    proc = forked(server, "import os, sys; data = sys.stdin.read();"
+                  "print(data.upper(), os.getcwd(), os.environ['TROUPER_ONLY']);"
+                  "print('to err', file=sys.stderr); sys.exit(7)",
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                  text=True, env={**os.environ, "TROUPER_ONLY": "this"},
+                  cwd=tmp_path)
+    out, err = proc.communicate("abc", timeout=60)
+    assert (out, err, proc.returncode) == (f"ABC {tmp_path} this\n", "to err\n", 7)
+
+
+def test_an_uncaught_error_is_exit_1_with_its_traceback(server):
+    proc = forked(server, "raise ValueError('boom')", stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" in err and "ValueError: boom" in err and "zygote" not in err
+
+
+def test_signals_end_it_as_they_end_a_started_process(server):
+    killed = forked(server, "import time; time.sleep(60)")
+    killed.kill()
+    assert killed.wait(60) == -signal.SIGKILL
+    # SIGINT sent at once: it waits for the child's own handlers, then ends it by SIGINT
+    interrupted = forked(server, "import time; time.sleep(60)", stderr=subprocess.DEVNULL)
+    interrupted.send_signal(signal.SIGINT)
+    assert interrupted.wait(60) == -signal.SIGINT
+
+
+def test_sigint_ignored_and_a_new_session(server):
+    proc = forked(server, "import os, signal; print(signal.getsignal(signal.SIGINT) is "
+                  "signal.SIG_IGN, os.getsid(0) == os.getpid())",
+                  stdout=subprocess.PIPE, text=True, sigint_ignored=True,
+                  start_new_session=True)
+    assert proc.communicate(timeout=60)[0] == "True True\n"
+    plain = forked(server, "import os, signal; print(signal.getsignal(signal.SIGINT) is "
+                   "signal.default_int_handler, os.getsid(0) == os.getpid())",
+                   stdout=subprocess.PIPE, text=True)
+    assert plain.communicate(timeout=60)[0] == "True False\n"
+
+
+def test_pass_fds_keep_their_numbers_and_nothing_else_leaks_in(server):
+    read_end, write_end = os.pipe()
+    proc = forked(server, f"import os; os.write({write_end}, "
+                  "' '.join(sorted(os.listdir('/proc/self/fd'))).encode())",
+                  pass_fds=(write_end,))
+    os.close(write_end)
+    assert proc.wait(60) == 0
+    seen = os.read(read_end, 4096).decode().split()
+    os.close(read_end)
+    # 0-2, the passed one, and listdir's own; not the zygote's socket or wake-up pipe
+    assert set(seen) - {"0", "1", "2", str(write_end)} <= {"3", "4"}
+    assert len(seen) <= 5
+
+
+def test_a_module_runs_as_main(server, tmp_path):
+    proc = ForkedProcess([sys.executable, "-m", "trouper", "--help"], server,
+                         stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Usage: trouper" in out
+
+
+def test_timeout_then_kill_as_subprocess_run_does():
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+
+
+def test_what_it_cannot_fork_is_started_as_before(monkeypatch):
+    assert isinstance(forkserver.Popen(["true"]), subprocess.Popen)
+    for argv in ([sys.executable, "-X", "dev", "-c", "pass"], [sys.executable, "-c"]):
+        assert not ForkServer().accepts(argv)
+    monkeypatch.setenv(forkserver.FORK_ENV, "0")
+    started = forkserver.Popen([sys.executable, "-c", "pass"])
+    assert isinstance(started, subprocess.Popen)
+    started.wait(60)
+
+
+def test_an_environment_an_import_may_read_gets_a_zygote_of_its_own(tmp_path):
+    """A child's environment is the one it was given; variables read on import (here
+    PYTHONPATH, as the interpreter reads it) also match, from a new zygote."""
+    server = ForkServer()
+    code = "import os, sys; print(os.environ.get('TROUPER_X'), '/extra' in sys.path)"
+    try:
+        outputs = []
+        for extra in ({}, {"TROUPER_X": "1"}, {"PYTHONPATH": "/extra"}):
+            proc = forked(server, code, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, **extra})
+            outputs.append((proc.communicate(timeout=60)[0], server._zygote.pid))
+        assert [out for out, _ in outputs] == ["None False\n", "1 False\n", "None True\n"]
+        assert outputs[0][1] == outputs[1][1] != outputs[2][1]
+    finally:
+        server.close()
+
+
+def test_a_retired_zygote_still_reports_its_childs_exit():
+    server = ForkServer()
+    try:
+        sleeper = forked(server, "import sys; sys.stdin.read(); sys.exit(5)",
+                         stdin=subprocess.PIPE)
+        forked(server, "pass", env={**os.environ, "PYTHONPATH": "/new"}).wait(60)
+        assert sleeper.poll() is None  # its zygote is retired, it runs on
+        sleeper.stdin.close()
+        assert sleeper.wait(60) == 5
+    finally:
+        server.close()
+
+
+def test_the_zygote_listens_nowhere_and_ends_when_closed():
+    server = ForkServer()
+    proc = forked(server, "pass")
+    proc.wait(60)
+    zygote = server._zygote
+    assert zygote is not None
+    tcp = listening_sockets()
+    unix_listening = {row.split()[6] for row in Path("/proc/net/unix").read_text()
+                      .splitlines()[1:] if row.split()[3] == "00010000"}
+    held = socket_inodes(zygote.pid)
+    assert held and not held & (set(tcp) | unix_listening)
+    server.close()
+    assert zygote.returncode == 0
