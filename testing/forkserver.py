@@ -50,7 +50,9 @@ START_TIMEOUT_S = 120.0
 class ForkServer:
     """One zygote and the socket to it; safe to use from several threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: Sequence[str] | None = None) -> None:
+        """``preload``: the modules the zygote imports (default ``zygote.PRELOAD``)."""
+        self._preload = None if preload is None else list(preload) or ["sys"]
         self._lock = threading.Lock()
         self._control: socket.socket | None = None
         self._zygote: subprocess.Popen[bytes] | None = None
@@ -115,7 +117,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._env = env
         zygote = subprocess.Popen(
-            [sys.executable, "-m", "trouper.testing.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "trouper.testing.zygote", str(theirs.fileno()),
+             *(self._preload or [])],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env=env, start_new_session=True, cwd="/")
         theirs.close()
@@ -288,10 +291,12 @@ atexit.register(_server.close)
 
 
 def Popen(args: Sequence[str], *, sigint_ignored: bool = False,  # noqa: N802 - subprocess's name
-          **kwargs: Any) -> Any:
-    """A ``ForkedProcess`` when the zygote can start ``args``, else ``subprocess.Popen``."""
-    if _server.accepts(args) and set(kwargs) <= _FORKED_OPTIONS:
-        return ForkedProcess(args, _server, sigint_ignored=sigint_ignored, **kwargs)
+          server: ForkServer | None = None, **kwargs: Any) -> Any:
+    """A ``ForkedProcess`` when the zygote (``server``, default this process's) can start
+    ``args``, else ``subprocess.Popen``."""
+    server = server or _server
+    if server.accepts(args) and set(kwargs) <= _FORKED_OPTIONS:
+        return ForkedProcess(args, server, sigint_ignored=sigint_ignored, **kwargs)
     if sigint_ignored:
         kwargs["preexec_fn"] = _ignore_sigint
     return subprocess.Popen(args, **kwargs)

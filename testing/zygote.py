@@ -1,7 +1,8 @@
 """The parent process of ``forkserver``: imports trouper once, then forks each process a
 test asks for and lets it become ``python -m ...``, ``python -c ...`` or ``python FILE``.
 
-    python -m trouper.testing.zygote FD     # FD: its end of the test process's socketpair
+    python -m trouper.testing.zygote FD [MODULE...]
+    # FD: its end of the test process's socketpair; MODULE: what to import (else PRELOAD)
 
 Each request on that socket is one JSON object (the command, environment, folder, the
 target descriptor numbers) with its descriptors: first the reply socket, then one
@@ -61,7 +62,7 @@ class Job:
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     _die_with_parent()
-    for name in PRELOAD:
+    for name in sys.argv[2:] if len(sys.argv) > 2 else PRELOAD:
         importlib.import_module(name)
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
         raise SystemExit(f"zygote: an import started threads: {threading.enumerate()}")

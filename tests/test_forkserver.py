@@ -14,12 +14,15 @@ from trouper.processes import listening_sockets, socket_inodes
 from trouper.testing import forkserver
 from trouper.testing.forkserver import ForkedProcess, ForkServer
 
-pytestmark = pytest.mark.slow  # starts a zygote (imports trouper and litellm once)
+pytestmark = pytest.mark.slow  # starts zygotes (real processes)
+
+LIGHT: list[str] = []
+"""What these tests' zygotes import: nothing (the suite's own imports trouper and litellm)."""
 
 
 @pytest.fixture(scope="module")
 def server():
-    server = ForkServer()
+    server = ForkServer(LIGHT)
     yield server
     server.close()
 
@@ -89,9 +92,10 @@ def test_a_module_runs_as_main(server, tmp_path):
     assert proc.returncode == 0 and "Usage: trouper" in out
 
 
-def test_timeout_then_kill_as_subprocess_run_does():
+def test_timeout_then_kill_as_subprocess_run_does(server):
     with pytest.raises(subprocess.TimeoutExpired):
-        forkserver.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+        forkserver.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5,
+                       server=server)
 
 
 def test_what_it_cannot_fork_is_started_as_before(monkeypatch):
@@ -107,7 +111,7 @@ def test_what_it_cannot_fork_is_started_as_before(monkeypatch):
 def test_an_environment_an_import_may_read_gets_a_zygote_of_its_own(tmp_path):
     """A child's environment is the one it was given; variables read on import (here
     PYTHONPATH, as the interpreter reads it) also match, from a new zygote."""
-    server = ForkServer()
+    server = ForkServer(LIGHT)
     code = "import os, sys; print(os.environ.get('TROUPER_X'), '/extra' in sys.path)"
     try:
         outputs = []
@@ -122,7 +126,7 @@ def test_an_environment_an_import_may_read_gets_a_zygote_of_its_own(tmp_path):
 
 
 def test_a_retired_zygote_still_reports_its_childs_exit():
-    server = ForkServer()
+    server = ForkServer(LIGHT)
     try:
         sleeper = forked(server, "import sys; sys.stdin.read(); sys.exit(5)",
                          stdin=subprocess.PIPE)
@@ -135,7 +139,7 @@ def test_a_retired_zygote_still_reports_its_childs_exit():
 
 
 def test_the_zygote_listens_nowhere_and_ends_when_closed():
-    server = ForkServer()
+    server = ForkServer(LIGHT)
     proc = forked(server, "pass")
     proc.wait(60)
     zygote = server._zygote
