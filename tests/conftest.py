@@ -161,10 +161,13 @@ class RemoteServer:
     serves the same workdir on the same port; ``stop()`` ends it and any shell it left.
     """
 
-    def __init__(self, root: Path, token: str | None = None) -> None:
+    def __init__(self, root: Path, token: str | None = None, fresh: bool = False) -> None:
+        """``fresh``: started from a new interpreter, not forked from the suite's zygote
+        (for a test that reads the process's ``/proc`` argv or environment)."""
         import secrets
         import socket
 
+        self.fresh = fresh
         self.root = root
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.workdir = root / "workdir"
@@ -196,10 +199,10 @@ class RemoteServer:
         if "--tls-cert" in extra:
             self.tls = extra[list(extra).index("--tls-cert") + 1]
 
+        popen = subprocess.Popen if self.fresh else forkserver.Popen
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(*extra), stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = popen(self.argv(*extra), stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self.healthy, 30, f"the runtime server on port {self.port} to answer")
         return self
 
@@ -261,8 +264,8 @@ def remote_server(tmp_path: Path) -> Iterator[Callable[..., RemoteServer]]:
     """``remote_server(*extra_args)``: a started ``RemoteServer``; all stopped at the end."""
     servers: list[RemoteServer] = []
 
-    def start(*extra: str, token: str | None = None) -> RemoteServer:
-        server = RemoteServer(tmp_path / f"remote-{len(servers)}", token)
+    def start(*extra: str, token: str | None = None, fresh: bool = False) -> RemoteServer:
+        server = RemoteServer(tmp_path / f"remote-{len(servers)}", token, fresh)
         servers.append(server)
         return server.start(*extra)
 

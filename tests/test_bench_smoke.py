@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trouper.testing import forkserver
+
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
@@ -31,7 +33,7 @@ def test_the_groups_cover_every_workload():
 @pytest.mark.parametrize("only", GROUPS)
 def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
     out = tmp_path / "bench.json"
-    result = subprocess.run(
+    result = forkserver.run(  # forked: the bench's own trouper imports are paid once
         [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--only", only,
          "--out", str(out)],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)

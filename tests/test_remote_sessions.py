@@ -145,7 +145,8 @@ def test_the_token_is_kept_in_the_secrets_file_only_and_survives_a_restart(
     assert holders == [f"sessions/{session.id}/secrets.json"]
 
 
-def test_the_token_is_not_in_the_server_argv(server):
+def test_the_token_is_not_in_the_server_argv(remote_server):
+    server = remote_server(fresh=True)  # its own argv and environment in /proc
     argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
     assert b"runtime-server" in argv and b"--token-file" in argv
     assert server.token.encode() not in argv
