@@ -40,9 +40,11 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 FORK_ENV = "TROUPER_TEST_FORK"
-RUNTIME_ENV = ("TROUPER_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST")
+RUNTIME_ENV = ("TROUPER_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "THESPIAN_BASE_IPADDR",
+               "THESPLOG_FILE", "TIKTOKEN_CACHE_DIR")
 """What a forked process's environment may change from the zygote's: variables read after
-start-up (pytest sets the last for each test). Any other (``PYTHONPATH``, the many that
+start-up (pytest sets ``PYTEST_CURRENT_TEST`` for each test; opening an actor system sets
+the Thespian two, importing litellm the last). Any other (``PYTHONPATH``, the many that
 litellm reads on import) must match."""
 START_TIMEOUT_S = 120.0
 
@@ -134,7 +136,10 @@ class ForkServer:
 
 def _frozen_part(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that must be as they were when the zygote imported everything."""
-    return {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV)}
+    frozen = {k: v for k, v in env.items() if not k.startswith(RUNTIME_ENV)}
+    if frozen.get("TZ") == ":/etc/localtime":  # the default, spelled out (by the browser's
+        del frozen["TZ"]                       # tests' libraries): the same time zone
+    return frozen
 
 
 class ForkedProcess:
