@@ -25,7 +25,7 @@ from .actors import (
 )
 from .actors.transport import seal  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
-from .llm import client as _llm_client  # noqa: E402, F401 - share litellm's pages
+from .llm import client as _llm_client  # noqa: E402 - share litellm's pages
 from .logfiles import log_definitions  # noqa: E402
 from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
 from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
@@ -78,6 +78,7 @@ class ActorSystemHandle:
     def open(self) -> None:
         seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
         forking.install()
+        _llm_client.preload_first_call()  # once per program; its brokers share it
         forking.end_orphans(self.home.root)
         self.home.tighten()
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
