@@ -17,7 +17,11 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from thespian.actors import ActorSystem, ActorSystemException  # noqa: E402
+from thespian.actors import (  # noqa: E402
+    ActorSystem,
+    ActorSystemException,
+    InvalidActorAddress,
+)
 
 from .actors import (
     forking,  # noqa: E402
@@ -37,6 +41,8 @@ from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 logger = logging.getLogger(__name__)
 
 _OPENING = threading.Lock()
+ADMIN_PORT_TRIES = 3
+"""Opens of a system whose free admin port was taken before its admin bound it."""
 """One actor system opens at a time in a program: the admin fork reads what it was told."""
 
 """An owner-only file holding the actor transport's key, shared by every host of a
@@ -82,17 +88,28 @@ class ActorSystemHandle:
         forking.end_orphans(self.home.root)
         self.home.tighten()
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
-        port = self.admin_port or free_port()
-        capabilities = {"Admin Port": port}
         log_defs = log_definitions(self.home)
-        before = set(children_of(os.getpid()))
-        with _OPENING:
-            forking.prepare_admin(self.home.root, 0 if self.detached else os.getpid())
-            self._asys = ActorSystem(self.system_base, capabilities,
-                                     logDefs=log_defs, transientUnique=True)
-        self._forks = [pid for pid in children_of(os.getpid())
-                       if pid not in before and _is_fork_of_this_program(pid)]
-        self._reap_forks()
+        for attempt in range(1, ADMIN_PORT_TRIES + 1):
+            port = self.admin_port or free_port()
+            before = set(children_of(os.getpid()))
+            try:
+                with _OPENING:
+                    forking.prepare_admin(self.home.root, 0 if self.detached else os.getpid())
+                    self._asys = ActorSystem(self.system_base, {"Admin Port": port},
+                                             logDefs=log_defs, transientUnique=True)
+            except InvalidActorAddress as exc:
+                # free_port's port was taken before the admin bound it (another program
+                # listening there): the admin is gone; a port of our own is tried again
+                if self.admin_port or attempt == ADMIN_PORT_TRIES:
+                    raise
+                logger.warning("the admin port %d was taken before the admin bound it (%s); "
+                               "opening on another", port, exc)
+                continue
+            finally:
+                self._forks += [pid for pid in children_of(os.getpid())
+                                if pid not in before and _is_fork_of_this_program(pid)]
+                self._reap_forks()
+            break
         from .actors.root import RootSupervisor
 
         self._root = self._asys.createActor(RootSupervisor)

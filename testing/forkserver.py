@@ -25,6 +25,7 @@ so does everything when this process's environment has ``TROUPER_TEST_FORK=0``.
 from __future__ import annotations
 
 import atexit
+import functools
 import io
 import json
 import locale
@@ -37,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 FORK_ENV = "TROUPER_TEST_FORK"
@@ -70,7 +72,8 @@ class ForkServer:
         return not argv[1].startswith("-")
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,
-              targets: dict[int, int], new_session: bool, sigint_ignored: bool) -> int:
+              targets: dict[int, int], new_session: bool, sigint_ignored: bool,
+              cgroup: str | None = None) -> int:
         """Fork ``argv`` with ``targets`` (child descriptor -> this process's); returns the
         reply socket's descriptor once the pid is known (see ``ForkedProcess``)."""
         env = dict(os.environ if env is None else env)
@@ -78,7 +81,7 @@ class ForkServer:
         request = {"argv": list(argv[1:]), "env": env,
                    "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
                    "targets": list(targets), "new_session": new_session,
-                   "sigint_ignored": sigint_ignored}
+                   "sigint_ignored": sigint_ignored, "cgroup": cgroup}
         try:
             with self._lock:
                 control = self._started(env)
@@ -149,7 +152,11 @@ class ForkedProcess:
                  stdin: Any = None, stdout: Any = None, stderr: Any = None,
                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
                  text: bool = False, start_new_session: bool = False,
-                 sigint_ignored: bool = False, pass_fds: Sequence[int] = ()) -> None:
+                 sigint_ignored: bool = False, pass_fds: Sequence[int] = (),
+                 cgroup: str | os.PathLike[str] | None = None) -> None:
+        """``cgroup``: a cgroup folder the child joins before anything else, so that all it
+        starts is found there (its ``/proc`` environment cannot mark them: it is the
+        zygote's)."""
         self.args = list(args)
         self.returncode: int | None = None
         self.stdin: IO[Any] | None = None
@@ -181,7 +188,8 @@ class ForkedProcess:
         try:
             reply_fd = server.spawn(args, env=env, cwd=cwd, targets=child,
                                     new_session=start_new_session,
-                                    sigint_ignored=sigint_ignored)
+                                    sigint_ignored=sigint_ignored,
+                                    cgroup=os.fspath(cgroup) if cgroup else None)
         except BaseException:
             for fd in ours.values():
                 os.close(fd)
@@ -302,13 +310,14 @@ def Popen(args: Sequence[str], *, sigint_ignored: bool = False,  # noqa: N802 - 
     server = server or _server
     if server.accepts(args) and set(kwargs) <= _FORKED_OPTIONS:
         return ForkedProcess(args, server, sigint_ignored=sigint_ignored, **kwargs)
-    if sigint_ignored:
-        kwargs["preexec_fn"] = _ignore_sigint
+    cgroup = kwargs.pop("cgroup", None)
+    if sigint_ignored or cgroup:
+        kwargs["preexec_fn"] = functools.partial(_before_exec, sigint_ignored, cgroup)
     return subprocess.Popen(args, **kwargs)
 
 
 _FORKED_OPTIONS = {"stdin", "stdout", "stderr", "env", "cwd", "text", "start_new_session",
-                   "pass_fds"}
+                   "pass_fds", "cgroup"}
 
 
 def run(args: Sequence[str], *, input: Any = None, capture_output: bool = False,  # noqa: A002
@@ -332,13 +341,51 @@ def run(args: Sequence[str], *, input: Any = None, capture_output: bool = False,
     return done
 
 
+CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"),
+                Path("/sys/fs/cgroup"))
+"""Where ``new_cgroup`` makes one: cgroup v1's pids hierarchy, else a v2 one."""
+
+
+def new_cgroup(name: str) -> Path | None:
+    """A new empty cgroup for the ``cgroup`` option, or None where this process may not
+    make one (not root, no cgroup file system)."""
+    for root in CGROUP_ROOTS:
+        if (root / "cgroup.procs").exists():
+            try:
+                (root / name).mkdir()
+            except OSError:
+                continue
+            return root / name
+    return None
+
+
+def remove_cgroup(group: Path, timeout_s: float = 10.0) -> None:
+    """Remove ``group`` once its last member is reaped (EBUSY until then)."""
+    from .faults import wait_until
+
+    def removed() -> bool:
+        try:
+            group.rmdir()
+        except OSError:
+            return False
+        return True
+
+    wait_until(removed, timeout_s, f"{group} to empty")
+
+
 def stop() -> None:
     """End this process's zygote now (it also ends with this process)."""
     _server.close()
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _before_exec(sigint_ignored: bool, cgroup: str | os.PathLike[str] | None) -> None:
+    """What ``ForkedProcess`` does for these options, in a started process."""
+    if cgroup:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+    if sigint_ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "run", "stop"]
+__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "new_cgroup", "remove_cgroup",
+           "run", "stop"]

@@ -56,6 +56,7 @@ class Job:
         self.targets: list[int] = request["targets"]
         self.new_session: bool = request["new_session"]
         self.sigint_ignored: bool = request["sigint_ignored"]
+        self.cgroup: str | None = request.get("cgroup")
         self.fds = fds
 
 
@@ -132,6 +133,9 @@ def _reap(replies: dict[int, socket.socket]) -> None:
 
 def _become(job: Job) -> None:
     """Put the descriptors, session, folder, environment and signals in place."""
+    if job.cgroup:  # first: whatever it starts from here on is in the group too
+        with open(os.path.join(job.cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
     floor = max([*job.targets, *job.fds]) + 1  # lifted first: no dup2 overwrites a source
     lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in job.fds]
     for fd in job.fds:

@@ -151,3 +151,22 @@ def test_the_zygote_listens_nowhere_and_ends_when_closed():
     assert held and not held & (set(tcp) | unix_listening)
     server.close()
     assert zygote.returncode == 0
+
+
+def test_a_cgroup_holds_the_child_and_all_it_starts(server):
+    group = forkserver.new_cgroup(f"trouper-test-fork-{os.getpid()}")
+    if group is None:
+        pytest.skip("no cgroup can be made here (not root, or no cgroup file system)")
+    try:
+        proc = forked(server, "import os, subprocess, sys; child = subprocess.Popen("
+                      "['sleep', '60'], start_new_session=True); print(child.pid, flush=True);"
+                      "sys.stdin.read()", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      cgroup=group)
+        grandchild = int(proc.stdout.readline())
+        members = {int(p) for p in (group / "cgroup.procs").read_text().split()}
+        assert {proc.pid, grandchild} <= members
+        os.kill(grandchild, signal.SIGKILL)
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    finally:
+        forkserver.remove_cgroup(group)

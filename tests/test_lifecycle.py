@@ -10,16 +10,23 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trouper.processes import pid_alive
-from trouper.testing import wait_until
+from trouper.testing import forkserver, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 def _marked(mark: str) -> list[int]:
-    """Live processes whose environment carries ``TROUPER_TEST_MARK=mark``."""
+    """Live processes of the program marked ``mark``: in its cgroup (every process it
+    starts stays in it, setsid or not, whoever forked the program), or where there is
+    none, with ``TROUPER_TEST_MARK=mark`` in their environment."""
+    group = _GROUPS.get(mark)
+    if group is not None:
+        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        return [pid for pid in pids if pid != os.getpid() and pid_alive(pid)]
     needle = f"TROUPER_TEST_MARK={mark}".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -34,13 +41,30 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-def _program(home: Path, body: str, mark: str) -> subprocess.Popen[bytes]:
+_GROUPS: dict[str, Path] = {}
+
+
+@pytest.fixture(autouse=True)
+def _remove_cgroups():
+    yield
+    while _GROUPS:
+        forkserver.remove_cgroup(_GROUPS.popitem()[1])
+
+
+def _program(home: Path, body: str, mark: str) -> Any:
+    """``python -c`` with ``body``: forked from the suite's zygote into a cgroup of its
+    own where one can be made, else started afresh with the mark in its environment."""
     code = textwrap.dedent(f"""
         import os, sys, time
         from trouper import Trouper
         home = {str(home)!r}
         {textwrap.indent(textwrap.dedent(body), "        ").strip()}
     """)
+    group = forkserver.new_cgroup(f"trouper-test-{mark}")
+    if group is not None:
+        _GROUPS[mark] = group
+        return forkserver.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cgroup=group)
     env = {**os.environ, "TROUPER_TEST_MARK": mark}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -120,3 +144,25 @@ def test_open_close_cycles_leave_no_zombie_and_no_process(tmp_path):
     # closed worker pipe, and epoll failed (EPERM) on the reused number in ~1 of 12 closes
     assert "Traceback" not in err.decode(), err.decode()[-3000:]
     wait_until(lambda: _marked(mark) == [], 10, f"leftover processes: {_marked(mark)}")
+
+
+def test_an_admin_port_taken_before_the_admin_binds_it_is_replaced(tmp_path, monkeypatch,
+                                                                   caplog):
+    """free_port() closes the port it found; another program may listen there before the
+    admin binds it (seen once in a loaded suite: a daemon failed to start). The open
+    tries another port instead of failing."""
+    import socket
+
+    from trouper import Trouper, actor_system
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        real = actor_system.free_port
+        monkeypatch.setattr(actor_system, "free_port", lambda: next(ports, None) or real())
+        with caplog.at_level("WARNING", logger="trouper.actor_system"):
+            with Trouper(home=tmp_path / "home") as trouper:
+                assert trouper.sessions() == []
+    assert f"the admin port {taken} was taken before the admin bound it" in caplog.text
