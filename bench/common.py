@@ -160,3 +160,27 @@ def _commit() -> str | None:
     except OSError:
         pass
     return None
+
+
+SPAWN: dict[str, Any] = {}
+"""How the bench starts its Python processes (workers, daemons, runtime servers):
+``subprocess``'s ``Popen`` and ``run`` unless ``fork_python_processes`` said otherwise."""
+
+
+def spawn(kind: str) -> Any:
+    """``SPAWN[kind]`` (``"popen"`` or ``"run"``), ``subprocess``'s by default."""
+    import subprocess
+
+    return SPAWN.get(kind) or {"popen": subprocess.Popen, "run": subprocess.run}[kind]
+
+
+def fork_python_processes() -> None:
+    """``--quick`` (a smoke run, its figures not read): fork the bench's Python processes
+    from a pre-imported zygote (``trouper.testing.forkserver``), the suite's when the
+    bench itself was forked from one, instead of paying trouper's imports in each."""
+    from trouper.testing import forkserver
+    from trouper.testing.daemon import TestDaemon
+
+    SPAWN.update(popen=forkserver.Popen, run=forkserver.run)
+    TestDaemon.popen = forkserver.Popen
+

@@ -35,7 +35,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import chat_requests, echo_script, expected_lines, percentile, read_lines
+from common import (
+    chat_requests,
+    echo_script,
+    expected_lines,
+    percentile,
+    read_lines,
+    spawn,
+)
 from procs import (
     cpu_delta,
     kill_tree,
@@ -201,7 +208,7 @@ def run_isolated(
     timeout_s = 120 + n * steps * 0.2
     cfg = {"n": n, "steps": steps, "latency_s": latency_s, "workdir": str(workdir),
            "port": port, "timeout_s": timeout_s, "out": str(out)}
-    child = subprocess.Popen([sys.executable, __file__, json.dumps(cfg)],
+    child = spawn("popen")([sys.executable, __file__, json.dumps(cfg)],
                              stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s + 120 + n * 0.5  # + opening, sampling, closing
     reason, lowest = None, mem_available_mb()

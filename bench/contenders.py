@@ -23,6 +23,7 @@ from common import (
     echo_script,
     expected_lines,
     read_lines,
+    spawn,
 )
 from procs import cpu_delta, role_cpu_s, roles, session_processes, trouper_tree
 
@@ -72,7 +73,7 @@ def _check_out(run: Run, workspace: Path) -> None:
 
 
 def _worker(python: Path | str, script: str, cfg: dict[str, Any], timeout_s: float) -> dict:
-    proc = subprocess.run(
+    proc = spawn("run")(
         [str(python), str(BENCH_DIR / script), json.dumps(cfg)],
         capture_output=True,
         text=True,

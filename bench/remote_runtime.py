@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import chat_requests, echo_script, median, percentile
+from common import chat_requests, echo_script, median, percentile, spawn
 from contenders import TASK, llm_config, segments, wait_until
 
 from trouper import AgentState, Trouper
@@ -50,7 +50,7 @@ class LoopbackServer:
 
     def __enter__(self) -> LoopbackServer:
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(
+        self.proc = spawn("popen")(
             [sys.executable, "-m", "trouper", "runtime-server", "--port", "0", "--workdir",
              str(self.workdir), "--token-file", str(self.token_file), "--log-level", "warning"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

@@ -43,7 +43,7 @@ import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
 import venvs  # noqa: E402
-from common import RESULTS_DIR, machine  # noqa: E402
+from common import RESULTS_DIR, fork_python_processes, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render  # noqa: E402
 from targets import targets  # noqa: E402
@@ -237,6 +237,8 @@ def write(results: dict[str, Any], out: Path | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = settings(args)
+    if args.quick:  # a smoke run: its Python processes are forked, not started afresh
+        fork_python_processes()
     results: dict[str, Any] = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,

@@ -38,8 +38,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any
+
+from .cgroups import join_cgroup
 
 FORK_ENV = "TROUPER_TEST_FORK"
 RUNTIME_ENV = ("TROUPER_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "THESPIAN_BASE_IPADDR",
@@ -115,8 +116,14 @@ class ForkServer:
 
     def _started(self, env: dict[str, str]) -> socket.socket:
         """A zygote that imported everything under ``env``'s start-up part: the current
-        one, or a new one when that part changed (an import may have read it)."""
+        one (first, in a forked process, the zygote it came from), or a new one when that
+        part changed (an import may have read it)."""
         if self._control is not None and _frozen_part(env) == _frozen_part(self._env):
+            return self._control
+        if self._control is None and _inherited["fd"] is not None and (
+                _frozen_part(env) == _frozen_part(os.environ)):
+            fd, _inherited["fd"] = _inherited["fd"], None  # the parent's zygote, once
+            self._control, self._env = socket.socket(fileno=fd), dict(os.environ)
             return self._control
         self._retire()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -301,6 +308,13 @@ def _read_all(stream: IO[bytes], into: list[bytes]) -> None:
 
 _server = ForkServer()
 atexit.register(_server.close)
+_inherited: dict[str, int | None] = {"fd": None}
+
+
+def inherit_zygote(fd: int) -> None:
+    """Called in a forked process (``zygote._become``): ``fd`` is its own socket to the
+    zygote it came from, which this process's ``run`` and ``Popen`` then use."""
+    _inherited["fd"] = fd
 
 
 def Popen(args: Sequence[str], *, sigint_ignored: bool = False,  # noqa: N802 - subprocess's name
@@ -341,38 +355,6 @@ def run(args: Sequence[str], *, input: Any = None, capture_output: bool = False,
     return done
 
 
-CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/unified"),
-                Path("/sys/fs/cgroup"))
-"""Where ``new_cgroup`` makes one: cgroup v1's pids hierarchy, else a v2 one."""
-
-
-def new_cgroup(name: str) -> Path | None:
-    """A new empty cgroup for the ``cgroup`` option, or None where this process may not
-    make one (not root, no cgroup file system)."""
-    for root in CGROUP_ROOTS:
-        if (root / "cgroup.procs").exists():
-            try:
-                (root / name).mkdir()
-            except OSError:
-                continue
-            return root / name
-    return None
-
-
-def remove_cgroup(group: Path, timeout_s: float = 10.0) -> None:
-    """Remove ``group`` once its last member is reaped (EBUSY until then)."""
-    from .faults import wait_until
-
-    def removed() -> bool:
-        try:
-            group.rmdir()
-        except OSError:
-            return False
-        return True
-
-    wait_until(removed, timeout_s, f"{group} to empty")
-
-
 def stop() -> None:
     """End this process's zygote now (it also ends with this process)."""
     _server.close()
@@ -381,11 +363,9 @@ def stop() -> None:
 def _before_exec(sigint_ignored: bool, cgroup: str | os.PathLike[str] | None) -> None:
     """What ``ForkedProcess`` does for these options, in a started process."""
     if cgroup:
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
-            procs.write(str(os.getpid()))
+        join_cgroup(cgroup)
     if sigint_ignored:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "new_cgroup", "remove_cgroup",
-           "run", "stop"]
+__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "inherit_zygote", "run", "stop"]

@@ -15,8 +15,10 @@ command as the interpreter would, so it exits as that command would: with its
 ``KeyboardInterrupt``.
 
 There is no listening socket: only the test process holds the other end of the pair, and
-the zygote dies with it (``PR_SET_PDEATHSIG``). When that end closes, the zygote takes no
-more requests and exits once it has reported its last child's exit.
+the zygote dies with it (``PR_SET_PDEATHSIG``); when the test process closes its end, the
+zygote takes no more requests and exits once it has reported its last child's exit. Each
+child gets a pair of its own, so that what it starts through ``forkserver`` (a bench
+run's daemons) is forked here too.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ _DEFERRED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIG
 class Job:
     """One request, in the forked child: what to become."""
 
-    def __init__(self, request: dict[str, Any], fds: list[int]) -> None:
+    def __init__(self, request: dict[str, Any], fds: list[int], control: int) -> None:
         self.argv: list[str] = request["argv"]
         self.env: dict[str, str] = request["env"]
         self.cwd: str = request["cwd"]
@@ -58,6 +60,8 @@ class Job:
         self.sigint_ignored: bool = request["sigint_ignored"]
         self.cgroup: str | None = request.get("cgroup")
         self.fds = fds
+        self.control = control
+        """The child's own socket to the zygote (``forkserver`` uses it for what it forks)."""
 
 
 def main() -> None:
@@ -80,37 +84,42 @@ def _serve(control: socket.socket) -> Job:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
     replies: dict[int, socket.socket] = {}
+    controls = [control]  # the test process's, then one per child: its own requests
     taking = True
     while taking or replies:
-        readable, _, _ = select.select([control, wake_r] if taking else [wake_r], [], [])
+        readable, _, _ = select.select([*controls, wake_r] if taking else [wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(replies)
-        if control not in readable:
-            continue
-        data, fds, _, _ = socket.recv_fds(control, MAX_REQUEST, MAX_FDS)
-        if not data:  # the test process closed its end: report the last exits, then go
-            taking = False
-            continue
-        reply = socket.socket(fileno=fds[0])
-        # a signal sent to the child before it has its own handlers waits for them (a
-        # SIGINT would otherwise raise KeyboardInterrupt in the zygote's code)
-        signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for sock in (control, reply, *replies.values()):
-                sock.close()
-            os.close(wake_r)
-            os.close(wake_w)
-            return Job(json.loads(data), fds[1:])
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
-        for fd in fds[1:]:
-            os.close(fd)
-        reply.send(json.dumps({"pid": pid}).encode())
-        replies[pid] = reply
-        _reap(replies)  # a child that ended before it was filed
+        for source in [c for c in controls if c in readable]:
+            data, fds, _, _ = socket.recv_fds(source, MAX_REQUEST, MAX_FDS)
+            if not data:  # the test process closed its end: report the last exits, go
+                taking = taking and source is not control
+                controls.remove(source)
+                source.close()
+                continue
+            reply = socket.socket(fileno=fds[0])
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # a signal sent to the child before it has its own handlers waits for them (a
+            # SIGINT would otherwise raise KeyboardInterrupt in the zygote's code)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sock in (*controls, reply, ours, *replies.values()):
+                    sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                return Job(json.loads(data), fds[1:], theirs.detach())
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
+            theirs.close()
+            controls.append(ours)
+            for fd in fds[1:]:
+                os.close(fd)
+            reply.send(json.dumps({"pid": pid}).encode())
+            replies[pid] = reply
+            _reap(replies)  # a child that ended before it was filed
     raise SystemExit(0)
 
 
@@ -134,16 +143,21 @@ def _reap(replies: dict[int, socket.socket]) -> None:
 def _become(job: Job) -> None:
     """Put the descriptors, session, folder, environment and signals in place."""
     if job.cgroup:  # first: whatever it starts from here on is in the group too
-        with open(os.path.join(job.cgroup, "cgroup.procs"), "w") as procs:
-            procs.write(str(os.getpid()))
-    floor = max([*job.targets, *job.fds]) + 1  # lifted first: no dup2 overwrites a source
+        from .cgroups import join_cgroup
+
+        join_cgroup(job.cgroup)
+    floor = max([*job.targets, *job.fds, job.control]) + 1  # no dup2 overwrites a source
     lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in job.fds]
-    for fd in job.fds:
+    control = fcntl.fcntl(job.control, fcntl.F_DUPFD_CLOEXEC, floor)
+    for fd in [*job.fds, job.control]:
         os.close(fd)
     for fd, target in zip(lifted, job.targets, strict=True):
         os.dup2(fd, target)
     for fd in lifted:
         os.close(fd)
+    from . import forkserver
+
+    forkserver.inherit_zygote(control)
     if job.new_session:
         os.setsid()
     os.chdir(job.cwd)

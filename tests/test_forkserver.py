@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from trouper.processes import listening_sockets, socket_inodes
 from trouper.testing import forkserver
+from trouper.testing.cgroups import new_cgroup, remove_cgroup
 from trouper.testing.forkserver import ForkedProcess, ForkServer
 
 pytestmark = pytest.mark.slow  # starts zygotes (real processes)
@@ -73,16 +75,22 @@ def test_sigint_ignored_and_a_new_session(server):
 
 def test_pass_fds_keep_their_numbers_and_nothing_else_leaks_in(server):
     read_end, write_end = os.pipe()
-    proc = forked(server, f"import os; os.write({write_end}, "
-                  "' '.join(sorted(os.listdir('/proc/self/fd'))).encode())",
-                  pass_fds=(write_end,))
+    report = ("import json, os; fds = [int(f) for f in os.listdir('/proc/self/fd')];"
+              "found = {}\n"
+              "for fd in fds:\n"
+              "    try: found[fd] = [os.readlink(f'/proc/self/fd/{fd}').split('[')[0],"
+              " os.get_inheritable(fd)]\n"
+              "    except OSError: pass\n"
+              f"os.write({write_end}, json.dumps(found).encode())")
+    proc = forked(server, report, pass_fds=(write_end,))
     os.close(write_end)
     assert proc.wait(60) == 0
-    seen = os.read(read_end, 4096).decode().split()
+    found = json.loads(os.read(read_end, 65536))
     os.close(read_end)
-    # 0-2, the passed one, and listdir's own; not the zygote's socket or wake-up pipe
-    assert set(seen) - {"0", "1", "2", str(write_end)} <= {"3", "4"}
-    assert len(seen) <= 5
+    extra = {fd: what for fd, what in found.items() if int(fd) not in (0, 1, 2, write_end)}
+    assert found[str(write_end)] == ["pipe:", True]
+    # only its own socket to the zygote (closed on exec), not the zygote's others
+    assert list(extra.values()) == [["socket:", False]], extra
 
 
 def test_a_module_runs_as_main(server, tmp_path):
@@ -154,7 +162,7 @@ def test_the_zygote_listens_nowhere_and_ends_when_closed():
 
 
 def test_a_cgroup_holds_the_child_and_all_it_starts(server):
-    group = forkserver.new_cgroup(f"trouper-test-fork-{os.getpid()}")
+    group = new_cgroup(f"trouper-test-fork-{os.getpid()}")
     if group is None:
         pytest.skip("no cgroup can be made here (not root, or no cgroup file system)")
     try:
@@ -169,4 +177,15 @@ def test_a_cgroup_holds_the_child_and_all_it_starts(server):
         proc.stdin.close()
         assert proc.wait(60) == 0
     finally:
-        forkserver.remove_cgroup(group)
+        remove_cgroup(group)
+
+
+def test_a_forked_process_forks_through_the_same_zygote(server):
+    """A bench run forked from the suite's zygote starts its daemons from it too."""
+    code = ("import os, sys; from trouper.testing import forkserver;"
+            "inner = forkserver.run([sys.executable, '-c', 'import os; print(os.getppid())'],"
+            " capture_output=True, text=True, timeout=60);"
+            "print(inner.stdout.strip(), inner.returncode)")
+    proc = forked(server, code, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert out.split() == [str(server._zygote.pid), "0"]

@@ -16,6 +16,7 @@ import pytest
 
 from trouper.processes import pid_alive
 from trouper.testing import forkserver, wait_until
+from trouper.testing.cgroups import new_cgroup, remove_cgroup
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -48,7 +49,7 @@ _GROUPS: dict[str, Path] = {}
 def _remove_cgroups():
     yield
     while _GROUPS:
-        forkserver.remove_cgroup(_GROUPS.popitem()[1])
+        remove_cgroup(_GROUPS.popitem()[1])
 
 
 def _program(home: Path, body: str, mark: str) -> Any:
@@ -60,7 +61,7 @@ def _program(home: Path, body: str, mark: str) -> Any:
         home = {str(home)!r}
         {textwrap.indent(textwrap.dedent(body), "        ").strip()}
     """)
-    group = forkserver.new_cgroup(f"trouper-test-{mark}")
+    group = new_cgroup(f"trouper-test-{mark}")
     if group is not None:
         _GROUPS[mark] = group
         return forkserver.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
