@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -55,10 +57,30 @@ _ERRORS: dict[Refusal, type[TrouperError]] = {
 
 
 def free_port() -> int:
-    """An unused TCP port on loopback (for the actor system's admin port)."""
+    """An unused TCP port on loopback (for the actor system's admin port), drawn at random
+    from the ephemeral range. The kernel's own choice (bind to 0) was seen to hand two
+    programs opening at the same moment the same port, and only one admin binds it."""
+    low, high = _ephemeral_range()
+    draw = random.SystemRandom()
+    for _ in range(20):
+        port = draw.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
 
 
 class ActorSystemHandle:
@@ -90,6 +112,7 @@ class ActorSystemHandle:
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
         log_defs = log_definitions(self.home)
         for attempt in range(1, ADMIN_PORT_TRIES + 1):
+            failed = False
             port = self.admin_port or free_port()
             before = set(children_of(os.getpid()))
             try:
@@ -104,11 +127,12 @@ class ActorSystemHandle:
                     raise
                 logger.warning("the admin port %d was taken before the admin bound it (%s); "
                                "opening on another", port, exc)
+                failed = True
                 continue
             finally:
                 self._forks += [pid for pid in children_of(os.getpid())
                                 if pid not in before and _is_fork_of_this_program(pid)]
-                self._reap_forks()
+                self._reap_forks(wait_s=5.0 if failed else 0.0)  # a failed admin exits now
             break
         from .actors.root import RootSupervisor
 
@@ -167,15 +191,21 @@ class ActorSystemHandle:
             asys.shutdown()
             self._reap_forks()
 
-    def _reap_forks(self) -> None:
-        """Reap the admin's first fork: it exits at once, and nobody else waits for it."""
-        for pid in list(self._forks):
-            try:
-                done, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._forks.remove(pid)
+    def _reap_forks(self, wait_s: float = 0.0) -> None:
+        """Reap the admin's first fork: it exits at once, and nobody else waits for it
+        (waiting up to ``wait_s`` for it to exit)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for pid in list(self._forks):
+                try:
+                    done, _status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    self._forks.remove(pid)
+            if not self._forks or time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)  # a poll interval: the condition is the fork's exit above
 
 
 def _is_fork_of_this_program(pid: int) -> bool:

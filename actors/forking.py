@@ -19,6 +19,7 @@ ends the group of an admin whose program is dead.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -39,6 +40,9 @@ from ..settings import settings
 from . import reaping
 
 logger = logging.getLogger(__name__)
+
+ADMIN_PORT_IN_USE = 98
+"""The exit status of an admin whose port another program bound first (EADDRINUSE)."""
 
 _next_admin: dict[str, Any] = {"home": None, "owner_pid": 0}
 """Read in the forked admin: what the opening ``ActorSystemHandle`` set just before."""
@@ -68,6 +72,15 @@ def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
         enter_private_process()
         if admin:
             _become_admin()
+            try:
+                return target(*args, **kwargs)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                # its port was taken after the program chose it: the program opens on
+                # another (actor_system.ADMIN_PORT_TRIES), no traceback on its stderr
+                logger.warning("admin port in use: %s", exc)
+                os._exit(ADMIN_PORT_IN_USE)
         return target(*args, **kwargs)
 
     entry._trouper_entry = True  # type: ignore[attr-defined]

@@ -33,13 +33,15 @@ class TestDaemon:
     """What starts the daemon process (``subprocess.Popen``'s arguments): a suite may set
     ``forkserver.Popen`` here once, so that its daemons skip the imports."""
 
-    def __init__(self, home: Path, port: int = 0, env: dict[str, str] | None = None) -> None:
+    def __init__(self, home: Path, port: int = 0, env: dict[str, str] | None = None,
+                 popen: Callable[..., Any] | None = None) -> None:
         from ..daemon.files import DaemonFiles
 
         self.home = Home.at(home)
         self.files = DaemonFiles(self.home)
         self.port = port
         self.env = dict(env or {})
+        self._popen = popen or type(self).popen
         self.info: dict[str, Any] = {}
         self._clients: list[Any] = []
 
@@ -63,7 +65,7 @@ class TestDaemon:
 
         with _environment(self.env):
             self.info = start(self.home, "127.0.0.1", self.port, timeout_s=timeout_s,
-                              popen=type(self).popen)
+                              popen=self._popen)
         self.port = int(self.info["port"])
         return self
 
@@ -140,10 +142,10 @@ def _admin_pid(home: Home) -> int | None:
 
 
 @contextlib.contextmanager
-def running_daemon(home: Path, port: int = 0, env: dict[str, str] | None = None
-                   ) -> Iterator[TestDaemon]:
+def running_daemon(home: Path, port: int = 0, env: dict[str, str] | None = None,
+                   popen: Callable[..., Any] | None = None) -> Iterator[TestDaemon]:
     """A started ``TestDaemon``, stopped (or killed) at the end, whatever happened."""
-    daemon = TestDaemon(home, port, env)
+    daemon = TestDaemon(home, port, env, popen)
     try:
         yield daemon.start()
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 
 import httpx
 import pytest
@@ -25,7 +26,8 @@ FINISH = {"tool": "finish", "args": {"message": "done"}}
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    with running_daemon(tmp_path_factory.mktemp("shome")) as d:
+    # started afresh, not forked: the argv and environment tests read its own in /proc
+    with running_daemon(tmp_path_factory.mktemp("shome"), popen=subprocess.Popen) as d:
         yield d
 
 
@@ -139,7 +141,7 @@ def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id):
                 assert token not in cmdline.read()
             with open(f"/proc/{pid}/environ", "rb") as environ:
                 assert token not in environ.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # it exited since it was listed
             continue
     httpx.get(daemon.url + "/v1/health", headers={"Authorization": "Bearer wrong"})
     for log in (daemon.home.root / "logs").iterdir():
