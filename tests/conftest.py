@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,7 +166,6 @@ class RemoteServer:
         """``fresh``: started from a new interpreter, not forked from the suite's zygote
         (for a test that reads the process's ``/proc`` argv or environment)."""
         import secrets
-        import socket
 
         self.fresh = fresh
         self.root = root
@@ -175,10 +175,10 @@ class RemoteServer:
         self.token_file = root / "token"
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        """0 until the first start, which takes any free port (a port chosen here and
+        bound later was sometimes taken in between); later starts reuse it."""
+        self.url = ""
         self.proc: Any = None
         self.log = root / "server.log"
         self.tls: str | None = None
@@ -200,9 +200,16 @@ class RemoteServer:
             self.tls = extra[list(extra).index("--tls-cert") + 1]
 
         popen = subprocess.Popen if self.fresh else forkserver.Popen
+        info = self.workdir / "server.json"
+        info.unlink(missing_ok=True)  # a killed server's, naming its dead pid
         with open(self.log, "ab") as log:
             self.proc = popen(self.argv(*extra), stdin=subprocess.DEVNULL, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: info.exists() or self.proc.poll() is not None, 30,
+                   "the runtime server to listen")
+        if self.proc.poll() is None:
+            self.port = int(json.loads(info.read_text())["port"])
+            self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self.healthy, 30, f"the runtime server on port {self.port} to answer")
         return self
 
