@@ -120,8 +120,8 @@ class ForkServer:
         part changed (an import may have read it)."""
         if self._control is not None and _frozen_part(env) == _frozen_part(self._env):
             return self._control
-        if self._control is None and _inherited["fd"] is not None and (
-                _frozen_part(env) == _frozen_part(os.environ)):
+        if self._control is None and self._preload is None and _inherited["fd"] is not None \
+                and _frozen_part(env) == _frozen_part(os.environ):
             fd, _inherited["fd"] = _inherited["fd"], None  # the parent's zygote, once
             self._control, self._env = socket.socket(fileno=fd), dict(os.environ)
             return self._control
