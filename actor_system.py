@@ -43,9 +43,9 @@ from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 logger = logging.getLogger(__name__)
 
 _OPENING = threading.Lock()
+"""One actor system opens at a time in a program: the admin fork reads what it was told."""
 ADMIN_PORT_TRIES = 3
 """Opens of a system whose free admin port was taken before its admin bound it."""
-"""One actor system opens at a time in a program: the admin fork reads what it was told."""
 
 """An owner-only file holding the actor transport's key, shared by every host of a
 multi-host system; unset (the default), each program makes a random key of its own."""

@@ -77,9 +77,8 @@ def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:
                     raise
-                # its port was taken after the program chose it: the program opens on
-                # another (actor_system.ADMIN_PORT_TRIES), no traceback on its stderr
-                logger.warning("admin port in use: %s", exc)
+                # its port was taken after the program chose it: the program logs it and
+                # opens on another (actor_system.ADMIN_PORT_TRIES); nothing on its stderr
                 os._exit(ADMIN_PORT_IN_USE)
         return target(*args, **kwargs)
 

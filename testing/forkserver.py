@@ -225,7 +225,8 @@ class ForkedProcess:
     def _await_exit(self) -> None:
         answer = self._reply.recv(4096)
         self._reply.close()
-        # no answer: the zygote died before the child (only when the test process is ending)
+        # no answer: the zygote died before the child (the test process is ending, or
+        # close() killed a zygote whose children outlived its 10 s): the exit is unknown
         self.returncode = json.loads(answer)["exit"] if answer else -signal.SIGKILL
         self._exited.set()
 

@@ -117,7 +117,10 @@ def _serve(control: socket.socket) -> Job:
             controls.append(ours)
             for fd in fds[1:]:
                 os.close(fd)
-            reply.send(json.dumps({"pid": pid}).encode())
+            try:
+                reply.send(json.dumps({"pid": pid}).encode())
+            except OSError:  # the asker died meanwhile (a forked bench killed, say)
+                pass
             replies[pid] = reply
             _reap(replies)  # a child that ended before it was filed
     raise SystemExit(0)
