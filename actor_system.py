@@ -172,24 +172,29 @@ class ActorSystemHandle:
                     raise RequestTimeout(f"no answer to {what} within {timeout_s:g} s")
                 answer = self._asys.listen(remaining)
 
-    def close(self, stop_sandboxes: bool = True) -> None:
-        """Shut the tree down: sandboxes first (bounded), then every actor process."""
+    def close(self, stop_sandboxes: bool = True) -> list[str]:
+        """Shut the tree down: sandboxes first (bounded), then every actor process. The ids
+        of the sessions whose sandboxes were closed (the others were left to the deadline,
+        or had none running)."""
         asys, self._asys = self._asys, None
         if asys is None:
-            return
+            return []
         request_id = uuid.uuid4().hex
+        closed: list[str] = []
         try:
             self._asys = asys
             done = self._ask(Shutdown(request_id=request_id, stop_sandboxes=stop_sandboxes),
                              request_id, 20.0)
             if isinstance(done, ShutdownDone):
-                logger.info("closed sandboxes of %d session(s)", len(done.sessions))
+                closed = list(done.sessions)
+                logger.info("closed sandboxes of %d session(s)", len(closed))
         except (TrouperError, ActorSystemException) as exc:
             logger.warning("graceful shutdown incomplete: %s", exc)
         finally:
             self._asys = None
             asys.shutdown()
             self._reap_forks()
+        return closed
 
     def _reap_forks(self, wait_s: float = 0.0) -> None:
         """Reap the admin's first fork: it exits at once, and nobody else waits for it

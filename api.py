@@ -118,15 +118,17 @@ class Trouper:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self, stop_sandboxes: bool = True) -> None:
-        """Stop every actor (and, by default, every sandbox). Idempotent."""
+    def close(self, stop_sandboxes: bool = True) -> list[str]:
+        """Stop every actor (and, by default, every sandbox). Idempotent. Returns the ids
+        of the sessions whose sandboxes this call closed (empty when called again)."""
         if self._closed:
-            return
+            return []
         self._closed = True
-        self._system.close(stop_sandboxes=stop_sandboxes)
+        closed = self._system.close(stop_sandboxes=stop_sandboxes)
         store = getattr(self, "store", None)  # absent when the actor system failed to open
         if store is not None:
             store.close()
+        return closed
 
     # -- sessions ----------------------------------------------------------------
 

@@ -217,6 +217,10 @@ class RuntimeProxy(TrouperActor):
     def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
         self._stopping = True
         self._closes.append((msg, sender))
+        if self._starting:  # a start waiting for an unreachable server would hold the close
+            cancel = getattr(self._sandbox, "cancel", None)
+            if callable(cancel):
+                cancel()
         if self._starting or len(self._closes) > 1:
             return  # answered when the start, or the stop under way, is done
         self._close_now()

@@ -80,7 +80,10 @@ class Sandbox(Protocol):
         (None) the next epoch the sandbox itself counts: monotonic whatever the clocks do.
 
         Returns True when an existing sandbox was attached.
-        Raises RuntimeUnavailable when it cannot be started or reached.
+        Raises RuntimeUnavailable when it cannot be started or reached. A backend whose
+        start can wait long (the remote one, for its server) also has ``cancel()``, which
+        the proxy calls from its own thread when told to close mid-start: the start then
+        raises at once instead of holding the close.
         """
         ...
 

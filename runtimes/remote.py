@@ -96,6 +96,8 @@ class RemoteSandbox:
         self._asked: int | str | None = _NEVER
         """What the last ``start`` asked to claim (``_NEVER`` before one)."""
         self._boot_id: str | None = None
+        self._cancelled = threading.Event()
+        """Set by ``cancel``: no wait for the server goes on (the owner is closing)."""
 
     # ---- Sandbox ----
 
@@ -130,6 +132,18 @@ class RemoteSandbox:
                     "server)", self.session_id, "attached" if attached else "started",
                     self.url, self._epoch, self.remote_workspace)
         return attached
+
+    def cancel(self) -> None:
+        """The owner is closing (called from another thread): a ``start`` waiting for the
+        server to answer, and any retry's wait, ends now with ``RemoteUnavailable``; a
+        request already sent still gets its answer. For good: nothing waits after it."""
+        self._cancelled.set()
+
+    def _pause(self, seconds: float, operation: str) -> None:
+        """Wait ``seconds`` before trying again, unless the start was cancelled."""
+        if self._cancelled.wait(seconds):
+            raise RemoteUnavailable(f"{operation}: session {self.session_id}: cancelled "
+                                    "(the sandbox is closing)", RuntimeFailure.FAILED)
 
     def alive(self) -> SandboxHealth:
         """Whether the session's sandbox still runs on the server, for this epoch."""
@@ -296,7 +310,7 @@ class RemoteSandbox:
                     logger.info("session %s: waiting up to %g s for the runtime server at %s "
                                 "to answer healthy (%s)", self.session_id, limit_s, self.url, e)
                     said = True
-            time.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
+            self._pause(min(pause_s, max(0.0, deadline - time.monotonic())), "start")
             pause_s = min(1.0, pause_s * 2)
 
     def _client(self) -> Any:
@@ -337,11 +351,11 @@ class RemoteSandbox:
                     method, path, json=body, params=params, content=content, timeout=timeout)
             except httpx.HTTPError as e:
                 if waits:
-                    time.sleep(waits.pop(0))
+                    self._pause(waits.pop(0), operation)
                     continue
                 raise unreachable(self.url, operation, e) from e
             if response.status_code in _RETRY_STATUS and waits:
-                time.sleep(waits.pop(0))
+                self._pause(waits.pop(0), operation)
                 continue
             if response.status_code == 200:
                 return response.content if raw else self._json(response, operation)
