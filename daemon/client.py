@@ -34,6 +34,7 @@ from ..exceptions import (
 from ..fold import SessionView
 from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
 from ..paths import Home
+from ..tls import default_ssl_context
 from .files import DaemonFiles, read_token, running_info
 
 RECONNECT_WAIT_S = 0.5
@@ -68,8 +69,10 @@ class RemoteTrouper:
     def __init__(self, url: str, token: str, *, timeout_s: float = 60.0) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
+        # trust_env=False: no proxy from the environment ever sees the token
         self._http = httpx.Client(base_url=self.url, headers=self._headers,
-                                  timeout=httpx.Timeout(timeout_s, connect=5.0))
+                                  timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                  verify=default_ssl_context(), trust_env=False)
 
     def __enter__(self) -> RemoteTrouper:
         return self

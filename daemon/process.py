@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..paths import Home, private_file
+from ..tls import default_ssl_context
 from .files import DaemonFiles, lock_is_held, read_token, running_info
 from .server import DaemonError
 
@@ -109,7 +110,8 @@ def health(url: str, token: str, timeout_s: float = 5.0) -> dict[str, Any]:
     last = ""
     while True:
         try:
-            answer = httpx.get(f"{url}/v1/health", timeout=5.0,
+            answer = httpx.get(f"{url}/v1/health", timeout=5.0, trust_env=False,
+                               verify=default_ssl_context(),
                                headers={"Authorization": f"Bearer {token}"})
             if answer.status_code == 200:
                 return answer.json()  # type: ignore[no-any-return]

@@ -39,6 +39,7 @@ from ..masking import remember_secrets
 from ..messages.actions import RuntimeAction
 from ..messages.causes import RuntimeFailure
 from ..messages.outcomes import Outcome
+from ..tls import default_ssl_context
 from .base import JournalRecord, SandboxHealth
 from .client import _lost, _outcome, _too_large
 from .remote_errors import RemoteUnavailable, refusal, unreachable
@@ -321,6 +322,8 @@ class RemoteSandbox:
                 verify: Any = self.config.verify
                 if isinstance(verify, str):
                     verify = ssl.create_default_context(cafile=verify)
+                elif verify is True:
+                    verify = default_ssl_context()
                 # trust_env=False: no proxy from the environment ever sees the token
                 # TCP_NODELAY: headers and body leave in two writes, and delayed ACKs
                 # would add 40 ms to every request

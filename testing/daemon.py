@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from ..paths import Home
+from ..tls import default_ssl_context
 from .faults import wait_until
 
 
@@ -103,6 +104,7 @@ class TestDaemon:
     def http(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         """An httpx client of the daemon, sending ``token`` (default: the right one)."""
         headers = {"Authorization": f"Bearer {self.token if token is None else token}"}
+        kwargs.setdefault("verify", default_ssl_context())
         client = httpx.Client(base_url=self.url, headers=headers,
                               timeout=kwargs.pop("timeout", 30.0), **kwargs)
         self._clients.append(client)

@@ -216,13 +216,15 @@ class RemoteServer:
     def healthy(self) -> bool:
         import httpx
 
+        from trouper.tls import default_ssl_context
+
         if self.tls:  # the test's own self-signed certificate
             import ssl
 
             url = self.url.replace("http://", "https://")
             verify: Any = ssl.create_default_context(cafile=self.tls)
         else:
-            url, verify = self.url, True
+            url, verify = self.url, default_ssl_context()
 
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"the runtime server exited {self.proc.returncode}: "

@@ -18,6 +18,10 @@ from trouper.daemon.app import create_app
 from trouper.daemon.auth import PUBLIC_PATHS, allowed_hosts
 from trouper.processes import children_of
 from trouper.testing.daemon import running_daemon
+from trouper.tls import default_ssl_context
+
+HTTP = httpx.Client(verify=default_ssl_context(), trust_env=False)
+"""One client for the plain requests: a client per request would build a TLS context each."""
 
 pytestmark = pytest.mark.slow  # starts a daemon process
 
@@ -84,7 +88,7 @@ def test_every_route_refuses_a_request_without_the_right_token(daemon, session_i
         if method == "WS":
             status = ws_status(daemon.url.replace("http", "ws") + path, headers)
         else:
-            answer = httpx.request(method, daemon.url + path, headers=headers, json={},
+            answer = HTTP.request(method, daemon.url + path, headers=headers, json={},
                                    timeout=10)
             status = answer.status_code
             if path in PUBLIC_PATHS:
@@ -143,10 +147,10 @@ def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id):
                 assert token not in environ.read()
         except (FileNotFoundError, ProcessLookupError):  # it exited since it was listed
             continue
-    httpx.get(daemon.url + "/v1/health", headers={"Authorization": "Bearer wrong"})
+    HTTP.get(daemon.url + "/v1/health", headers={"Authorization": "Bearer wrong"})
     for log in (daemon.home.root / "logs").iterdir():
         assert token not in log.read_bytes(), log
-    page = httpx.get(daemon.url + "/")
+    page = HTTP.get(daemon.url + "/")
     assert page.headers["content-security-policy"].startswith("default-src 'self'")
     assert page.headers["x-frame-options"] == "DENY"
 
@@ -154,6 +158,34 @@ def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id):
 def test_a_second_token_file_is_never_made_and_the_page_needs_none(daemon):
     before = daemon.files.token.read_text()
     for path in PUBLIC_PATHS:
-        answer = httpx.get(daemon.url + path)
+        answer = HTTP.get(daemon.url + path)
         assert answer.status_code == 200 and before.strip() not in answer.text
     assert daemon.files.token.read_text() == before
+
+
+def test_no_proxy_from_the_environment_ever_sees_the_token(daemon, monkeypatch):
+    """HTTP_PROXY set and no NO_PROXY: the client and the health check still go straight
+    to the daemon; a listener standing in for the proxy is never even connected to."""
+    import socket
+
+    from trouper.daemon.client import RemoteTrouper
+    from trouper.daemon.process import health
+
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(8)
+    trap.setblocking(False)
+    proxy = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        with RemoteTrouper(daemon.url, daemon.token, timeout_s=5) as client:
+            assert client.health()["pid"] == daemon.pid
+            assert isinstance(client.sessions(), list)
+        assert health(daemon.url, daemon.token, timeout_s=5)
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # nothing ever connected to the "proxy"
+    finally:
+        trap.close()

@@ -17,6 +17,7 @@ from trouper.runtimes import load_sandbox
 from trouper.runtimes.remote import RemoteSandbox
 from trouper.testing import wait_until
 from trouper.testing.runtime_contract import LIMITS, SandboxContract
+from trouper.tls import default_ssl_context
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -77,6 +78,7 @@ def test_the_stale_epoch_is_refused_with_409(server, tmp_path):
     second = make(server, tmp_path)
     second.start()
     reply = httpx.post(f"{server.url}/v1/sessions/{SESSION}/actions", trust_env=False,
+                       verify=default_ssl_context(),
                        headers={"Authorization": f"Bearer {server.token}"},
                        json={"action_id": "x", "epoch": first.epoch, "timeout_s": 5,
                              "action": {"kind": "run", "command": "echo no >> ledger.txt"}})
@@ -92,6 +94,7 @@ def health(server) -> dict:
     import httpx
 
     return httpx.get(f"{server.url}/v1/sessions/{SESSION}/health", trust_env=False,
+                     verify=default_ssl_context(),
                      headers={"Authorization": f"Bearer {server.token}"}).json()
 
 
