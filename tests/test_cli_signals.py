@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.processes import children_of, pid_alive, start_time
+from trouper.processes import descendants, pid_alive, start_time
 from trouper.testing import FakeLLMServer, check_log, forkserver, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
@@ -54,14 +54,7 @@ def _published(home: Path) -> list[int]:
 def _tree(roots: list[int]) -> dict[int, int | None]:
     """Each live process under ``roots`` (them included), with its start time, so that a
     later check never mistakes a reused pid for a survivor."""
-    found: dict[int, int | None] = {}
-    todo = [pid for pid in roots if pid_alive(pid)]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found[pid] = start_time(pid)
-            todo.extend(children_of(pid))
-    return found
+    return {pid: start_time(pid) for pid in descendants(roots)}
 
 
 def _command(pid: int) -> bytes:
@@ -94,6 +87,8 @@ def _run_until_the_command_sleeps(tmp_path: Path) -> tuple[subprocess.Popen, dic
     err.close()
 
     def sleeping() -> dict[int, int | None] | None:
+        if not (workspace / "started").exists():
+            return None  # the cheap check first: the tree is a walk over /proc
         processes = _tree([cli.pid, *_published(home)])
         commands = [_command(pid) for pid in processes]
         return processes if (workspace / "started").exists() and any(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState
-from trouper.processes import children_of
+from trouper.processes import descendants
 from trouper.testing import wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
@@ -22,12 +22,7 @@ def comm(pid: int) -> str:
 
 
 def tree_names(root: int) -> set[str]:
-    names, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        names.add(comm(pid))
-        todo.extend(children_of(pid))
-    return names
+    return {comm(pid) for pid in descendants([root])}
 
 
 def test_each_role_has_its_process_name(trouper, trouper_home, scripted, tmp_path):
