@@ -38,6 +38,7 @@ from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
 from .paths import Home  # noqa: E402
 from .processes import children_of  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402
+from .runtimes import sandbox_zygote  # noqa: E402
 from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -102,10 +103,14 @@ class ActorSystemHandle:
         self._root: Any = None
         self._lock = threading.Lock()
         self._forks: list[int] = []
+        self._zygote = False
 
     def open(self) -> None:
         seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
         forking.install()
+        if not self._zygote:  # its channel before the first fork: every actor inherits it
+            sandbox_zygote.prepare()
+            self._zygote = True
         _llm_client.preload_first_call()  # once per program; its brokers share it
         forking.end_orphans(self.home.root)
         self.home.tighten()
@@ -139,6 +144,11 @@ class ActorSystemHandle:
         self._root = self._asys.createActor(RootSupervisor)
         boot = BootRoot(home=str(self.home.root), policy=self.policy)
         self.request(boot, "boot")
+
+    def expect_sandboxes(self) -> None:
+        """A session is about to start or restore: have the sandbox zygote running."""
+        if self._zygote:
+            sandbox_zygote.ensure_started()
 
     def request(self, msg: Any, request_id: str | None = None) -> Accepted:
         """Ask the root and wait for the matching answer. Raises the refusal as an error."""
@@ -178,6 +188,7 @@ class ActorSystemHandle:
         or had none running)."""
         asys, self._asys = self._asys, None
         if asys is None:
+            self._release_zygote()
             return []
         request_id = uuid.uuid4().hex
         closed: list[str] = []
@@ -194,7 +205,13 @@ class ActorSystemHandle:
             self._asys = None
             asys.shutdown()
             self._reap_forks()
+            self._release_zygote()
         return closed
+
+    def _release_zygote(self) -> None:
+        if self._zygote:
+            self._zygote = False
+            sandbox_zygote.release()
 
     def _reap_forks(self, wait_s: float = 0.0) -> None:
         """Reap the admin's first fork: it exits at once, and nobody else waits for it

@@ -186,6 +186,7 @@ class Trouper:
         write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
         # the task and every other field stored masked; the keys are left out
         self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
+        self._expect_sandbox(config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
@@ -240,6 +241,7 @@ class Trouper:
         token = read_runtime_token(self.home, session_id)
         config = with_runtime_token(config, token)
         remember_secrets(session_maskers(secrets, config.llm, config.runtime)[0].pairs)
+        self._expect_sandbox(config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),
@@ -253,6 +255,11 @@ class Trouper:
         from .daemon.client import connect
 
         return connect(url, token=token, home=home)
+
+    def _expect_sandbox(self, config: SessionConfig) -> None:
+        """The sandbox server of a local or docker session is forked by the zygote."""
+        if config.runtime.kind != "remote":
+            self._system.expect_sandboxes()
 
     def _resume_unfinished(self) -> None:
         for record in self.store.sessions():

@@ -130,6 +130,46 @@ def is_bash(pid: int) -> bool:
         return False
 
 
+def process_name(pid: int) -> str:
+    """``/proc/<pid>/comm`` (what ``name_process`` set), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
+def lock_holder(path: os.PathLike[str] | str) -> int | None:
+    """The pid holding an exclusive ``flock`` on ``path`` (read from ``/proc/locks``), or
+    None: nobody holds one, the file is gone, or this kernel does not say."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (a waiter's line has "->")
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" \
+                and fields[5] == where and fields[4].isdigit():
+            return int(fields[4])
+    return None
+
+
+def current_umask() -> int:
+    """This process's umask, read without setting it (another thread may create files)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o077
+
+
 def signal_quietly(pid: int, signum: int) -> None:
     """``os.kill`` that ignores a process already gone (or not ours)."""
     try:

@@ -36,6 +36,7 @@ from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
 from ..processes import exit_watch, name_process, pid_alive, start_time
+from ..runtimes import sandbox_zygote
 from ..settings import settings
 from . import reaping
 
@@ -175,9 +176,13 @@ def release_inherited_descriptors() -> None:
     sentinel, and every file, folder and device: SQLite's per-process table of open
     databases survives the fork, and a connection the child opens later takes its locks
     through the descriptors it inherited, so pointing those at ``/dev/null`` would make
-    its locks fake and let two writers overwrite each other's commits in the WAL.
+    its locks fake and let two writers overwrite each other's commits in the WAL. Kept
+    too: the channel to the sandbox zygote (``runtimes/sandbox_zygote.py``).
     """
     keep = {1, 2}
+    zygote = sandbox_zygote.channel_fd()
+    if zygote is not None:
+        keep.add(zygote)
     sentinel = getattr(multiprocessing.parent_process(), "_sentinel", None)
     if isinstance(sentinel, int):
         keep.add(sentinel)

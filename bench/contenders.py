@@ -221,14 +221,14 @@ def segments(request_times_s: list[float], events: list[Any]) -> dict[str, list[
 
 def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int]:
     """Pid of each process serving one session: broker, supervisor, controller, proxy..."""
-    from procs import children_map, listening_pid, parent, sandbox_server_of
+    from procs import children_map, listening_pid, parent, sandbox_server_of, session_actor
 
     server = sandbox_server_of(home, session_id)
     if server is None:
         return {}
     children = children_map()
-    proxy = parent(server)
-    supervisor = parent(proxy) if proxy else None
+    proxy = session_actor(home, session_id, "runtime")
+    supervisor = session_actor(home, session_id, "session")
     root = parent(supervisor) if supervisor else None
     roles = {
         "sandbox server": server,

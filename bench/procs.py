@@ -2,10 +2,11 @@
 
 The actors of a ``Trouper`` on ``multiprocTCPBase`` are the Thespian admin process (found
 by its admin port) and everything forked below it; each actor forks the actors it
-creates, so a RuntimeProxy is the parent of its sandbox server (until the proxy is
-restarted: the server then outlives it) and a SessionSupervisor the parent of its
-RuntimeProxy and Controller. Sandbox servers are also found by their ``--state-dir``,
-which lies under the trouper's home.
+creates, so a SessionSupervisor is the parent of its RuntimeProxy and Controller.
+Sandbox servers are forked by the program's sandbox zygote (``trouper-zygote``, a child
+of the program; started afresh, by the proxy), so they are found by their state folder
+under the trouper's home: the pid its ``server.json`` names, or the argv of one started
+afresh; a session's actors by the pid files they publish (``<home>/sessions/<id>/actors``).
 
 Every trouper process names itself for its role (``/proc/<pid>/comm``: ``trouper-admin``,
 ``-root``, ``-llm``, ``-session``, ``-proxy``, ``-ctl``, ``-sandbox``), so CPU time and
@@ -14,6 +15,7 @@ memory are attributed to roles by name (``roles``, ``role_cpu_s``, ``role_memory
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -84,25 +86,53 @@ def listening_pid(port: int) -> int | None:
     return min(roots or holders, default=None)
 
 
-def sandbox_servers(home: Path) -> list[int]:
-    """Sandbox server processes whose state folder lies under ``home``."""
+def _servers_by_folder(home: Path) -> dict[int, str]:
+    """Sandbox server pid -> its state folder, for every folder under ``home``."""
     marker = str(Path(home).resolve())
-    found = []
-    for pid in pids():
+    found: dict[int, str] = {}
+    for info in Path(marker).glob("sessions/*/runtime/server.json"):
+        try:
+            pid = int(json.loads(info.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if alive(pid) and comm(pid) == "trouper-sandbox":
+            found[pid] = str(info.parent)
+    for pid in pids():  # one started afresh, before its server.json
         argv = cmdline(pid)
-        if "--state-dir" in argv:
+        if pid not in found and "--state-dir" in argv:
             state_dir = argv[argv.index("--state-dir") + 1]
             if state_dir.startswith(marker) and alive(pid):
-                found.append(pid)
+                found[pid] = state_dir
     return found
 
 
+def sandbox_servers(home: Path) -> list[int]:
+    """Sandbox server processes whose state folder lies under ``home``."""
+    return sorted(_servers_by_folder(home))
+
+
 def sandbox_server_of(home: Path, session_id: str) -> int | None:
-    for pid in sandbox_servers(home):
-        argv = cmdline(pid)
-        if session_id in argv[argv.index("--state-dir") + 1]:
+    for pid, state_dir in _servers_by_folder(home).items():
+        if Path(state_dir).parent.name == session_id:
             return pid
     return None
+
+
+def sandbox_zygotes(servers: list[int]) -> list[int]:
+    """The zygotes that forked these servers (their parents named ``trouper-zygote``)."""
+    parents = {parent(pid) for pid in servers}
+    return sorted(p for p in parents if p is not None and comm(p) == "trouper-zygote")
+
+
+def session_actor(home: Path, session_id: str, role: str) -> int | None:
+    """The live pid a session's actor published (``session``, ``controller``,
+    ``runtime``), or None."""
+    path = Path(home) / "sessions" / session_id / "actors" / f"{role}.pid"
+    try:
+        pid = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if alive(pid) else None
 
 
 def pss_kb(pid: int) -> int:
@@ -162,8 +192,10 @@ def trouper_tree(admin_port: int, home: Path) -> Tree:
     servers = set(sandbox_servers(home))
     below_servers = {p for s in servers for p in descendants(s, children)} - servers
     tree = Tree(sandboxes=sorted(servers), shells=sorted(below_servers))
+    actors = set(sandbox_zygotes(sorted(servers)))  # the program's: a fixed cost, as the admin
     if admin is not None:
-        tree.actors = sorted(set(descendants(admin, children)) - servers - below_servers)
+        actors |= set(descendants(admin, children)) - servers - below_servers
+    tree.actors = sorted(actors)
     return tree
 
 
@@ -193,13 +225,14 @@ ROLES = (
     "trouper-proxy",
     "trouper-ctl",
     "trouper-sandbox",
+    "trouper-zygote",
     "shells",
 )
 """The roles in the order reports list them. ``trouper-admin`` holds Thespian's admin and
 its logger process; ``shells`` is everything below the sandbox servers (bash and what it
 runs), which keep their own names. A process of the tree with another name is counted
 as ``other (<name>)``."""
-SHARED_ROLES = frozenset({"trouper-admin", "trouper-root", "trouper-llm"})
+SHARED_ROLES = frozenset({"trouper-admin", "trouper-root", "trouper-llm", "trouper-zygote"})
 """Roles with one process (or two: admin and logger) per ``Trouper``, not per session."""
 
 
@@ -293,9 +326,7 @@ def session_processes(tree: Tree, home: Path, session_id: str) -> dict[int, str]
     broker); None when its SessionSupervisor cannot be found."""
     every = roles(tree)
     server = sandbox_server_of(home, session_id)
-    supervisor = server
-    while supervisor is not None and every.get(supervisor) != "trouper-session":
-        supervisor = parent(supervisor) if supervisor in every else None
+    supervisor = session_actor(home, session_id, "session")
     if server is None or supervisor is None:
         return None
     children = children_map()

@@ -29,7 +29,7 @@ from typing import Any
 
 from common import chat_requests, expected_lines, median, read_lines
 from contenders import TASK, llm_config, wait_until
-from procs import children_map, parent, sandbox_server_of
+from procs import session_actor
 
 import trouper.testing
 from trouper import AgentState, Trouper
@@ -53,14 +53,8 @@ def script() -> list[dict[str, Any]]:
 
 
 def role_pid(home: Path, session_id: str, role: str) -> int | None:
-    """The pid of a session's RuntimeProxy or Controller (first incarnations only)."""
-    server = sandbox_server_of(home, session_id)
-    proxy = parent(server) if server else None
-    if role == "runtime" or proxy is None:
-        return proxy
-    supervisor = parent(proxy)
-    others = [c for c in children_map().get(supervisor, ()) if c != proxy]
-    return others[0] if len(others) == 1 else None
+    """The pid of a session's live RuntimeProxy or Controller (from its pid file)."""
+    return session_actor(home, session_id, "runtime" if role == "runtime" else "controller")
 
 
 def kill(session: Any, home: Path, role: str) -> tuple[float, str]:

@@ -24,10 +24,9 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..exceptions import RuntimeUnavailable, StaleEpoch
 from ..messages.causes import RuntimeFailure
@@ -35,28 +34,20 @@ from ..paths import creator_umask, private_dir
 from ..processes import (
     children_of,
     is_bash,
+    lock_holder,
     pid_alive,
     process_group,
+    process_name,
     signal_quietly,
 )
 from ..settings import settings
 from .base import SandboxHealth
 from .client import SandboxClient
+from .launch import launch_server
 from .sandbox import EXIT_LOCKED
 
 logger = logging.getLogger(__name__)
 
-RUNTIMES_DIR = Path(__file__).resolve().parent
-"""The folder holding the ``sandbox`` package; the server imports it from here."""
-_BOOT = (
-    "import sys; sys.modules['ssl'] = sys.modules['_hashlib'] = None; "
-    "sys.path.insert(0, sys.argv.pop(1)); "
-    "from sandbox.__main__ import main; sys.exit(main())"
-)
-"""Run with ``python -I -S``: no site-packages, no PYTHON* variables, nothing from the cwd.
-OpenSSL stays unloaded (http.client would import ssl, hmac and hashlib _hashlib; their
-stdlib fallbacks do the server's hashing and constant-time compare): ~1.2 MB less
-private memory per sandbox."""
 PASSED_ENV = tuple("PATH HOME USER LOGNAME SHELL LANG LC_ALL LC_CTYPE TZ TMPDIR".split())
 """Variables of this process the shell inherits; everything else comes from ``env``."""
 
@@ -97,6 +88,8 @@ class LocalSandbox:
         self._client: SandboxClient | None = None
         self._info: dict[str, Any] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._spawned: int | None = None
+        """The pid of the server this object last started (forked or started afresh)."""
         self._epoch: int | None = None
         """The epoch of the last ``start``; ``stop`` sends it, so a stale proxy cannot stop
         a sandbox a newer one claimed. ``None`` (never started) stops whatever runs."""
@@ -258,35 +251,25 @@ class LocalSandbox:
             "--epoch": epoch,
             "--shell-umask": f"{self.shell_umask:03o}",
         }
-        command = [sys.executable or "python3", "-I", "-S", "-c", _BOOT, str(RUNTIMES_DIR)]
-        command += [str(part) for option in options.items() for part in option]
-        command += self._server_args()
-        with _open_log(self.state_dir / "server.log") as log:
-            self._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._server_env(),
-                cwd=self.state_dir,
-                start_new_session=True,
-                close_fds=True,
-            )
-        proc = self._proc
+        args = [str(part) for option in options.items() for part in option]
+        args += self._server_args()
+        launched = launch_server(args, self._server_env(), self.state_dir)
+        self._proc, self._spawned = launched.proc, launched.pid
+        pid = launched.pid
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             info = _read_json(self.info_path)
-            if info is not None and info.get("pid") == proc.pid:
+            if info is not None and info.get("pid") == pid:
                 return info, False
-            code = proc.poll()
+            code = launched.exit_code()
             if code == EXIT_LOCKED:  # another server holds the folder: wait for its server.json
                 other = self._live_server()
                 if other is not None:
                     return other, True
             elif code is not None:
-                raise RuntimeUnavailable(self._start_failure(f"exited with status {code}"))
+                raise RuntimeUnavailable(self._start_failure(launched.describe(code)))
             time.sleep(0.005)
-        self._kill_server(proc.pid, None)
+        self._kill_server(pid, None)
         what = f"wrote no server.json within {self.start_timeout_s:g} s"
         raise RuntimeUnavailable(self._start_failure(what))
 
@@ -330,7 +313,15 @@ class LocalSandbox:
         return f"sandbox server pid {pid} exited{status}"
 
     def _is_our_server(self, pid: int) -> bool:
-        """True when ``pid`` runs a sandbox server on this state folder (or /proc is absent)."""
+        """True when ``pid`` runs a sandbox server on this state folder: it holds the
+        folder's lock (a forked server's argv is its zygote's); before any server holds
+        it, the server this object started (by pid and name) or, started afresh, a
+        process whose argv names the folder."""
+        holder = lock_holder(self.state_dir / "server.lock")
+        if holder is not None:
+            return holder == pid
+        if pid == self._spawned and process_name(pid) == "trouper-sandbox":
+            return True
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
@@ -359,18 +350,6 @@ class LocalSandbox:
         info = _read_json(self.info_path)
         if info is not None and info.get("pid") == pid and not self.pid_alive(pid):
             self.info_path.unlink(missing_ok=True)
-
-
-def _open_log(path: Path) -> BinaryIO:
-    """server.log for appending, owner-only (0600) whatever the umask, never via a symlink."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

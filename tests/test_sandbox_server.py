@@ -24,7 +24,9 @@ from trouper.messages.actions import WriteFile
 from trouper.processes import pid_alive
 from trouper.runtimes import client as client_module
 from trouper.runtimes.client import SandboxClient
-from trouper.runtimes.local import _BOOT, RUNTIMES_DIR, LocalSandbox
+from trouper.runtimes.launch import BOOT as _BOOT
+from trouper.runtimes.launch import RUNTIMES_DIR
+from trouper.runtimes.local import LocalSandbox
 from trouper.runtimes.sandbox import MAX_BODY_BYTES
 from trouper.testing import wait_until
 

@@ -1,0 +1,160 @@
+"""A sandbox-server zygote: a parent that imported the server once and forks each new one.
+
+A server started afresh (``python -I -S``) pays ~55 ms of CPU importing its modules
+(``http.server``, ``logging``, ``argparse``...) and holds ~9 MB more private memory than
+a bare interpreter. Forked from this process, a server shares those pages and starts in
+a few milliseconds; everything else about it is as if started: its own session, folder,
+log, umask and environment (the request's, replacing this process's), the server's own
+``main`` with the request's arguments.
+
+No listener: the program that starts the zygote keeps one end of a ``SOCK_SEQPACKET``
+socketpair (``channel``); its forked actors inherit it. A request is one message on it
+carrying, as its only content, the requester's end of a fresh stream socketpair
+(``SCM_RIGHTS``): the request (one JSON line: argv, env, cwd, log, umask) and the answer
+(``{"pid": N}`` or ``{"error": ...}``) travel on that private pair, so requests from many
+processes never mix. Only a holder of the channel can ask. When every holder has closed
+it (the program and its actors are gone) the zygote exits; the servers it forked live on
+(they lead their own sessions) and it reaps them while it runs.
+
+It is single-threaded, so a fork never copies a lock another thread held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from .__main__ import _name_process, main
+
+MAX_REQUEST_BYTES = 1024 * 1024
+"""Longest request line read (the environment's secrets travel in it)."""
+REQUEST_TIMEOUT_S = 5.0
+"""How long a requester may take to send its request (all are trouper's own processes)."""
+
+
+def serve(channel_fd: int) -> int:
+    """Answer spawn requests on ``channel_fd`` until every other holder closed it."""
+    _name_process(b"trouper-zygote")
+    channel = socket.socket(fileno=channel_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through wake_w
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the program's
+    selector = selectors.DefaultSelector()
+    selector.register(channel, selectors.EVENT_READ, "channel")
+    selector.register(wake_r, selectors.EVENT_READ, "wake")
+    closing = [channel.fileno(), wake_r, wake_w, selector.fileno()]
+    while True:
+        for key, _ in selector.select():
+            if key.data == "wake":
+                os.read(wake_r, 4096)
+                _reap()
+                continue
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
+            except InterruptedError:
+                continue
+            if not message and not fds:
+                _reap()
+                return 0  # every holder is gone
+            for fd in fds:
+                _answer(socket.socket(fileno=fd), closing)
+
+
+def _answer(conn: socket.socket, closing: list[int]) -> None:
+    """Read one request from ``conn``, fork its server, answer with the pid."""
+    try:
+        conn.settimeout(REQUEST_TIMEOUT_S)
+        request = _read_line(conn)
+        pid = _spawn(request, [*closing, conn.fileno()])
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    except Exception as e:  # noqa: BLE001 - the requester hears why and starts one afresh
+        try:
+            conn.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def _read_line(conn: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ValueError("the requester closed before its request ended")
+        data += chunk
+        if len(data) > MAX_REQUEST_BYTES:
+            raise ValueError(f"request over {MAX_REQUEST_BYTES} bytes")
+    request = json.loads(data)
+    if not isinstance(request, dict) or not isinstance(request.get("argv"), list):
+        raise ValueError("a request is an object with argv")
+    return request
+
+
+def _spawn(request: dict[str, Any], inherited: list[int]) -> int:
+    argv = [str(a) for a in request["argv"]]
+    env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}
+    cwd, log = str(request["cwd"]), str(request["log"])
+    umask = int(request.get("umask", 0o077))
+    pid = os.fork()
+    if pid:
+        return pid
+    # the server, from here: nothing of the zygote's may leak into it
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        for fd in inherited:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os.setsid()
+        os.chdir(cwd)
+        os.umask(umask)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        out = os.open(log, flags, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        os.environ.clear()
+        os.environ.update(env)
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the server's last words go to its log
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    return 0  # not reached: the child exits above
+
+
+def _reap() -> None:
+    """Collect every server that exited (they are this process's children)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))

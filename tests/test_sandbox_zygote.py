@@ -1,0 +1,156 @@
+"""The sandbox zygote: servers forked from it are as if started afresh, it opens no door,
+and it ends with the program's actors (runtimes/sandbox_zygote.py, sandbox/zygote.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trouper import AgentState, Trouper
+from trouper.messages.actions import RunCommand
+from trouper.processes import descendants, pid_alive, process_name
+from trouper.runtimes import sandbox_zygote
+from trouper.runtimes.local import LocalSandbox
+from trouper.testing import kill_sandbox, wait_until
+
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+
+
+def zygotes() -> list[int]:
+    """The sandbox zygotes this test process started (its children of that name)."""
+    return [p for p in descendants([os.getpid()])
+            if p != os.getpid() and process_name(p) == "trouper-zygote"]
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.fixture
+def zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A zygote of this test process, as a ``Trouper`` starts one; released at the end."""
+    monkeypatch.delenv(sandbox_zygote.ENABLED_ENV, raising=False)
+    before = set(zygotes())
+    sandbox_zygote.prepare()
+    try:
+        sandbox_zygote.ensure_started()
+        (pid,) = wait_until(lambda: set(zygotes()) - before, 10, "the zygote to start")
+        yield pid
+    finally:
+        sandbox_zygote.release()
+
+
+def test_a_forked_server_is_as_if_started_afresh(zygote: int, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONLY_IN_THE_PROGRAM", "leak")
+    sandbox = LocalSandbox("z1", tmp_path / "ws", tmp_path / "rt", env={"MY_VAR": "mine"},
+                           secret_names=(),
+                           shell_umask=0o022)
+    sandbox.start()
+    try:
+        server = sandbox.server_pid()
+        assert server is not None and parent(server) == zygote  # forked, not started afresh
+        assert process_name(server) == "trouper-sandbox"
+        assert os.getsid(server) == server  # a session of its own: outlives its starter
+        assert os.readlink(f"/proc/{server}/cwd") == str(sandbox.state_dir)
+        log = sandbox.state_dir / "server.log"
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600 and log.read_text()
+        outcome = sandbox.runtime.execute(
+            "a1", RunCommand(command="env; umask; pwd"), timeout_s=10, no_output_timeout_s=5)
+        assert "MY_VAR=mine" in outcome.content  # the request's environment...
+        assert "ONLY_IN_THE_PROGRAM" not in outcome.content  # ...and nothing else's:
+        assert sandbox_zygote.ENABLED_ENV not in outcome.content  # not the zygote's own
+        assert "0022" in outcome.content and str(sandbox.workspace) in outcome.content
+        # the harness finds and kills it through the runtime interface, as any server
+        assert sandbox.running() and sandbox.kill() == server
+        wait_until(lambda: not pid_alive(server), 10, "the killed server to go")
+        assert sandbox.start() is False  # a new one, forked again
+        assert parent(sandbox.server_pid() or 0) == zygote
+    finally:
+        sandbox.stop()
+
+
+def test_the_zygote_opens_no_door(zygote: int) -> None:
+    """No listener of any kind: only the channel's holders (the program and its actors)
+    can ask it for anything."""
+    listening = set()
+    with open("/proc/net/unix") as table:
+        for line in table.read().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[3], 16) & 0x10000:  # __SO_ACCEPTCON: a listening socket
+                listening.add(fields[6])
+    sockets = set()
+    for fd in os.listdir(f"/proc/{zygote}/fd"):
+        link = os.readlink(f"/proc/{zygote}/fd/{fd}")
+        if link.startswith("socket:["):
+            sockets.add(link[8:-1])
+    assert sockets and not sockets & listening
+    inet = {line.split()[9] for table in ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp")
+            for line in open(table).read().splitlines()[1:]}
+    assert not sockets & inet
+
+
+def test_a_bad_request_is_refused_and_the_zygote_serves_on(
+        zygote: int, tmp_path: Path) -> None:
+    channel = socket.socket(fileno=os.dup(sandbox_zygote.channel_fd() or -1))
+    mine, theirs = socket.socketpair()
+    with channel, mine:
+        socket.send_fds(channel, [b"s"], [theirs.fileno()])
+        theirs.close()
+        mine.settimeout(10)
+        mine.sendall(b'{"not": "a request"}\n')
+        assert b"error" in mine.recv(4096)
+    assert pid_alive(zygote)  # it answered and lives on
+    sandbox = LocalSandbox("z2", tmp_path / "ws", tmp_path / "rt")
+    try:
+        sandbox.start()
+        server = sandbox.server_pid()
+        assert server is not None and parent(server) == zygote
+        assert sandbox.runtime.alive()["pid"] == server
+    finally:
+        sandbox.stop()
+
+
+def test_without_a_zygote_servers_start_afresh(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sandbox_zygote.ENABLED_ENV, "0")
+    sandbox_zygote.prepare()  # switched off: makes nothing
+    try:
+        sandbox_zygote.ensure_started()
+        assert sandbox_zygote.channel_fd() is None
+        sandbox = LocalSandbox("z3", tmp_path / "ws", tmp_path / "rt")
+        try:
+            sandbox.start()
+            server = sandbox.server_pid()
+            assert server is not None and parent(server) == os.getpid()
+        finally:
+            sandbox.stop()
+    finally:
+        sandbox_zygote.release()
+
+
+def test_sessions_fork_their_servers_and_the_zygote_ends_with_the_program(
+        scripted, tmp_path: Path) -> None:
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo one >> ledger.txt"}},
+                       {"tool": "run", "args": {"command": "touch started; sleep 1; "
+                                                "echo two >> ledger.txt"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    before = set(zygotes())
+    with Trouper(home=tmp_path / "home") as t:
+        assert set(zygotes()) == before  # nothing started before a session needs it
+        session = t.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        wait_until(lambda: (tmp_path / "ws" / "started").exists(), 60, "the slow command")
+        (zygote,) = set(zygotes()) - before
+        kill_sandbox(session)  # mid-command: lost, never run again; a new server forked
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        server = LocalSandbox(session.id, tmp_path / "ws",
+                              t.home.runtime_dir(session.id)).server_pid()
+        assert server is not None and parent(server) == zygote
+        assert (tmp_path / "ws" / "ledger.txt").read_text() == "one\n"
+    wait_until(lambda: not pid_alive(zygote), 10, "the zygote to end with the program")
