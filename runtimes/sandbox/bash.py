@@ -179,15 +179,25 @@ class BashProcess:
         return True
 
     def kill_all(self) -> None:
-        """SIGKILL the shell and every process of its session (its jobs included)."""
-        for pid in _session_members(self.pid):
-            _kill(pid)
-        if self.exit_status is None:  # not reaped: the pid is still this bash
+        """SIGKILL the shell and every process of its session (its jobs included).
+
+        Everything is stopped (SIGSTOP) before anything is killed, the shell first: a job
+        killed while its shell still ran let the shell start the next command of the line
+        (``sleep 30; echo one >> ledger``) before its own SIGKILL landed."""
+        alive = self.exit_status is None  # not reaped: the pid is still this bash
+        if alive:
+            _signal(self.pid, signal.SIGSTOP)
+        members = _session_members(self.pid)
+        for pid in members:
+            _signal(pid, signal.SIGSTOP)
+        if alive:
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
-            _kill(self.pid)
+            _signal(self.pid, signal.SIGKILL)
+        for pid in members + _session_members(self.pid):  # and any forked meanwhile
+            _signal(pid, signal.SIGKILL)
 
     def reap(self) -> int | None:
         """The shell's exit status once it has exited (without blocking), else None."""
@@ -307,9 +317,9 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
-def _kill(pid: int) -> None:
+def _signal(pid: int, signum: int) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except OSError:
         pass
 
