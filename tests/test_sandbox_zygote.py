@@ -154,3 +154,17 @@ def test_sessions_fork_their_servers_and_the_zygote_ends_with_the_program(
         assert server is not None and parent(server) == zygote
         assert (tmp_path / "ws" / "ledger.txt").read_text() == "one\n"
     wait_until(lambda: not pid_alive(zygote), 10, "the zygote to end with the program")
+
+
+def test_a_killed_zygote_leaves_servers_starting_afresh(zygote: int, tmp_path: Path) -> None:
+    import signal
+
+    os.kill(zygote, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(zygote), 10, "the zygote to die")
+    sandbox = LocalSandbox("z4", tmp_path / "ws", tmp_path / "rt")
+    try:
+        sandbox.start()
+        server = sandbox.server_pid()
+        assert server is not None and parent(server) == os.getpid()
+    finally:
+        sandbox.stop()
