@@ -181,8 +181,10 @@ def test_close_cancels_a_start_waiting_for_a_server_that_does_not_answer(scripte
     shutdown until its deadline and leaving the session out."""
     import socket
 
-    held = socket.socket()  # bound, never listening: every connection is refused, and no
-    held.bind(("127.0.0.1", 0))  # other test's server can take the port meanwhile
+    held = socket.socket()  # listening, never answering: each health request hangs until
+    held.bind(("127.0.0.1", 0))  # its 5 s read timeout, then the proxy waits and asks
+    held.listen(8)  # again; no other test's server can take the port meanwhile
+    held.settimeout(30)
     runtime = {"kind": "remote", "url": f"http://127.0.0.1:{held.getsockname()[1]}",
                "token": "t" * 32, "ready_timeout_s": 600}
     _, llm = scripted([FINISH])
@@ -190,9 +192,9 @@ def test_close_cancels_a_start_waiting_for_a_server_that_does_not_answer(scripte
         with Trouper(home=tmp_path / "home") as t:
             session = t.start_session("t", llm=llm, runtime=runtime,
                                       workspace=tmp_path / "local")
-            log = tmp_path / "home" / "logs" / "trouper.log"
-            wait_until(lambda: "to answer healthy" in log.read_text(), 30,
-                       "the proxy to wait for the server")
-            assert t.close() == [session.id]
+            asking, _ = held.accept()  # the proxy's first health request: it is waiting
+            with asking:
+                assert b"/v1/health" in asking.recv(4096)
+                assert t.close() == [session.id]
     finally:
         held.close()
