@@ -21,6 +21,7 @@ It is single-threaded, so a fork never copies a lock another thread held.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -51,6 +52,7 @@ def serve(channel_fd: int) -> int:
     selector.register(channel, selectors.EVENT_READ, "channel")
     selector.register(wake_r, selectors.EVENT_READ, "wake")
     closing = [channel.fileno(), wake_r, wake_w, selector.fileno()]
+    gc.freeze()  # what the servers share stays shared: their collector never writes to it
     while True:
         for key, _ in selector.select():
             if key.data == "wake":
