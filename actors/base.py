@@ -89,7 +89,9 @@ def _adopt_module_loggers() -> None:
     Thespian gives a new actor process a new logging root (forwarding to its logger
     process, which writes ``logs/trouper.log``) and a new manager, but the module-level
     ``logging.getLogger(__name__)`` objects made before the fork still hang off the old
-    root: their records would go to the embedding program's handlers, or nowhere.
+    root: their records would go to the embedding program's handlers, or nowhere. Each
+    also forgets the levels it cached: a logger the program asked "is INFO enabled?" under
+    its own root (WARNING by default) would otherwise keep answering "no" here.
     """
     old = logger.manager
     if old is logging.Logger.manager:
@@ -100,6 +102,7 @@ def _adopt_module_loggers() -> None:
         if existing.parent is old.root:
             existing.parent = logging.root
         existing.manager = logging.Logger.manager
+        existing._cache.clear()  # noqa: SLF001 - logging's own per-level answers
         logging.Logger.manager.loggerDict.setdefault(existing.name, existing)
 
 
