@@ -103,7 +103,8 @@ def spawn(argv: list[str], env: dict[str, str], cwd: Path, log: Path, umask: int
     try:
         with mine:
             try:
-                socket.send_fds(channel, [b"s"], [theirs.fileno()])
+                # never blocks: a zygote that stopped reading means starting afresh
+                socket.send_fds(channel, [b"s"], [theirs.fileno()], socket.MSG_DONTWAIT)
             finally:
                 theirs.close()
             mine.settimeout(ANSWER_TIMEOUT_S)
