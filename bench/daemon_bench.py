@@ -123,9 +123,10 @@ def live_latency(daemon: Any, n: int) -> list[float]:
     return [(arrived[s] - appended[s]) * 1000 for s in sorted(arrived) if s in appended]
 
 
-def kill_trial(root: Path) -> dict[str, float]:
+def kill_trial(root: Path, steps_n: int = 12) -> dict[str, float]:
+    """``steps_n`` steps of ~0.2 s; the kill comes after the fourth action."""
     steps = [{"tool": "run", "args": {"command": f"echo {i} >> out.txt"}, "delay_s": 0.2}
-             for i in range(12)] + [{"tool": "finish", "args": {"message": "done"}}]
+             for i in range(steps_n)] + [{"tool": "finish", "args": {"message": "done"}}]
     server = FakeLLMServer(load_script(steps)).start()
     try:
         llm = {"model": "hosted_vllm/fake", "base_url": server.url, "api_key": "bench-key"}
@@ -164,7 +165,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Every figure of the module doc, as a dict (``bench/run.py``'s ``daemon`` workload)."""
-    events, rounds, live, kills = (2000, 1, 50, 1) if quick else (20000, 3, 300, 3)
+    # quick: 4 steps left after the kill (a margin for a slow kill on a loaded machine)
+    events, rounds, live, kills, steps = (500, 1, 20, 1, 8) if quick else (20000, 3, 300, 3, 12)
     figures: dict[str, Any] = {"events": events}
     with tempfile.TemporaryDirectory(prefix="trouper-bench-daemon-") as tmp:
         root = Path(tmp)
@@ -179,7 +181,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             figures["live_latency_ms"] = {"p50": percentile(latencies, 0.5),
                                           "p95": percentile(latencies, 0.95),
                                           "max": max(latencies), "n": len(latencies)}
-        trials = [kill_trial(root / f"kill-{i}") for i in range(kills)]
+        trials = [kill_trial(root / f"kill-{i}", steps) for i in range(kills)]
         for key in trials[0]:
             figures[key] = median([t[key] for t in trials])
         figures["kill_trials"] = trials
