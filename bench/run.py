@@ -43,7 +43,7 @@ import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
 import venvs  # noqa: E402
-from common import RESULTS_DIR, fork_python_processes, machine  # noqa: E402
+from common import RESULTS_DIR, exit_now, fork_python_processes, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render  # noqa: E402
 from targets import targets  # noqa: E402
@@ -287,4 +287,4 @@ def _openhands_versions(oh: dict[str, Any], workloads: dict[str, Any]) -> dict[s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
