@@ -116,7 +116,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "ks": [int(k) for k in (args.ks or ("3" if quick else "20,200")).split(",")],
         "rounds": args.rounds or (1 if quick else 3),
         # quick: one N of several sessions (each N is a child process with a trouper of its own)
-        "ns": [int(n) for n in (args.ns or ("3" if quick else "1,10,50,100")).split(",")],
+        "ns": [int(n) for n in (args.ns or ("2" if quick else "1,10,50,100")).split(",")],
         "concurrency_steps": args.conc_steps or (3 if quick else 20),
         "concurrency_latency_s": args.conc_latency_ms / 1000,
         "start_samples": 1 if quick else 3,
@@ -131,7 +131,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
                    "warm": 1 if quick else 3, "actions": 5 if quick else 200},
         "daemon_quick": quick,
-        "idle_sessions": args.idle_sessions or (3 if quick else 20),
+        "idle_sessions": args.idle_sessions or (2 if quick else 20),  # quick: one of each state
         # full: two periods of a local sandbox's health request (100 s), so its cost is in it
         "idle_window_s": args.idle_window_s or (0.5 if quick else 200.0),
         "idle_settle_s": 0.1 if quick else 2.0,
@@ -197,7 +197,8 @@ def run_workloads(
         "docker": (
             "docker_runtime",
             lambda: docker_runtime.run(
-                cfg["docker_samples"], cfg["docker_steps"], cfg["docker_k"], workdir
+                cfg["docker_samples"], cfg["docker_steps"], cfg["docker_k"], workdir,
+                one_trouper=args.quick,
             ),
         ),
     }
