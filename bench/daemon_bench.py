@@ -127,12 +127,12 @@ def live_latency(daemon: Any, n: int) -> list[float]:
     return [(arrived[s] - appended[s]) * 1000 for s in sorted(arrived) if s in appended]
 
 
-def kill_trial(root: Path, steps_n: int = 12,
-               then: Callable[[Any], None] | None = None) -> dict[str, float]:
-    """``steps_n`` steps of ~0.2 s; the kill comes after the fourth action. ``then`` gets
-    the restarted daemon once the trial is over (the stream figures: one daemon less)."""
+def kill_trial(root: Path, then: Callable[[Any], None] | None = None) -> dict[str, float]:
+    """12 steps of ~0.2 s; the kill comes after the fourth action (the 8 left are the
+    margin for a kill that comes late on a loaded machine). ``then`` gets the restarted
+    daemon once the trial is over (the stream figures: one daemon less)."""
     steps = [{"tool": "run", "args": {"command": f"echo {i} >> out.txt"}, "delay_s": 0.2}
-             for i in range(steps_n)] + [{"tool": "finish", "args": {"message": "done"}}]
+             for i in range(12)] + [{"tool": "finish", "args": {"message": "done"}}]
     server = FakeLLMServer(load_script(steps)).start()
     try:
         llm = {"model": "hosted_vllm/fake", "base_url": server.url, "api_key": "bench-key"}
@@ -173,8 +173,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Every figure of the module doc, as a dict (``bench/run.py``'s ``daemon`` workload)."""
-    # quick: 4 steps left after the kill (a margin for a slow kill on a loaded machine)
-    events, rounds, live, kills, steps = (500, 1, 20, 1, 8) if quick else (20000, 3, 300, 3, 12)
+    events, rounds, live, kills = (500, 1, 20, 1) if quick else (20000, 3, 300, 3)
     figures: dict[str, Any] = {"events": events}
 
     def stream(daemon: Any) -> None:
@@ -192,7 +191,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="trouper-bench-daemon-") as tmp:
         root = Path(tmp)
-        trials = [kill_trial(root / f"kill-{i}", steps, stream if i == kills - 1 else None)
+        trials = [kill_trial(root / f"kill-{i}", stream if i == kills - 1 else None)
                   for i in range(kills)]
         for key in trials[0]:
             figures[key] = median([t[key] for t in trials])
