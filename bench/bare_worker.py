@@ -162,4 +162,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import exit_now  # the bench's folder is this script's sys.path[0]
+
+    exit_now(main())

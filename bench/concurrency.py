@@ -38,6 +38,7 @@ from typing import Any
 from common import (
     chat_requests,
     echo_script,
+    exit_now,
     expected_lines,
     percentile,
     read_lines,
@@ -284,4 +285,4 @@ def _child(cfg: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(json.loads(sys.argv[1])))
+    exit_now(_child(json.loads(sys.argv[1])))

@@ -12,6 +12,7 @@ Optional: without an engine or the image it is skipped, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,13 @@ def _sandbox_figures(runtime: Any, samples: int, steps: int, workdir: Path) -> d
             "raw": {"start_ms": starts, "stop_ms": stops}}
 
 
-def _session_ms(runtime: Any, k: int, workdir: Path) -> float:
-    with FakeLLMServer(echo_script(k)) as server, \
-            Trouper(home=workdir / f"session-{runtime.kind}", admin_port=free_port()) as t:
+def _session_ms(runtime: Any, k: int, workdir: Path, shared: Trouper | None = None) -> float:
+    """ms from ``start_session`` to FINISHED of a K-step session, on a fresh ``Trouper``
+    (each runtime's session then pays the LLM broker's first call alike) or ``shared``."""
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(FakeLLMServer(echo_script(k)))
+        t = shared or stack.enter_context(
+            Trouper(home=workdir / f"session-{runtime.kind}", admin_port=free_port()))
         began = time.perf_counter()
         session = t.start_session("bench", llm=llm_config(server), runtime=runtime,
                                   workspace=workdir / f"session-ws-{runtime.kind}",
@@ -81,18 +86,25 @@ def _session_ms(runtime: Any, k: int, workdir: Path) -> float:
         return (time.perf_counter() - began) * 1000
 
 
-def run(samples: int, steps: int, k: int, workdir: Path) -> dict[str, Any]:
+def run(samples: int, steps: int, k: int, workdir: Path,
+        one_trouper: bool = False) -> dict[str, Any]:
+    """``one_trouper`` (a smoke run, its figures not read): both sessions on one
+    ``Trouper``, one actor system less to open and close."""
     problem = engine_problem()
     if problem is not None:
         print(f"  docker: skipped: {problem}", flush=True)
         return {"skipped": problem}
     figures: dict[str, Any] = {"image": IMAGE, "samples": samples, "steps": steps, "k": k}
-    for runtime in (LocalRuntime(), DockerRuntime(image=IMAGE)):
-        print(f"  docker workload: {runtime.kind} sandbox", flush=True)
-        by = _sandbox_figures(runtime, samples, steps, workdir)
-        print(f"  docker workload: {runtime.kind} session of {k} steps", flush=True)
-        by["session_ms"] = _session_ms(runtime, k, workdir)
-        figures[runtime.kind] = by
+    with contextlib.ExitStack() as stack:
+        shared = stack.enter_context(
+            Trouper(home=workdir / "session-shared", admin_port=free_port())
+        ) if one_trouper else None
+        for runtime in (LocalRuntime(), DockerRuntime(image=IMAGE)):
+            print(f"  docker workload: {runtime.kind} sandbox", flush=True)
+            by = _sandbox_figures(runtime, samples, steps, workdir)
+            print(f"  docker workload: {runtime.kind} session of {k} steps", flush=True)
+            by["session_ms"] = _session_ms(runtime, k, workdir, shared)
+            figures[runtime.kind] = by
     return figures
 
 

@@ -61,20 +61,21 @@ def _window(port: int, home: Path, window_s: float) -> tuple[dict[int, tuple[str
     return used, ended - began
 
 
-def _quiet(port: int, home: Path, settle_s: float) -> float:
+def _quiet(port: int, home: Path, settle_s: float, quiet_max_s: float = QUIET_MAX_S) -> float:
     """Wait ``settle_s``, then until the trouper's processes use under 1 ms of CPU in 0.25
     s (what start-up left running, such as the LLM broker's imports, is over), at most
-    ``QUIET_MAX_S`` more; the seconds waited in all."""
+    ``quiet_max_s`` more; the seconds waited in all."""
     began = time.monotonic()
     time.sleep(settle_s)
-    while time.monotonic() - began < settle_s + QUIET_MAX_S:
+    while time.monotonic() - began < settle_s + quiet_max_s:
         used, _ = _window(port, home, 0.25)
         if sum(cpu for _role, cpu in used.values()) < 0.001:
             break
     return time.monotonic() - began
 
 
-def run(sessions: int, window_s: float, settle_s: float, workdir: Path) -> dict[str, Any]:
+def run(sessions: int, window_s: float, settle_s: float, workdir: Path,
+        quiet_max_s: float = QUIET_MAX_S) -> dict[str, Any]:
     port, home = free_port(), workdir / "idle-home"
     print(f"  idle: {sessions} sessions, {window_s:g} s window", flush=True)
     with (
@@ -82,7 +83,7 @@ def run(sessions: int, window_s: float, settle_s: float, workdir: Path) -> dict[
         FakeLLMServer(echo_script(0)) as done,
         Trouper(home=home, admin_port=port) as t,
     ):
-        waited = {"no session": _quiet(port, home, settle_s)}
+        waited = {"no session": _quiet(port, home, settle_s, quiet_max_s)}
         # a rate, not a total: a shorter window will do (nothing periodic runs without sessions)
         empty, empty_s = _window(port, home, min(window_s, 20.0))
         started = [
@@ -95,7 +96,7 @@ def run(sessions: int, window_s: float, settle_s: float, workdir: Path) -> dict[
             for i in range(sessions)
         ]
         states = {s.id: s.wait(timeout=60 + sessions * 2.0) for s in started}
-        waited["sessions"] = _quiet(port, home, settle_s)
+        waited["sessions"] = _quiet(port, home, settle_s, quiet_max_s)
         tree = trouper_tree(port, home)
         owner = {}
         for s in started:

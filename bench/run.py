@@ -43,7 +43,7 @@ import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
 import venvs  # noqa: E402
-from common import RESULTS_DIR, fork_python_processes, machine  # noqa: E402
+from common import RESULTS_DIR, exit_now, fork_python_processes, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render  # noqa: E402
 from targets import targets  # noqa: E402
@@ -115,25 +115,28 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "ks": [int(k) for k in (args.ks or ("3" if quick else "20,200")).split(",")],
         "rounds": args.rounds or (1 if quick else 3),
-        "ns": [int(n) for n in (args.ns or ("1,3" if quick else "1,10,50,100")).split(",")],
+        # quick: one N of several sessions (each N is a child process with a trouper of its own)
+        "ns": [int(n) for n in (args.ns or ("2" if quick else "1,10,50,100")).split(",")],
         "concurrency_steps": args.conc_steps or (3 if quick else 20),
         "concurrency_latency_s": args.conc_latency_ms / 1000,
         "start_samples": 1 if quick else 3,
-        "start_warm": 2 if quick else 5,
+        "start_warm": 1 if quick else 5,
         "trials": args.trials or (1 if quick else 5),
-        "append_seconds": 0.1 if quick else 1.0,
-        "log_events": 1000 if quick else 10_000,
+        "append_seconds": 0.02 if quick else 1.0,  # each of the 4 runs appends busily that long
+        "log_events": 300 if quick else 10_000,
         "restore_samples": 1 if quick else 3,
         "docker_samples": 1 if quick else 5,
-        "docker_steps": 5 if quick else 50,
+        "docker_steps": 2 if quick else 50,
         "docker_k": 3 if quick else 20,
         "remote": {"k": 3 if quick else 20, "rounds": 1 if quick else 3,
-                   "warm": 1 if quick else 3, "actions": 20 if quick else 200},
+                   "warm": 1 if quick else 3, "actions": 5 if quick else 200},
         "daemon_quick": quick,
-        "idle_sessions": args.idle_sessions or (3 if quick else 20),
+        "idle_sessions": args.idle_sessions or (2 if quick else 20),  # quick: one of each state
         # full: two periods of a local sandbox's health request (100 s), so its cost is in it
-        "idle_window_s": args.idle_window_s or (2.0 if quick else 200.0),
-        "idle_settle_s": 0.5 if quick else 2.0,
+        "idle_window_s": args.idle_window_s or (0.5 if quick else 200.0),
+        "idle_settle_s": 0.1 if quick else 2.0,
+        # quick: a loaded machine (the suite) may never let the trouper look quiet
+        "idle_quiet_max_s": 1.0 if quick else idle.QUIET_MAX_S,
         "mem_floor_mb": args.mem_floor_mb,
     }
 
@@ -178,7 +181,8 @@ def run_workloads(
         "idle": (
             "idle",
             lambda: idle.run(
-                cfg["idle_sessions"], cfg["idle_window_s"], cfg["idle_settle_s"], workdir
+                cfg["idle_sessions"], cfg["idle_window_s"], cfg["idle_settle_s"], workdir,
+                cfg["idle_quiet_max_s"],
             ),
         ),
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
@@ -193,7 +197,8 @@ def run_workloads(
         "docker": (
             "docker_runtime",
             lambda: docker_runtime.run(
-                cfg["docker_samples"], cfg["docker_steps"], cfg["docker_k"], workdir
+                cfg["docker_samples"], cfg["docker_steps"], cfg["docker_k"], workdir,
+                one_trouper=args.quick,
             ),
         ),
     }
@@ -283,4 +288,4 @@ def _openhands_versions(oh: dict[str, Any], workloads: dict[str, Any]) -> dict[s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 
 GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog,idle", "docker,remote"]
-"""Every workload, in three runs the suite's workers share (one run took ~55 s alone)."""
+"""Every workload, in three runs the suite's workers share (all in one run: ~22 s alone)."""
 
 
 def test_the_groups_cover_every_workload():

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +155,36 @@ def test_an_admin_port_taken_before_the_admin_binds_it_is_replaced(tmp_path, mon
     tries another port instead of failing."""
     import socket
 
+    from thespian.system import systemBase
+
     from trouper import Trouper, actor_system
 
+    patience = (systemBase.MAX_SYSTEM_SHUTDOWN_DELAY, systemBase.MAX_ADMIN_STATUS_REQ_DELAY)
+
+    def port_then_real() -> int:
+        """The taken port first, with Thespian told to give up on it soon: it probes a
+        squatter that never answers for 11 s + 2 s per query, the same failure later;
+        Thespian's own patience again for every port after it (the open that succeeds)."""
+        if not handed:
+            handed.append(taken)
+            systemBase.MAX_SYSTEM_SHUTDOWN_DELAY = timedelta(0)
+            systemBase.MAX_ADMIN_STATUS_REQ_DELAY = timedelta(seconds=0.2)
+            return taken
+        systemBase.MAX_SYSTEM_SHUTDOWN_DELAY, systemBase.MAX_ADMIN_STATUS_REQ_DELAY = patience
+        return real()
+
+    handed: list[int] = []
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        ports = iter([taken])
         real = actor_system.free_port
-        monkeypatch.setattr(actor_system, "free_port", lambda: next(ports, None) or real())
+        monkeypatch.setattr(actor_system, "free_port", port_then_real)
+        # Thespian's patience is back however the open ends (undo runs before teardown)
+        monkeypatch.setattr(systemBase, "MAX_SYSTEM_SHUTDOWN_DELAY", patience[0])
+        monkeypatch.setattr(systemBase, "MAX_ADMIN_STATUS_REQ_DELAY", patience[1])
         with caplog.at_level("WARNING", logger="trouper.actor_system"):
             with Trouper(home=tmp_path / "home") as trouper:
                 assert trouper.sessions() == []
+    assert handed == [taken]
     assert f"the admin port {taken} was taken before the admin bound it" in caplog.text
