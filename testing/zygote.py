@@ -12,7 +12,9 @@ descriptor per target (stdin, stdout, stderr, any ``pass_fds``). The zygote fork
 takes the environment, folder, session and SIGINT disposition it was given, and runs the
 command as the interpreter would, so it exits as that command would: with its
 ``SystemExit`` code, 1 and a traceback for an uncaught error, by SIGINT for an uncaught
-``KeyboardInterrupt``.
+``KeyboardInterrupt``. It waits for its threads and runs its ``atexit`` handlers, then
+ends with ``os._exit``: the interpreter's own teardown, which would copy most of the
+pages it shares with the zygote, is skipped.
 
 There is no listening socket: only the test process holds the other end of the pair, and
 the zygote dies with it (``PR_SET_PDEATHSIG``); when the test process closes its end, the
@@ -75,7 +77,45 @@ def main() -> None:
     control.send(b"ready")
     job = _serve(control)  # returns only in a forked child
     _become(job)
-    _run(job.argv)
+    _exit_without_teardown(_outcome(job.argv))
+
+
+def _outcome(argv: list[str]) -> int:
+    """Run the command; its exit status as the interpreter would give it (an uncaught
+    KeyboardInterrupt still propagates: the interpreter then dies by SIGINT)."""
+    try:
+        _run(argv)
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code & 0xFF
+        print(e.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - reported as the interpreter would
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
+
+
+def _exit_without_teardown(code: int) -> None:
+    """Exit as the interpreter does (wait for threads, run atexit, flush) but skip its
+    teardown of every module and object: in a child forked from this zygote that walk
+    touches, and so copies, most inherited pages: ~0.11 s of CPU per process."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at exit
+    finally:
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def _serve(control: socket.socket) -> Job:
