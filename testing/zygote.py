@@ -41,8 +41,9 @@ import types
 from typing import Any
 
 PRELOAD = ("trouper.cli", "trouper.actor_system", "trouper.daemon.server",
-           "trouper.testing.fake_llm")
-"""What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once."""
+           "trouper.daemon.app", "trouper.testing.fake_llm")
+"""What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once;
+with it, what opening an actor system loads for litellm's first call (~0.14 s each)."""
 
 MAX_REQUEST = 1 << 20
 MAX_FDS = 64
@@ -71,6 +72,8 @@ def main() -> None:
     _die_with_parent()
     for name in sys.argv[2:] if len(sys.argv) > 2 else PRELOAD:
         importlib.import_module(name)
+    if "trouper.actor_system" in sys.modules:
+        sys.modules["trouper.llm.client"].preload_first_call()
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
         raise SystemExit(f"zygote: an import started threads: {threading.enumerate()}")
     gc.freeze()  # the children's collector never writes to what they share
