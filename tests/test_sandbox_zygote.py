@@ -32,6 +32,18 @@ def parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def parent_of_a_new_server(tmp_path: Path) -> int:
+    """Start a LocalSandbox in ``tmp_path``; the parent of its server (then stopped)."""
+    sandbox = LocalSandbox("z", tmp_path / "ws", tmp_path / "rt")
+    try:
+        sandbox.start()
+        server = sandbox.server_pid()
+        assert server is not None
+        return parent(server)
+    finally:
+        sandbox.stop()
+
+
 @pytest.fixture
 def zygote(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """A zygote of this test process, as a ``Trouper`` starts one; released at the end."""
@@ -124,13 +136,7 @@ def test_without_a_zygote_servers_start_afresh(tmp_path: Path,
     try:
         sandbox_zygote.ensure_started()
         assert sandbox_zygote.channel_fd() is None
-        sandbox = LocalSandbox("z3", tmp_path / "ws", tmp_path / "rt")
-        try:
-            sandbox.start()
-            server = sandbox.server_pid()
-            assert server is not None and parent(server) == os.getpid()
-        finally:
-            sandbox.stop()
+        assert parent_of_a_new_server(tmp_path) == os.getpid()  # started afresh, here
     finally:
         sandbox_zygote.release()
 
@@ -161,10 +167,4 @@ def test_a_killed_zygote_leaves_servers_starting_afresh(zygote: int, tmp_path: P
 
     os.kill(zygote, signal.SIGKILL)
     wait_until(lambda: not pid_alive(zygote), 10, "the zygote to die")
-    sandbox = LocalSandbox("z4", tmp_path / "ws", tmp_path / "rt")
-    try:
-        sandbox.start()
-        server = sandbox.server_pid()
-        assert server is not None and parent(server) == os.getpid()
-    finally:
-        sandbox.stop()
+    assert parent_of_a_new_server(tmp_path) == os.getpid()  # started afresh, here
