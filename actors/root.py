@@ -111,15 +111,18 @@ class RootSupervisor(Supervisor):
                 self.send(reply_to, Accepted(request_id=start.request_id,
                                              session_id=start.session_id))
             return
-        first_reply = [reply_to]
-
         def boot(n: int) -> BootSession:
-            reply, first_reply[0] = first_reply[0], None
             again = start if n == 1 else start.model_copy(update={"restore": True})
             return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
-                               policy=self.policy, reply_to=reply)
+                               policy=self.policy, reply_to=None)
 
         self.supervise(ChildSpec(role, self.session_class, boot))
+        # answered now, not once the Controller is up: the session is in the store and its
+        # tree is under supervision, so a caller starting many need not wait three forks
+        # and a boot for each; what goes wrong from here is in the session's log
+        if reply_to is not None:
+            self.send(reply_to, Accepted(request_id=start.request_id,
+                                         session_id=start.session_id))
 
     def _forward(self, cmd: UserCommand, msg: Relay) -> None:
         session = self.child(session_role(cmd.session_id))
