@@ -392,10 +392,11 @@ def test_a_command_after_the_agent_loop_gave_up_for_good_is_answered(system, dro
 class Root:
     """A root in a simple system, with a courier broker and fake sessions under it."""
 
-    def __init__(self, asys: ActorSystem, home: Home, workspace: Path) -> None:
+    def __init__(self, asys: ActorSystem, home: Home, workspace: Path,
+                 root_class: type = FakeRoot) -> None:
         self.asys, self.home, self.workspace = asys, home, workspace
         self.client, self.stranger = asys.createActor(Courier), asys.createActor(Courier)
-        self.root = asys.createActor(FakeRoot)
+        self.root = asys.createActor(root_class)
 
     def tell(self, *msgs: Any, via: Any = None) -> None:
         self.asys.tell(via or self.stranger, Deliver(self.root, msgs))
@@ -490,3 +491,30 @@ def test_root_answers_every_shutdown_once(system, drops, tmp_path):
     assert sorted(d.request_id for d in done) == ["one", "two", "two"]
     assert all(d.sessions == [start.session_id] for d in done)
     assert drops() == []
+
+
+class SilentController(Controller):
+    """A Controller that never comes up: its boot does nothing."""
+
+    def on_boot_controller(self, msg: BootController, sender: Any) -> None:
+        RecordedController.booted.append(self.myAddress)
+
+
+class SilentSession(FakeSession):
+    controller_class = SilentController
+
+
+class SilentRoot(FakeRoot):
+    session_class = SilentSession
+
+
+def test_a_session_is_accepted_before_its_controller_is_up(system, tmp_path):
+    """start_session does not wait three forks and a boot: the root answers once the
+    session's supervisor is under supervision, whatever its Controller then does."""
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path, root_class=SilentRoot)
+    assert isinstance(root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())),
+                      Accepted)
+    start = _start(root.home, tmp_path)
+    answer = root.ask(start)
+    assert answer == Accepted(request_id=start.request_id, session_id=start.session_id)
+    assert len(RecordedController.booted) == 1  # booted, and never up
