@@ -287,6 +287,9 @@ def test_a_frozen_server_is_unreachable(make_sandbox: Callable[..., LocalSandbox
     pid = sandbox.runtime.alive()["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
+        # kill() returns before every thread has stopped: a connection thread woken by the
+        # request could still answer it (the test's rare failure on a loaded machine)
+        wait_until(lambda: _all_threads_stopped(pid), 10, "every thread of the server to stop")
         health = sandbox.alive()
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -341,3 +344,14 @@ def test_the_server_leaves_openssl_unloaded(make_sandbox: Callable[..., LocalSan
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libssl" not in maps and "_hashlib" not in maps and "libcrypto" not in maps
     assert sandbox.runtime.alive()["pid"] == pid  # the token check still answers
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
