@@ -109,7 +109,7 @@ class ActorSystemHandle:
         seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
         forking.install()
         if not self._zygote:  # its channel before the first fork: every actor inherits it
-            sandbox_zygote.prepare()
+            sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")
             self._zygote = True
         _llm_client.preload_first_call()  # once per program; its brokers share it
         forking.end_orphans(self.home.root)

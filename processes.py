@@ -41,9 +41,9 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def descendants(roots: Iterable[int]) -> list[int]:
-    """``roots`` that live and every process below them, read in one pass over ``/proc``
-    (``children_of`` for each would read it once per process of the tree)."""
+def children_map() -> dict[int, list[int]]:
+    """Parent pid -> the pids of its live children, for every process: one pass over
+    ``/proc`` (``children_of`` reads it all for one parent)."""
     below: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -55,6 +55,14 @@ def descendants(roots: Iterable[int]) -> list[int]:
             continue
         if fields and fields[0] not in ("Z", "X"):
             below.setdefault(int(fields[1]), []).append(int(entry))
+    return below
+
+
+def descendants(roots: Iterable[int], children: dict[int, list[int]] | None = None
+                ) -> list[int]:
+    """``roots`` that live and every process below them (``children``: a ``children_map``
+    already read, for several walks over one snapshot)."""
+    below = children_map() if children is None else children
     found: list[int] = []
     todo = [pid for pid in roots if pid_alive(pid)]
     while todo:

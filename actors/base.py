@@ -102,7 +102,7 @@ def _adopt_module_loggers() -> None:
         if existing.parent is old.root:
             existing.parent = logging.root
         existing.manager = logging.Logger.manager
-        existing._cache.clear()  # noqa: SLF001 - logging's own per-level answers
+        getattr(existing, "_cache", {}).clear()  # logging's own per-level answers
         logging.Logger.manager.loggerDict.setdefault(existing.name, existing)
 
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trouper.processes import listening_sockets, socket_inodes
+from trouper.processes import children_map, descendants, listening_sockets, socket_inodes
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -39,25 +39,6 @@ def _stat(pid: int) -> list[str] | None:
 
 def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def children_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids, for every live process."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for pid in pids():
-        fields = _stat(pid)
-        if fields is not None and fields[0] != "Z":
-            children[int(fields[1])].append(pid)
-    return children
-
-
-def descendants(root: int, children: dict[int, list[int]]) -> list[int]:
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
 
 
 def parent(pid: int) -> int | None:
@@ -190,11 +171,11 @@ def trouper_tree(admin_port: int, home: Path) -> Tree:
     children = children_map()
     admin = listening_pid(admin_port)
     servers = set(sandbox_servers(home))
-    below_servers = {p for s in servers for p in descendants(s, children)} - servers
+    below_servers = {p for s in servers for p in descendants([s], children)} - servers
     tree = Tree(sandboxes=sorted(servers), shells=sorted(below_servers))
     actors = set(sandbox_zygotes(sorted(servers)))  # the program's: a fixed cost, as the admin
     if admin is not None:
-        actors |= set(descendants(admin, children)) - servers - below_servers
+        actors |= set(descendants([admin], children)) - servers - below_servers
     tree.actors = sorted(actors)
     return tree
 
@@ -330,7 +311,7 @@ def session_processes(tree: Tree, home: Path, session_id: str) -> dict[int, str]
     if server is None or supervisor is None:
         return None
     children = children_map()
-    own = set(descendants(supervisor, children)) | set(descendants(server, children))
+    own = set(descendants([supervisor, server], children))
     return {pid: role for pid, role in every.items() if pid in own or role in SHARED_ROLES}
 
 

@@ -44,12 +44,13 @@ ENABLED_ENV = "TROUPER_SANDBOX_ZYGOTE"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"channel": None, "zygote_end": None, "flag": None, "proc": None,
-                          "users": 0, "pid": 0}
+                          "users": 0, "pid": 0, "log": None}
 
 
-def prepare() -> None:
+def prepare(log: Path | None = None) -> None:
     """In the program, before its actor system forks: make the channel (once per
-    program; every ``Trouper`` of it shares one zygote)."""
+    program; every ``Trouper`` of it shares one zygote). ``log``: where the zygote's own
+    last words go (an owner-only file; else nowhere, never the program's stderr)."""
     if os.environ.get(ENABLED_ENV, "1") == "0":
         return
     with _lock:
@@ -59,7 +60,7 @@ def prepare() -> None:
         channel, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         flag = mmap.mmap(-1, 1)  # shared with every process forked from here
         _state.update(channel=channel, zygote_end=zygote_end, flag=flag, proc=None,
-                      users=1, pid=os.getpid())
+                      users=1, pid=os.getpid(), log=log)
 
 
 def ensure_started() -> None:
@@ -72,11 +73,12 @@ def ensure_started() -> None:
         env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
         env[ENABLED_ENV] = "1"  # the zygote's own: a server gets the request's alone
         try:
-            proc = subprocess.Popen(
-                [sys.executable or "python3", "-I", "-S", "-c", _BOOT, str(RUNTIMES_DIR),
-                 str(fd)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-                pass_fds=(fd,), env=env, start_new_session=True, close_fds=True)
+            with _log_file(_state["log"]) as err:
+                proc = subprocess.Popen(
+                    [sys.executable or "python3", "-I", "-S", "-c", _BOOT,
+                     str(RUNTIMES_DIR), str(fd)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    pass_fds=(fd,), env=env, start_new_session=True, close_fds=True)
         except OSError as e:
             logger.warning("no sandbox zygote (servers start afresh): %s", e)
             return
@@ -84,6 +86,15 @@ def ensure_started() -> None:
         _state.update(zygote_end=None, proc=proc)
         flag[0] = 1
         logger.info("sandbox zygote pid %d started", proc.pid)
+
+
+def _log_file(path: Path | None) -> Any:
+    """The zygote's stderr: ``path`` for appending, owner-only, or /dev/null."""
+    if path is None:
+        return open(os.devnull, "wb")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def channel_fd() -> int | None:

@@ -20,12 +20,16 @@ from trouper.processes import children_of
 from trouper.testing.daemon import running_daemon
 from trouper.tls import default_ssl_context
 
-HTTP = httpx.Client(verify=default_ssl_context(), trust_env=False)
-"""One client for the plain requests: a client per request would build a TLS context each."""
-
 pytestmark = pytest.mark.slow  # starts a daemon process
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
+
+
+@pytest.fixture(scope="module")
+def http():
+    """One client for the plain requests (closed at the module's end)."""
+    with httpx.Client(verify=default_ssl_context(), trust_env=False) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,8 @@ def ws_status(url: str, headers: dict[str, str] | None = None,
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token", "Basic"])
-def test_every_route_refuses_a_request_without_the_right_token(daemon, session_id, token):
+def test_every_route_refuses_a_request_without_the_right_token(daemon, session_id, token,
+                                                              http):
     headers = ({} if token is None else {"Authorization": "Basic dXNlcjpwYXNz"}
                if token == "Basic" else {"Authorization": f"Bearer {token}"})
     refused = []
@@ -88,7 +93,7 @@ def test_every_route_refuses_a_request_without_the_right_token(daemon, session_i
         if method == "WS":
             status = ws_status(daemon.url.replace("http", "ws") + path, headers)
         else:
-            answer = HTTP.request(method, daemon.url + path, headers=headers, json={},
+            answer = http.request(method, daemon.url + path, headers=headers, json={},
                                    timeout=10)
             status = answer.status_code
             if path in PUBLIC_PATHS:
@@ -134,7 +139,7 @@ def test_a_foreign_host_or_origin_is_refused(daemon, session_id):
     assert http.get("/v1/health", headers={"Host": f"localhost:{port}"}).status_code == 200
 
 
-def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id):
+def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id, http):
     for path in (daemon.files.token, daemon.files.info, daemon.files.pid):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
     token = daemon.token.encode()
@@ -147,18 +152,18 @@ def test_the_token_is_owner_only_and_never_in_argv_or_logs(daemon, session_id):
                 assert token not in environ.read()
         except (FileNotFoundError, ProcessLookupError):  # it exited since it was listed
             continue
-    HTTP.get(daemon.url + "/v1/health", headers={"Authorization": "Bearer wrong"})
+    http.get(daemon.url + "/v1/health", headers={"Authorization": "Bearer wrong"})
     for log in (daemon.home.root / "logs").iterdir():
         assert token not in log.read_bytes(), log
-    page = HTTP.get(daemon.url + "/")
+    page = http.get(daemon.url + "/")
     assert page.headers["content-security-policy"].startswith("default-src 'self'")
     assert page.headers["x-frame-options"] == "DENY"
 
 
-def test_a_second_token_file_is_never_made_and_the_page_needs_none(daemon):
+def test_a_second_token_file_is_never_made_and_the_page_needs_none(daemon, http):
     before = daemon.files.token.read_text()
     for path in PUBLIC_PATHS:
-        answer = HTTP.get(daemon.url + path)
+        answer = http.get(daemon.url + path)
         assert answer.status_code == 200 and before.strip() not in answer.text
     assert daemon.files.token.read_text() == before
 

@@ -28,6 +28,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -133,6 +134,7 @@ def _spawn(request: dict[str, Any], inherited: list[int]) -> int:
         os.close(out)
         os.environ.clear()
         os.environ.update(env)
+        time.tzset()  # the request's TZ, not the zygote's
         code = main(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
