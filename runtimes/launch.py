@@ -3,22 +3,23 @@
 
 Either way the server gets the same arguments, environment (an allow-list the caller
 builds), folder (its state folder), session of its own and log (``server.log``, 0600);
-only its parent differs, and so what its starter can learn of its exit.
+only its parent differs, and so how its starter learns its exit status: from ``poll``, or
+from the zygote, which reaps it and tells.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..processes import current_umask, lock_holder, pid_alive
+from ..processes import current_umask
 from . import sandbox_zygote
-from .sandbox import EXIT_LOCKED
-from .sandbox_zygote import RUNTIMES_DIR
+from .sandbox_zygote import EXIT_UNKNOWN, RUNTIMES_DIR
 
 __all__ = ["BOOT", "EXITED", "RUNTIMES_DIR", "Launched", "launch_server", "open_log"]
 
@@ -31,41 +32,48 @@ BOOT = (
 OpenSSL stays unloaded (http.client would import ssl, hmac and hashlib _hashlib; their
 stdlib fallbacks do the server's hashing and constant-time compare): ~1.2 MB less
 private memory per sandbox."""
-EXITED = -1000
-"""The exit status of a forked server that is gone, as its starter sees it: unknown (its
-parent, the zygote, reaped it)."""
+EXITED = EXIT_UNKNOWN
+"""The exit status of a forked server whose zygote (its parent) went before telling it."""
 
 
 @dataclass
 class Launched:
-    """A server process just launched on ``state_dir``."""
+    """A server process just launched on ``state_dir``; ``close()`` once its start is
+    settled."""
 
     pid: int
     state_dir: Path
     proc: subprocess.Popen[bytes] | None = None
     """Set when started afresh: this process is its parent."""
+    status: socket.socket | None = None
+    """Set when forked: the zygote, its parent, sends its exit status here."""
 
     def exit_code(self) -> int | None:
-        """None while it runs; its status once it exited (``EXIT_LOCKED`` when another
-        server holds its folder; ``EXITED`` for a forked one whose status is not known)."""
+        """None while it runs; its exit status once it exited (``EXITED`` for a forked
+        one whose zygote went before telling)."""
         if self.proc is not None:
             return self.proc.poll()
-        if pid_alive(self.pid):
-            return None
-        holder = lock_holder(self.state_dir / "server.lock")
-        return EXIT_LOCKED if holder not in (None, self.pid) else EXITED
+        if self.status is None:
+            return EXITED
+        return sandbox_zygote.read_exit(self.status)
 
     def describe(self, code: int) -> str:
         return "exited" if code == EXITED else f"exited with status {code}"
+
+    def close(self) -> None:
+        """No more questions about its exit (the zygote then forgets it)."""
+        if self.status is not None:
+            self.status.close()
+            self.status = None
 
 
 def launch_server(args: list[str], env: dict[str, str], state_dir: Path) -> Launched:
     """Launch a server with the command-line ``args`` (after its boot) in ``state_dir``."""
     log_path = state_dir / "server.log"
     with open_log(log_path) as log:  # made owner-only here, whoever writes it
-        pid = sandbox_zygote.spawn(args, env, state_dir, log_path, current_umask())
-        if pid is not None:
-            return Launched(pid, state_dir)
+        forked = sandbox_zygote.spawn(args, env, state_dir, log_path, current_umask())
+        if forked is not None:
+            return Launched(forked[0], state_dir, status=forked[1])
         proc = subprocess.Popen(
             [sys.executable or "python3", "-I", "-S", "-c", BOOT, str(RUNTIMES_DIR), *args],
             stdin=subprocess.DEVNULL,

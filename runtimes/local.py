@@ -43,7 +43,7 @@ from ..processes import (
 from ..settings import settings
 from .base import SandboxHealth
 from .client import SandboxClient
-from .launch import launch_server
+from .launch import Launched, launch_server
 from .sandbox import EXIT_LOCKED
 
 logger = logging.getLogger(__name__)
@@ -253,25 +253,36 @@ class LocalSandbox:
         }
         args = [str(part) for option in options.items() for part in option]
         args += self._server_args()
-        launched = launch_server(args, self._server_env(), self.state_dir)
-        self._proc, self._spawned = launched.proc, launched.pid
-        pid = launched.pid
         deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            info = _read_json(self.info_path)
-            if info is not None and info.get("pid") == pid:
-                return info, False
-            code = launched.exit_code()
-            if code == EXIT_LOCKED:  # another server holds the folder: wait for its server.json
-                other = self._live_server()
-                if other is not None:
-                    return other, True
-            elif code is not None:
-                raise RuntimeUnavailable(self._start_failure(launched.describe(code)))
-            time.sleep(0.005)
-        self._kill_server(pid, None)
+        launched = self._launch(args)
+        try:
+            while time.monotonic() < deadline:
+                info = _read_json(self.info_path)
+                if info is not None and info.get("pid") == launched.pid:
+                    return info, False
+                code = launched.exit_code()
+                if code == EXIT_LOCKED:  # another server holds the folder: attach to it...
+                    other = self._live_server()
+                    if other is not None:
+                        return other, True
+                    # ...or, when it let go without a server.json (a killed one that was
+                    # still exiting), start again; else it is starting: wait for its file
+                    if lock_holder(self.state_dir / "server.lock") is None:
+                        launched.close()
+                        launched = self._launch(args)
+                elif code is not None:
+                    raise RuntimeUnavailable(self._start_failure(launched.describe(code)))
+                time.sleep(0.005)
+            self._kill_server(launched.pid, None)
+        finally:
+            launched.close()
         what = f"wrote no server.json within {self.start_timeout_s:g} s"
         raise RuntimeUnavailable(self._start_failure(what))
+
+    def _launch(self, args: list[str]) -> Launched:
+        launched = launch_server(args, self._server_env(), self.state_dir)
+        self._proc, self._spawned = launched.proc, launched.pid
+        return launched
 
     def _server_args(self) -> list[str]:
         """More options of the server's command line (the secrets' names; a backend that

@@ -39,6 +39,8 @@ _BOOT = (
 """As the server's own boot (runtimes/local.py): no site-packages, no OpenSSL."""
 ANSWER_TIMEOUT_S = 10.0
 """How long a requester waits for the pid (a loaded machine forks slowly)."""
+EXIT_UNKNOWN = -1000
+"""A forked server's exit status when its zygote is gone before telling it."""
 ENABLED_ENV = "TROUPER_SANDBOX_ZYGOTE"
 """Set to ``0`` to start every sandbox server afresh."""
 
@@ -104,34 +106,57 @@ def channel_fd() -> int | None:
 
 
 def spawn(argv: list[str], env: dict[str, str], cwd: Path, log: Path, umask: int
-          ) -> int | None:
+          ) -> tuple[int, socket.socket] | None:
     """A server forked by the zygote with these arguments (the server's own, after its
-    boot), environment, folder, log file and umask: its pid; None when no zygote can."""
+    boot), environment, folder, log file and umask: its pid and the socket on which the
+    zygote will send its exit status (``read_exit``; close it when no longer asking);
+    None when no zygote can."""
     channel, flag = _state["channel"], _state["flag"]
     if channel is None or flag is None or not flag[0]:
         return None
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with mine:
-            try:
-                # never blocks: a zygote that stopped reading means starting afresh
-                socket.send_fds(channel, [b"s"], [theirs.fileno()], socket.MSG_DONTWAIT)
-            finally:
-                theirs.close()
-            mine.settimeout(ANSWER_TIMEOUT_S)
-            request = {"argv": argv, "env": env, "cwd": str(cwd), "log": str(log),
-                       "umask": umask}
-            mine.sendall(json.dumps(request).encode() + b"\n")
-            answer = _read_answer(mine)
+        try:
+            # never blocks: a zygote that stopped reading means starting afresh
+            socket.send_fds(channel, [b"s"], [theirs.fileno()], socket.MSG_DONTWAIT)
+        finally:
+            theirs.close()
+        mine.settimeout(ANSWER_TIMEOUT_S)
+        request = {"argv": argv, "env": env, "cwd": str(cwd), "log": str(log),
+                   "umask": umask}
+        mine.sendall(json.dumps(request).encode() + b"\n")
+        answer = _read_answer(mine)
     except (OSError, ValueError) as e:
+        mine.close()
         logger.warning("the sandbox zygote did not answer (starting the server afresh): %s",
                        e)
         return None
     if "pid" not in answer:
+        mine.close()
         logger.warning("the sandbox zygote refused (starting the server afresh): %s",
                        answer.get("error"))
         return None
-    return int(answer["pid"])
+    mine.setblocking(False)
+    return int(answer["pid"]), mine
+
+
+def read_exit(status: socket.socket) -> int | None:
+    """From a ``spawn`` socket, without waiting: the server's exit status once the zygote
+    sent it; None while it runs; ``EXIT_UNKNOWN`` when the zygote is gone and cannot tell."""
+    try:
+        data = status.recv(4096, socket.MSG_PEEK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return EXIT_UNKNOWN
+    if not data:
+        return EXIT_UNKNOWN
+    if not data.endswith(b"\n"):
+        return None  # the rest is on its way
+    try:
+        return int(json.loads(data)["exit"])
+    except (ValueError, KeyError, TypeError):
+        return EXIT_UNKNOWN
 
 
 def _read_answer(conn: socket.socket) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import pytest
 
 from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
 from trouper.messages.actions import RunCommand
-from trouper.processes import pid_alive
+from trouper.processes import children_of, pid_alive, process_name
 from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
@@ -355,3 +355,66 @@ def _all_threads_stopped(pid: int) -> bool:
         except OSError:
             continue
     return bool(states) and all(state in ("T", "t") for state in states)
+
+
+@pytest.fixture(params=["forked", "afresh"])
+def server_launch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                  ) -> Iterator[str]:
+    """Each way a server comes to be: forked by this process's sandbox zygote, or started."""
+    from trouper.runtimes import sandbox_zygote
+
+    monkeypatch.delenv(sandbox_zygote.ENABLED_ENV, raising=False)
+    if request.param == "afresh":
+        yield request.param
+        return
+    sandbox_zygote.prepare()
+    try:
+        sandbox_zygote.ensure_started()
+        yield request.param
+    finally:
+        sandbox_zygote.release()
+
+
+def _sandbox_zygote() -> int | None:
+    """This process's sandbox zygote, if it runs one."""
+    return next((p for p in children_of(os.getpid()) if process_name(p) == "trouper-zygote"),
+                None)
+
+
+def test_a_start_waits_out_a_dying_server_that_still_holds_the_lock(
+    make_sandbox: Callable[..., LocalSandbox], server_launch: str,
+) -> None:
+    """A SIGKILLed server holds its folder's lock until the kernel has finished it, which
+    under load comes after the next start began: the new server, refused, must not fail
+    that start; once the lock is free a server starts. (The holder here is a process that
+    locked the folder and lets go without ever writing a server.json, as a dying one.)"""
+    sandbox = make_sandbox()
+    sandbox.state_dir.mkdir(parents=True, mode=0o700)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, os; fd = os.open(sys.argv[1], "
+         "os.O_RDWR | os.O_CREAT, 0o600); fcntl.flock(fd, fcntl.LOCK_EX); print('held', "
+         "flush=True); sys.stdin.read()", str(sandbox.state_dir / "server.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        refused = threading.Event()
+        log = sandbox.state_dir / "server.log"
+
+        def let_go_once_refused() -> None:  # the start is under way and its server refused
+            wait_until(lambda: log.exists() and "another sandbox server" in log.read_text())
+            refused.set()
+            assert holder.stdin is not None
+            holder.stdin.close()
+
+        letting_go = threading.Thread(target=let_go_once_refused)
+        letting_go.start()
+        attached = sandbox.start(1)
+        letting_go.join(10)
+        assert refused.is_set() and attached is False
+        server = sandbox.server_pid()
+        assert server is not None and sandbox.runtime.alive()["pid"] == server != holder.pid
+        forked = server in children_of(zygote) if (zygote := _sandbox_zygote()) else False
+        assert forked is (server_launch == "forked")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -4,6 +4,7 @@ and it ends with the program's actors (runtimes/sandbox_zygote.py, sandbox/zygot
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import stat
 from collections.abc import Iterator
@@ -168,3 +169,27 @@ def test_a_killed_zygote_leaves_servers_starting_afresh(zygote: int, tmp_path: P
     os.kill(zygote, signal.SIGKILL)
     wait_until(lambda: not pid_alive(zygote), 10, "the zygote to die")
     assert parent_of_a_new_server(tmp_path) == os.getpid()  # started afresh, here
+
+
+def test_a_forked_server_s_exit_status_reaches_its_starter(zygote: int, tmp_path: Path
+                                                          ) -> None:
+    """The zygote reaps its servers: it tells each starter the status, as ``poll`` would
+    tell a parent (here argparse's 2 for missing arguments), and forgets a starter that
+    closed its end."""
+    (tmp_path / "rt").mkdir(mode=0o700)
+    log = tmp_path / "rt" / "server.log"
+    forked = sandbox_zygote.spawn([], {}, tmp_path / "rt", log, 0o077)
+    assert forked is not None
+    pid, status = forked
+    with status:
+        code = wait_until(lambda: sandbox_zygote.read_exit(status), 10, "the exit status")
+        assert code == 2 and not pid_alive(pid) and "arguments are required" in log.read_text()
+    quiet = sandbox_zygote.spawn(["--state-dir", str(tmp_path / "rt"), "--workspace",
+                                  str(tmp_path / "ws"), "--idle-timeout-s", "60"], {},
+                                 tmp_path / "rt", log, 0o077)
+    assert quiet is not None
+    quiet[1].close()  # no longer asking: the server lives on, the zygote stays well
+    wait_until(lambda: (tmp_path / "rt" / "server.json").exists(), 10, "the server")
+    os.kill(quiet[0], signal.SIGKILL)
+    wait_until(lambda: not pid_alive(quiet[0]), 10, "the server's end")
+    assert pid_alive(zygote)

@@ -12,7 +12,9 @@ socketpair (``channel``); its forked actors inherit it. A request is one message
 carrying, as its only content, the requester's end of a fresh stream socketpair
 (``SCM_RIGHTS``): the request (one JSON line: argv, env, cwd, log, umask) and the answer
 (``{"pid": N}`` or ``{"error": ...}``) travel on that private pair, so requests from many
-processes never mix. Only a holder of the channel can ask. When every holder has closed
+processes never mix. The pair stays open until the server exits, when the zygote, its
+parent, reaps it and sends ``{"exit": status}``, or until the requester closes its end
+(it no longer cares). Only a holder of the channel can ask. When every holder has closed
 it (the program and its actors are gone) the zygote exits; the servers it forked live on
 (they lead their own sessions) and it reaps them while it runs.
 
@@ -53,38 +55,50 @@ def serve(channel_fd: int) -> int:
     selector.register(channel, selectors.EVENT_READ, "channel")
     selector.register(wake_r, selectors.EVENT_READ, "wake")
     closing = [channel.fileno(), wake_r, wake_w, selector.fileno()]
+    watchers: dict[int, socket.socket] = {}
+    """A live server's pid -> its requester's pair, told the exit status."""
     gc.freeze()  # what the servers share stays shared: their collector never writes to it
     while True:
         for key, _ in selector.select():
             if key.data == "wake":
                 os.read(wake_r, 4096)
-                _reap()
+                _reap(watchers, selector)
+                continue
+            if isinstance(key.data, int):  # a requester closed its pair: it no longer asks
+                _forget(key.data, watchers, selector)
                 continue
             try:
                 message, fds, _flags, _addr = socket.recv_fds(channel, 16, 1)
             except InterruptedError:
                 continue
             if not message and not fds:
-                _reap()
+                _reap(watchers, selector)
                 return 0  # every holder is gone
             for fd in fds:
-                _answer(socket.socket(fileno=fd), closing)
+                conn = socket.socket(fileno=fd)
+                pid = _answer(conn, [*closing, *(w.fileno() for w in watchers.values())])
+                if pid is None:
+                    conn.close()
+                else:
+                    watchers[pid] = conn
+                    selector.register(conn, selectors.EVENT_READ, pid)
+                    _reap(watchers, selector)  # one that ended before it was filed
 
 
-def _answer(conn: socket.socket, closing: list[int]) -> None:
-    """Read one request from ``conn``, fork its server, answer with the pid."""
+def _answer(conn: socket.socket, closing: list[int]) -> int | None:
+    """Read one request from ``conn``, fork its server, answer with the pid (returned)."""
     try:
         conn.settimeout(REQUEST_TIMEOUT_S)
         request = _read_line(conn)
         pid = _spawn(request, [*closing, conn.fileno()])
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        return pid
     except Exception as e:  # noqa: BLE001 - the requester hears why and starts one afresh
         try:
             conn.sendall(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode() + b"\n")
         except OSError:
             pass
-    finally:
-        conn.close()
+        return None
 
 
 def _read_line(conn: socket.socket) -> dict[str, Any]:
@@ -149,15 +163,33 @@ def _spawn(request: dict[str, Any], inherited: list[int]) -> int:
     return 0  # not reached: the child exits above
 
 
-def _reap() -> None:
-    """Collect every server that exited (they are this process's children)."""
+def _reap(watchers: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
+    """Collect every server that exited (they are this process's children); tell each
+    one's requester, if it still listens, its exit status."""
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        conn = watchers.get(pid)
+        if conn is not None:
+            try:
+                conn.setblocking(False)  # a few bytes into an empty buffer; never waits
+                conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode()
+                          + b"\n")
+            except OSError:
+                pass  # it closed its end meanwhile
+            _forget(pid, watchers, selector)
+
+
+def _forget(pid: int, watchers: dict[int, socket.socket],
+            selector: selectors.BaseSelector) -> None:
+    conn = watchers.pop(pid, None)
+    if conn is not None:
+        selector.unregister(conn)
+        conn.close()
 
 
 if __name__ == "__main__":
