@@ -13,7 +13,7 @@ entry point, in a few milliseconds.
                             start_new_session=True, sigint_ignored=True)
 
 What differs from a started process: ``/proc/PID/cmdline`` and ``/proc/PID/environ`` show
-the zygote's, and the modules in ``zygote.PRELOAD`` are already imported. An import may
+the zygote's, and the modules in ``PRELOAD`` are already imported. An import may
 read the environment, so a zygote serves only environments that differ from its own in
 ``RUNTIME_ENV`` (trouper's variables and the terminal size, read after start-up); another
 gets a new zygote (the old one exits once its children have). A command that is not
@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import io
 import json
-import locale
 import os
 import select
 import signal
@@ -36,13 +34,18 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
+from . import worker_python
 from .cgroups import join_cgroup
+from .forked_process import ForkedProcess
 
 FORK_ENV = "TROUPER_TEST_FORK"
+PRELOAD = ("trouper.cli", "trouper.actor_system", "trouper.daemon.server",
+           "trouper.daemon.app", "trouper.testing.fake_llm")
+"""What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once;
+with it, what opening an actor system loads for litellm's first call (~0.14 s each)."""
 RUNTIME_ENV = ("TROUPER_", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "THESPIAN_BASE_IPADDR",
                "THESPLOG_FILE", "TIKTOKEN_CACHE_DIR")
 """What a forked process's environment may change from the zygote's: variables read after
@@ -56,13 +59,15 @@ class ForkServer:
     """One zygote and the socket to it; safe to use from several threads."""
 
     def __init__(self, preload: Sequence[str] | None = None) -> None:
-        """``preload``: the modules the zygote imports (default ``zygote.PRELOAD``)."""
+        """``preload``: the modules the zygote imports (default ``PRELOAD``)."""
         self._preload = None if preload is None else list(preload) or ["sys"]
         self._lock = threading.Lock()
         self._control: socket.socket | None = None
         self._zygote: subprocess.Popen[bytes] | None = None
         self._retired: list[subprocess.Popen[bytes]] = []
         self._env: dict[str, str] = {}
+        self._listener: socket.socket | None = None
+        """A listening socket the next zygote takes (``serve_workers``)."""
 
     def accepts(self, argv: Sequence[str]) -> bool:
         """Whether ``argv`` is one the zygote can become (see the module's doc)."""
@@ -91,6 +96,20 @@ class ForkServer:
         finally:
             theirs.close()
         return ours.detach()
+
+    def listen(self, path: str) -> None:
+        """Start a zygote (as ``spawn`` would) that also takes requests from whoever
+        connects to the Unix socket ``path``: its folder must be open to its owner only."""
+        folder = os.path.dirname(path)
+        if os.stat(folder).st_mode & 0o077:
+            raise PermissionError(f"{folder} is open to others: the zygote forks on request")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(path)
+        listener.listen(64)
+        with self._lock:
+            self._retire()
+            self._listener = listener
+            self._started(dict(os.environ))
 
     def close(self) -> None:
         """End the zygotes; one whose children still run is killed after 10 s (they run on,
@@ -128,12 +147,20 @@ class ForkServer:
         self._retire()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._env = env
+        listen: list[str] = []
+        passed = [theirs.fileno()]
+        if self._listener is not None:
+            listen = ["--listen", str(self._listener.fileno())]
+            passed.append(self._listener.fileno())
         zygote = subprocess.Popen(
-            [sys.executable, "-m", "trouper.testing.zygote", str(theirs.fileno()),
-             *(self._preload or [])],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "trouper.testing.zygote", str(theirs.fileno()), *listen,
+             *(PRELOAD if self._preload is None else self._preload)],
+            pass_fds=passed, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env=env, start_new_session=True, cwd="/")
         theirs.close()
+        if self._listener is not None:
+            self._listener.close()  # the zygote's now
+            self._listener = None
         ready, _, _ = select.select([ours], [], [], START_TIMEOUT_S)
         if not ready or ours.recv(16) != b"ready":
             ours.close()
@@ -150,161 +177,6 @@ def _frozen_part(env: Mapping[str, str]) -> dict[str, str]:
     if frozen.get("TZ") == ":/etc/localtime":  # the default, spelled out (by the browser's
         del frozen["TZ"]                       # tests' libraries): the same time zone
     return frozen
-
-
-class ForkedProcess:
-    """A process forked by the zygote, as much of ``subprocess.Popen`` as tests use."""
-
-    def __init__(self, args: Sequence[str], server: ForkServer, *,
-                 stdin: Any = None, stdout: Any = None, stderr: Any = None,
-                 env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
-                 text: bool = False, start_new_session: bool = False,
-                 sigint_ignored: bool = False, pass_fds: Sequence[int] = (),
-                 cgroup: str | os.PathLike[str] | None = None) -> None:
-        """``cgroup``: a cgroup folder the child joins before anything else, so that all it
-        starts is found there (its ``/proc`` environment cannot mark them: it is the
-        zygote's)."""
-        self.args = list(args)
-        self.returncode: int | None = None
-        self.stdin: IO[Any] | None = None
-        self.stdout: IO[Any] | None = None
-        self.stderr: IO[Any] | None = None
-        self._text = text
-        self._out: dict[str, list[bytes]] = {}
-        self._readers: list[threading.Thread] = []
-        self._exited = threading.Event()
-        child: dict[int, int] = {}
-        to_close: list[int] = []
-        ours: dict[int, int] = {}
-        for target, spec in ((0, stdin), (1, stdout), (2, stderr)):
-            if spec == subprocess.STDOUT and target == 2:
-                child[2] = child[1]
-            elif spec == subprocess.PIPE:
-                r, w = os.pipe()
-                child[target], ours[target] = (r, w) if target == 0 else (w, r)
-                to_close.append(child[target])
-            elif spec == subprocess.DEVNULL:
-                child[target] = os.open(os.devnull, os.O_RDWR)
-                to_close.append(child[target])
-            elif spec is None:
-                child[target] = target
-            else:
-                child[target] = spec if isinstance(spec, int) else spec.fileno()
-        for fd in pass_fds:
-            child[fd] = fd
-        try:
-            reply_fd = server.spawn(args, env=env, cwd=cwd, targets=child,
-                                    new_session=start_new_session,
-                                    sigint_ignored=sigint_ignored,
-                                    cgroup=os.fspath(cgroup) if cgroup else None)
-        except BaseException:
-            for fd in ours.values():
-                os.close(fd)
-            raise
-        finally:
-            for fd in to_close:
-                os.close(fd)
-        self._reply = socket.socket(fileno=reply_fd)
-        answer = json.loads(self._reply.recv(4096) or b"{}")
-        if "pid" not in answer:
-            raise RuntimeError(f"the test zygote did not start {self.args!r}")
-        self.pid: int = answer["pid"]
-        threading.Thread(target=self._await_exit, daemon=True,
-                         name=f"forked-{self.pid}").start()
-        for target, fd in ours.items():
-            self._wrap(target, fd)
-
-    def _wrap(self, target: int, fd: int) -> None:
-        raw: IO[Any] = open(fd, "wb" if target == 0 else "rb")  # noqa: SIM115 - owned here
-        stream: IO[Any] = raw
-        if self._text:
-            stream = io.TextIOWrapper(raw, encoding=locale.getpreferredencoding(False),  # type: ignore[arg-type]
-                                      write_through=target == 0)
-        setattr(self, ("stdin", "stdout", "stderr")[target], stream)
-
-    def _await_exit(self) -> None:
-        answer = self._reply.recv(4096)
-        self._reply.close()
-        # no answer: the zygote died before the child (the test process is ending, or
-        # close() killed a zygote whose children outlived its 10 s): the exit is unknown
-        self.returncode = json.loads(answer)["exit"] if answer else -signal.SIGKILL
-        self._exited.set()
-
-    def poll(self) -> int | None:
-        return self.returncode if self._exited.is_set() else None
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        assert self.returncode is not None
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def communicate(self, input: Any = None, timeout: float | None = None  # noqa: A002
-                    ) -> tuple[Any, Any]:
-        """Write ``input``, read stdout and stderr to their end, wait; as ``Popen`` does,
-        a call after a ``TimeoutExpired`` goes on where the last one stopped."""
-        if not self._readers:
-            for name in ("stdout", "stderr"):
-                stream = getattr(self, name)
-                if stream is not None:
-                    self._out[name] = []
-                    reader = threading.Thread(target=_read_all, daemon=True,
-                                              args=(_binary(stream), self._out[name]))
-                    reader.start()
-                    self._readers.append(reader)
-            if self.stdin is not None:
-                if input:
-                    self.stdin.write(input)
-                self.stdin.close()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for reader in self._readers:
-            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if reader.is_alive():
-                raise subprocess.TimeoutExpired(self.args, timeout or 0, *self._collected())
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return self._collected()
-
-    def _collected(self) -> tuple[Any, Any]:
-        return tuple(self._decoded(self._out[name]) if name in self._out else None
-                     for name in ("stdout", "stderr"))  # type: ignore[return-value]
-
-    def _decoded(self, chunks: list[bytes]) -> Any:
-        data = b"".join(chunks)
-        if not self._text:
-            return data
-        text = data.decode(locale.getpreferredencoding(False))
-        return text.replace("\r\n", "\n").replace("\r", "\n")
-
-    def __enter__(self) -> ForkedProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for stream in (self.stdin, self.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
-        self.wait()
-
-
-def _binary(stream: IO[Any]) -> IO[bytes]:
-    return stream.buffer if isinstance(stream, io.TextIOWrapper) else stream  # type: ignore[return-value]
-
-
-def _read_all(stream: IO[bytes], into: list[bytes]) -> None:
-    while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
-        into.append(chunk)
 
 
 _server = ForkServer()
@@ -356,6 +228,28 @@ def run(args: Sequence[str], *, input: Any = None, capture_output: bool = False,
     return done
 
 
+def serve_workers(folder: str | os.PathLike[str]) -> str:
+    """In pytest's controller: start this process's zygote, importing ``WORKER_PRELOAD``
+    too, listening in ``folder`` (``ForkServer.listen``), and return the ``python``
+    command that forks a worker from it (``worker_python.py``), for pytest-xdist's
+    ``popen//python=``; the workers find the socket in this process's environment."""
+    path = os.path.join(folder, "zygote.sock")
+    os.environ[worker_python.SOCKET_ENV] = path  # first: the zygote's and the workers' agree
+    _server._preload = [*PRELOAD, *WORKER_PRELOAD]
+    _server.listen(path)
+    return worker_command()
+
+
+def worker_command() -> str:
+    """``python`` for a process forked by the zygote named in ``worker_python.SOCKET_ENV``."""
+    return f"{sys.executable} -I -S {worker_python.__file__}"
+
+
+WORKER_PRELOAD = ("pytest", "xdist.remote")
+"""What pytest's workers import besides trouper (assertion rewriting still applies to the
+suite's modules: they are imported in the worker)."""
+
+
 def stop() -> None:
     """End this process's zygote now (it also ends with this process)."""
     _server.close()
@@ -369,4 +263,5 @@ def _before_exec(sigint_ignored: bool, cgroup: str | os.PathLike[str] | None) ->
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "inherit_zygote", "run", "stop"]
+__all__ = ["FORK_ENV", "ForkServer", "ForkedProcess", "Popen", "inherit_zygote", "run",
+           "serve_workers", "stop", "worker_command"]

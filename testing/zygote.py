@@ -1,8 +1,11 @@
 """The parent process of ``forkserver``: imports trouper once, then forks each process a
 test asks for and lets it become ``python -m ...``, ``python -c ...`` or ``python FILE``.
 
-    python -m trouper.testing.zygote FD [MODULE...]
-    # FD: its end of the test process's socketpair; MODULE: what to import (else PRELOAD)
+    python -m trouper.testing.zygote FD [--listen LFD] [MODULE...]
+    # FD: its end of the test process's socketpair; MODULE: what to import first
+    # (``forkserver`` passes its PRELOAD)
+    # LFD: a listening Unix socket (in an owner-only folder): each connection is a
+    #      control like a child's, for pytest's workers (``forkserver.serve_workers``)
 
 Each request on that socket is one JSON object (the command, environment, folder, the
 target descriptor numbers) with its descriptors: first the reply socket, then one
@@ -16,11 +19,12 @@ command as the interpreter would, so it exits as that command would: with its
 ends with ``os._exit``: the interpreter's own teardown, which would copy most of the
 pages it shares with the zygote, is skipped.
 
-There is no listening socket: only the test process holds the other end of the pair, and
-the zygote dies with it (``PR_SET_PDEATHSIG``); when the test process closes its end, the
-zygote takes no more requests and exits once it has reported its last child's exit. Each
-child gets a pair of its own, so that what it starts through ``forkserver`` (a bench
-run's daemons) is forked here too.
+Only the test process holds the other end of the pair, and the zygote dies with it
+(``PR_SET_PDEATHSIG``); when the test process closes its end, the zygote takes no more
+requests and exits once it has reported its last child's exit. Each child gets a pair of
+its own, so that what it starts through ``forkserver`` (a bench run's daemons) is forked
+here too. The one listening socket is pytest's, for its workers (``--listen``): a Unix
+socket in a folder only its owner can enter, closed with the test process's pair.
 """
 
 from __future__ import annotations
@@ -39,11 +43,6 @@ import sys
 import threading
 import types
 from typing import Any
-
-PRELOAD = ("trouper.cli", "trouper.actor_system", "trouper.daemon.server",
-           "trouper.daemon.app", "trouper.testing.fake_llm")
-"""What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once;
-with it, what opening an actor system loads for litellm's first call (~0.14 s each)."""
 
 MAX_REQUEST = 1 << 20
 MAX_FDS = 64
@@ -69,8 +68,13 @@ class Job:
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
+    args = sys.argv[2:]
+    listener = None
+    if args[:1] == ["--listen"]:
+        listener = socket.socket(fileno=int(args[1]))
+        args = args[2:]
     _die_with_parent()
-    for name in sys.argv[2:] if len(sys.argv) > 2 else PRELOAD:
+    for name in args:
         importlib.import_module(name)
     if "trouper.actor_system" in sys.modules:
         sys.modules["trouper.llm.client"].preload_first_call()
@@ -78,7 +82,7 @@ def main() -> None:
         raise SystemExit(f"zygote: an import started threads: {threading.enumerate()}")
     gc.freeze()  # the children's collector never writes to what they share
     control.send(b"ready")
-    job = _serve(control)  # returns only in a forked child
+    job = _serve(control, listener)  # returns only in a forked child
     _become(job)
     _exit_without_teardown(_outcome(job.argv))
 
@@ -121,7 +125,7 @@ def _exit_without_teardown(code: int) -> None:
         os._exit(code)
 
 
-def _serve(control: socket.socket) -> Job:
+def _serve(control: socket.socket, listener: socket.socket | None) -> Job:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -130,16 +134,26 @@ def _serve(control: socket.socket) -> Job:
     controls = [control]  # the test process's, then one per child: its own requests
     taking = True
     while taking or replies:
-        readable, _, _ = select.select([*controls, wake_r] if taking else [wake_r], [], [])
+        listening = [listener] if listener is not None else []
+        readable, _, _ = select.select([*controls, *listening, wake_r] if taking else [wake_r],
+                                       [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
             _reap(replies)
+        if listener is not None and listener in readable:
+            try:
+                controls.append(listener.accept()[0])
+            except OSError:  # the connecting worker gave up meanwhile
+                pass
         for source in [c for c in controls if c in readable]:
             data, fds, _, _ = socket.recv_fds(source, MAX_REQUEST, MAX_FDS)
             if not data:  # the test process closed its end: report the last exits, go
                 taking = taking and source is not control
                 controls.remove(source)
                 source.close()
+                if not taking and listener is not None:
+                    listener.close()
+                    listener = None
                 continue
             reply = socket.socket(fileno=fds[0])
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -150,7 +164,7 @@ def _serve(control: socket.socket) -> Job:
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for sock in (*controls, reply, ours, *replies.values()):
+                for sock in (*controls, *listening, reply, ours, *replies.values()):
                     sock.close()
                 os.close(wake_r)
                 os.close(wake_w)
@@ -220,6 +234,13 @@ def _become(job: Job) -> None:
 def _run(argv: list[str]) -> None:
     """Run ``argv`` (what follows ``python``) as the interpreter would run it."""
     sys.excepthook = _without_zygote_frames
+    while argv[0] in ("-u", "-B"):  # the flags execnet gives pytest's workers
+        if argv[0] == "-u":
+            sys.stdout.reconfigure(write_through=True)
+            sys.stderr.reconfigure(write_through=True)
+        else:
+            sys.dont_write_bytecode = True
+        argv = argv[1:]
     if argv[0] == "-m":
         sys.argv = ["-m", *argv[2:]]
         sys.path[0] = os.getcwd()

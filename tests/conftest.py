@@ -15,14 +15,36 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from trouper.testing import FakeLLMServer, forkserver, load_script  # noqa: E402
 from trouper.testing.daemon import TestDaemon  # noqa: E402
 
-# The suite's trouper processes (CLI commands, daemons) are forked from one zygote per
-# worker that imported trouper and litellm once (testing/forkserver.py): ~3.5 s of CPU
-# each otherwise, most of the suite's. README's first command still starts afresh.
+# The suite's trouper processes (CLI commands, daemons) and pytest's workers are forked
+# from one zygote that imported trouper, litellm and pytest once (testing/forkserver.py):
+# ~3.5 s of CPU each otherwise, most of the suite's. README's first command still starts
+# afresh.
 TestDaemon.popen = forkserver.Popen
+_worker_zygote_folder: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
+    """In the controller, before the workers start: fork them from the zygote."""
+    import tempfile
+
+    if os.environ.get(forkserver.FORK_ENV, "1") == "0":
+        return
+    popen = [spec for spec in specs if spec.popen and not spec.python]
+    if popen:
+        folder = tempfile.mkdtemp(prefix="trouper-zygote-")  # owner-only
+        _worker_zygote_folder.append(folder)
+        python = forkserver.serve_workers(folder)
+        for spec in popen:
+            spec.python = python
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    forkserver.stop()  # the zygote this worker started, if it started one
+    import shutil
+
+    forkserver.stop()  # the zygote this process started, if it started one
+    for folder in _worker_zygote_folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -189,3 +189,47 @@ def test_a_forked_process_forks_through_the_same_zygote(server):
     proc = forked(server, code, stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     assert out.split() == [str(server._zygote.pid), "0"]
+
+
+def test_a_worker_is_forked_through_its_stand_in(tmp_path):
+    """pytest's workers: ``worker_python`` asks a listening zygote to fork the command
+    with its own descriptors, environment and folder, stands for it, and ends as it does
+    (its exit status, its signal); a folder open to others is refused."""
+    import stat
+
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    listening = ForkServer(LIGHT)
+    try:
+        path = str(folder / "zygote.sock")
+        listening.listen(path)
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        zygote = listening._zygote.pid  # noqa: SLF001 - which process forks
+        env = {**os.environ, "TROUPER_TEST_ZYGOTE_SOCKET": path, "TROUPER_ONLY": "worker"}
+        stand_in = [*forkserver.worker_command().split(), "-u", "-c"]
+        code = ("import os, sys; print(os.getppid(), os.getcwd(), os.environ['TROUPER_ONLY'],"
+                " sys.stdin.readline().strip(), sys.argv); sys.exit(5)")
+        done = subprocess.run([*stand_in, code], input="hello\n", capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)
+        assert done.stdout.split() == [str(zygote), str(tmp_path), "worker", "hello", "['-c']"]
+        assert done.returncode == 5, done.stderr
+        killed = subprocess.run([*stand_in, "import os; os.kill(os.getpid(), 9)"], env=env,
+                                timeout=60)
+        assert killed.returncode == -signal.SIGKILL
+    finally:
+        listening.close()
+    open_folder = tmp_path / "open"
+    open_folder.mkdir(mode=0o755)
+    open_folder.chmod(0o755)
+    with pytest.raises(PermissionError):
+        ForkServer(LIGHT).listen(str(open_folder / "zygote.sock"))
+
+
+def test_this_worker_was_forked_from_the_suite_s_zygote():
+    """Under pytest-xdist (and unless ``TROUPER_TEST_FORK=0``) the workers are forked from
+    the zygote that imported trouper, litellm and pytest: none of them pays its imports."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(forkserver.FORK_ENV) == "0":
+        pytest.skip("not an xdist worker forked from the zygote")
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        parent = f.read().split(b"\0")
+    assert b"trouper.testing.zygote" in parent and b"--listen" in parent
