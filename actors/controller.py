@@ -113,6 +113,9 @@ class Controller(TrouperActor):
         self.fault_since: datetime | None = None
         self.replies: dict[str, ActorAddress | None] = {}
         """Who waits for the answer to each user command the core is handling."""
+        self.early: list[tuple[Any, ActorAddress]] = []
+        """What came before the boot (Thespian may deliver a parent's later messages to a
+        new child first), handled once booted, in order."""
 
     @property
     def session_id(self) -> str:
@@ -143,6 +146,9 @@ class Controller(TrouperActor):
             self.send(msg.reply_to, Accepted(request_id=msg.start.request_id,
                                              session_id=self.session_id,
                                              seq=self.view.last_seq))
+        early, self.early = self.early, []
+        for held, held_sender in early:
+            self._dispatch_own(held, held_sender)
 
     def on_record_downtime(self, msg: RecordDowntime, sender: ActorAddress) -> None:
         """A stand-in's whole life: its supervisor gave up on the agent loop. As the log's
@@ -201,7 +207,17 @@ class Controller(TrouperActor):
                    JournalFault, Completed, RetryScheduled, CompletionFailed)
     """Messages that go to the core as they are (dispatched by type)."""
 
+    MAX_EARLY = 256
+    """Inputs kept before the boot at most; later ones are dropped (a flood, not a race)."""
+
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
+        first = (BootController, RecordDowntime)  # a stand-in's first and only is the latter
+        if not self.booted and not self._stopping and not isinstance(msg, first):
+            if len(self.early) < self.MAX_EARLY:
+                self.early.append((msg, sender))
+            else:
+                self.drop(msg, "it came before the boot, past the ones kept", logging.WARNING)
+            return
         if isinstance(msg, self.CORE_INPUTS):
             self.feed(msg)
         else:

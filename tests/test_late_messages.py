@@ -154,3 +154,30 @@ def test_no_broker_yet_is_no_crash(system, tmp_path):
     system.tell(controller, Rewire(broker=sink, reason="the broker is back"))
     assert len([m for m in Sink.seen if isinstance(m, Complete)]) == 1
     assert isinstance(_command(system, controller, session_id, "pause"), Accepted)
+
+
+def test_inputs_that_overtake_the_boot_are_handled_after_it(system, tmp_path):
+    """Thespian does not promise that a parent's messages reach a new child in the order
+    sent: a user's command (a ``resume`` right after its session was accepted) and the
+    sandbox's readiness can come before the Controller's boot. They are kept and handled
+    once it is up, in order: the command answered, the session running."""
+    home = Home.at(tmp_path / "home")
+    session_id = "s-" + uuid.uuid4().hex[:8]
+    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
+                           workspace=str(tmp_path))
+    _with_store(home, lambda store: store.create_session(session_id, config))
+    start = StartSession(request_id="boot", session_id=session_id, config=config,
+                         home=str(home.root), store_url=store_url(home))
+    sink, answers = system.createActor(Sink), system.createActor(Sink)
+    controller = system.createActor(Controller)
+    cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id, command="send",
+                      text="hello")
+    system.tell(controller, Relay(msg=cmd, reply_to=answers))
+    system.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
+    assert not [m for m in Sink.seen if getattr(m, "request_id", None) == cmd.request_id]
+    system.tell(controller, BootController(start=start, broker=sink, runtime=sink,
+                                           reply_to=None))
+    replies = [m for m in Sink.seen if getattr(m, "request_id", None) == cmd.request_id]
+    assert len(replies) == 1 and isinstance(replies[0], Accepted), replies
+    assert _view(home, session_id).state == AgentState.RUNNING
+    assert [m for m in Sink.seen if isinstance(m, Complete)]  # it asked the model
