@@ -98,12 +98,15 @@ def test_a_call_with_tools_loads_no_mcp_handler():
     """trouper's tools are plain functions: litellm is told so and skips its MCP gateway
     (the mcp package, starlette...: ~0.4 s of CPU and ~20 MB in the broker). And what the
     first call would load (the tokenizer, the HTTP transport) was preloaded, to be shared
-    by forked brokers. A fresh interpreter: this one may have loaded them already."""
+    by forked brokers. Another process: this one may have loaded them already (forked from
+    the suite's zygote, which imported what opening an actor system does)."""
     import subprocess
     import sys
 
+    from trouper.testing import forkserver
+
     assert client.SKIP_MCP, "this litellm lost _skip_mcp_handler: see llm/client.py"
-    probe = subprocess.run([sys.executable, "-c", MCP_PROBE], capture_output=True, text=True,
+    probe = forkserver.run([sys.executable, "-c", MCP_PROBE], capture_output=True, text=True,
                            timeout=120, stdin=subprocess.DEVNULL)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.split() == ["run", "[]", "[]"]

@@ -375,10 +375,12 @@ def server_launch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         sandbox_zygote.release()
 
 
-def _sandbox_zygote() -> int | None:
-    """This process's sandbox zygote, if it runs one."""
-    return next((p for p in children_of(os.getpid()) if process_name(p) == "trouper-zygote"),
-                None)
+def _forked_by_our_zygote(pid: int) -> bool:
+    """Whether ``pid``'s parent is a sandbox zygote this process started (an earlier
+    test's may still be ending beside it)."""
+    with open(f"/proc/{pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    return parent in children_of(os.getpid()) and process_name(parent) == "trouper-zygote"
 
 
 def test_a_start_waits_out_a_dying_server_that_still_holds_the_lock(
@@ -413,8 +415,7 @@ def test_a_start_waits_out_a_dying_server_that_still_holds_the_lock(
         assert refused.is_set() and attached is False
         server = sandbox.server_pid()
         assert server is not None and sandbox.runtime.alive()["pid"] == server != holder.pid
-        forked = server in children_of(zygote) if (zygote := _sandbox_zygote()) else False
-        assert forked is (server_launch == "forked")
+        assert _forked_by_our_zygote(server) is (server_launch == "forked")
     finally:
         holder.kill()
         holder.wait()

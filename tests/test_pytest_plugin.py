@@ -1,4 +1,5 @@
-"""The pytest plugin users load to test their own agents (run in a pytest subprocess)."""
+"""The pytest plugin users load to test their own agents (a pytest run inside this one,
+which finds the plugin by its entry point as a user's run does)."""
 
 from __future__ import annotations
 
@@ -25,5 +26,5 @@ def test_an_agent_session(trouper, fake_llm, tmp_path):
 
 def test_plugin_fixtures_run_a_session(pytester):
     pytester.makepyfile(test_user=USER_TEST)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

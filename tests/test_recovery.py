@@ -20,7 +20,7 @@ from trouper import (
     StateChanged,
     Trouper,
 )
-from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
+from trouper.testing import check_log, forkserver, kill_actor, kill_sandbox, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -161,7 +161,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
         {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
         FINISH,
     ])
-    driver = subprocess.Popen(
+    driver = forkserver.Popen(
         [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out)],
         start_new_session=True, stdin=subprocess.DEVNULL)
     try:

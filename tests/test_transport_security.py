@@ -210,8 +210,9 @@ def test_a_program_sealed_with_one_key_refuses_another(tmp_path):
 
 
 def test_a_system_runs_on_an_operators_key_file(scripted, tmp_path):
-    import subprocess
     import sys
+
+    from trouper.testing import forkserver
 
     _, llm = scripted([{"tool": "finish", "args": {"message": "done"}}])
     key = tmp_path / "transport.key"
@@ -225,6 +226,6 @@ with Trouper(home={str(tmp_path / "home")!r}) as t:
     print(s.wait(timeout=60).value)
 """
     env = {**os.environ, "TROUPER_TRANSPORT_KEY_FILE": str(key)}
-    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+    done = forkserver.run([sys.executable, "-c", program], env=env, capture_output=True,
                           timeout=120)
     assert done.stdout.decode().strip() == "finished", done.stderr.decode()[-2000:]
