@@ -30,6 +30,7 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
 
     if os.environ.get(forkserver.FORK_ENV, "1") == "0":
         return
+    _rewrite_once(config)
     popen = [spec for spec in specs if spec.popen and not spec.python]
     if popen:
         folder = tempfile.mkdtemp(prefix="trouper-zygote-")  # owner-only
@@ -37,6 +38,28 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
         python = forkserver.serve_workers(folder)
         for spec in popen:
             spec.python = python
+
+
+def _rewrite_once(config: pytest.Config) -> None:
+    """Rewrite the suite's asserts once, here, into pytest's cache beside the tests, which
+    every worker then reads: each would otherwise rewrite all of them again (~1.8 CPU-s a
+    worker; this environment sets PYTHONDONTWRITEBYTECODE, so none writes the cache). Uses
+    pytest's own rewriting functions; without them (another pytest) workers rewrite."""
+    try:
+        from _pytest.assertion import rewrite
+        from _pytest.assertion.rewrite import assertstate_key
+    except ImportError:
+        return
+    state = config.stash.get(assertstate_key, None)
+    if state is None:
+        return
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        cache = rewrite.get_cache_dir(source)
+        pyc = cache / (source.name[:-3] + rewrite.PYC_TAIL)
+        if rewrite._read_pyc(source, pyc) is not None or not rewrite.try_makedirs(cache):
+            continue
+        source_hash, code = rewrite._rewrite_test(source, config)
+        rewrite._write_pyc(state, code, source_hash, pyc)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
