@@ -160,12 +160,15 @@ def read_exit(status: socket.socket) -> int | None:
 
 
 def _read_answer(conn: socket.socket) -> dict[str, Any]:
+    """The zygote's first line on ``conn``, read to its end and no further: a server that
+    exited at once has its exit status right behind it, for ``read_exit``."""
     data = b""
     while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
+        peek = conn.recv(4096, socket.MSG_PEEK)
+        if not peek:
             raise ValueError("the zygote closed without an answer")
-        data += chunk
+        end = peek.find(b"\n")
+        data += conn.recv(end + 1 if end >= 0 else len(peek))
     answer = json.loads(data)
     if not isinstance(answer, dict):
         raise ValueError(f"the zygote answered {answer!r}")

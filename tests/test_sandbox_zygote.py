@@ -193,3 +193,15 @@ def test_a_forked_server_s_exit_status_reaches_its_starter(zygote: int, tmp_path
     os.kill(quiet[0], signal.SIGKILL)
     wait_until(lambda: not pid_alive(quiet[0]), 10, "the server's end")
     assert pid_alive(zygote)
+
+
+def test_a_pid_answer_leaves_an_exit_status_right_behind_it_unread() -> None:
+    """A server that exits at once (refused its folder's lock, bad arguments) is reaped
+    before its starter reads the pid: both lines are then waiting; the pid is read, the
+    status stays for ``read_exit``."""
+    mine, zygote_end = socket.socketpair()
+    with mine, zygote_end:
+        zygote_end.sendall(b'{"pid": 42}\n{"exit": 3}\n')
+        assert sandbox_zygote._read_answer(mine) == {"pid": 42}  # noqa: SLF001
+        mine.setblocking(False)
+        assert sandbox_zygote.read_exit(mine) == 3
