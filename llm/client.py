@@ -40,16 +40,39 @@ tens of MB in the broker) nor checks every tool for a gateway URL. Another litel
 without the switch imports them on its first call with tools, as before."""
 
 
+_warmed = False
+
+
 def preload_first_call() -> None:
     """Import now what litellm loads on its first call: the tokenizer it hands every
-    provider (tiktoken's cl100k, ~0.14 s of CPU) and the HTTP transport (httpcore, h11,
-    h2). Called where an actor system is opened, so every broker forked from there shares
-    them instead of paying for them on its first request (~0.2 s of a broker's 0.28)."""
+    provider (tiktoken's cl100k, ~0.14 s of CPU), the HTTP transport (httpcore, h11, h2),
+    and what its first completion imports (provider configs, the proxy's types: ~80 ms),
+    loaded by one completion litellm answers itself (``mock_response``: nothing is sent).
+    Called where an actor system is opened, so every broker forked from there shares them
+    instead of paying for them on its first request. The completion is skipped when the
+    program set litellm callbacks: they would hear of it."""
+    global _warmed
     for name in ("httpcore", "h11", "h2.connection"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     with contextlib.suppress(Exception):  # another litellm may keep it elsewhere, or not
         litellm.main.encoding  # noqa: B018 - the module's lazy attribute loads it
+    if _warmed or _litellm_listening() or _internal_call is None:
+        return
+    _warmed = True
+    tool = {"type": "function", "function": {"name": "warm_up", "parameters": {
+        "type": "object", "properties": {}}}}
+    with contextlib.suppress(Exception), _no_litellm_logging():  # only a warm-up: if this
+        litellm.completion(model="openai/trouper-warm-up", api_key="unused",  # litellm fails,
+                           messages=[{"role": "user", "content": "-"}],  # the first call pays
+                           tools=[tool], mock_response="-", num_retries=0,
+                           **({"_skip_mcp_handler": True} if SKIP_MCP else {}))
+
+
+def _litellm_listening() -> bool:
+    """Whether the program set litellm callbacks (they hear of every call)."""
+    return bool(litellm.success_callback or litellm._async_success_callback
+                or litellm.callbacks or litellm.failure_callback or litellm.input_callback)
 
 
 try:  # litellm's own switch for calls made inside litellm (no success logging)
@@ -65,9 +88,7 @@ def _no_litellm_logging() -> Iterator[None]:
     every call (a walk of the whole history: a fifth to a third of a call's CPU at 200
     messages, measured). A program that sets litellm callbacks before ``Trouper()``
     keeps them."""
-    listening = (litellm.success_callback or litellm._async_success_callback
-                 or litellm.callbacks)
-    if listening or _internal_call is None:
+    if _litellm_listening() or _internal_call is None:
         yield
         return
     token = _internal_call.set(True)

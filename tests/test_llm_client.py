@@ -87,7 +87,8 @@ with FakeLLMServer(load_script([{"tool": "run", "args": {"command": "ls"}}])) as
         messages=[{"role": "user", "content": "hi"}], tools=tool_specs()))
 handlers = ("mcp", "litellm.responses.mcp.chat_completions_handler",
             "litellm.responses.mcp.litellm_proxy_mcp_handler")
-late = {m.split(".")[0] for m in set(sys.modules) - before} & {"tiktoken", "httpcore", "h11"}
+late = ({m.split(".")[0] for m in set(sys.modules) - before} & {"tiktoken", "httpcore", "h11"}
+        | (set(sys.modules) - before) & {"litellm.proxy._types"})
 print(completed.tool_calls[0].name, sorted(m for m in handlers if m in sys.modules),
       sorted(late))
 """
@@ -110,3 +111,19 @@ def test_a_call_with_tools_loads_no_mcp_handler():
                            timeout=120, stdin=subprocess.DEVNULL)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.split() == ["run", "[]", "[]"]
+
+
+def test_the_first_call_is_warmed_once_and_never_where_callbacks_listen(monkeypatch):
+    """``preload_first_call`` makes one completion litellm answers itself, so that what a
+    first call imports (~80 ms) is shared by the forked brokers; a program's litellm
+    callbacks would hear of it, so with one set there is none."""
+    made: list[dict] = []
+    monkeypatch.setattr(litellm, "completion", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setattr(client, "_warmed", False)
+    monkeypatch.setattr(litellm, "success_callback", [lambda *args: None])
+    client.preload_first_call()
+    assert made == []
+    monkeypatch.setattr(litellm, "success_callback", [])
+    client.preload_first_call()
+    client.preload_first_call()
+    assert len(made) == 1 and made[0]["mock_response"]  # nothing sent anywhere
