@@ -6,22 +6,31 @@ Read statically (``ast``), so the checks cost milliseconds and import nothing.
 from __future__ import annotations
 
 import ast
+import functools
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 
 
+@functools.cache
 def _product_files() -> dict[str, Path]:
-    """Module name -> file, for every module of the package (tests and bench excluded)."""
+    """Module name -> file, for every module of the package (tests and bench excluded).
+    The walk never enters those folders nor a hidden one: the project's ``.venv`` is
+    inside the package's folder, tens of thousands of files (~1.5 s of CPU a walk)."""
     modules = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT).parts
-        if parts[0] in {"tests", "bench", "build"} or parts[0].startswith("."):
-            continue
-        name = ".".join(("trouper", *path.relative_to(ROOT).with_suffix("").parts))
-        modules[name.removesuffix(".__init__")] = path
-    return modules
+    for folder, subfolders, files in os.walk(ROOT):
+        here = Path(folder)
+        if here == ROOT:
+            subfolders[:] = [d for d in subfolders if d not in {"tests", "bench", "build"}]
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")
+                               and d != "__pycache__")
+        for file in sorted(f for f in files if f.endswith(".py")):
+            path = here / file
+            name = ".".join(("trouper", *path.relative_to(ROOT).with_suffix("").parts))
+            modules[name.removesuffix(".__init__")] = path
+    return dict(sorted(modules.items()))
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
