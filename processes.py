@@ -27,7 +27,27 @@ def pid_alive(pid: int) -> bool:
 
 
 def children_of(pid: int) -> list[int]:
-    """The pids whose parent is ``pid``."""
+    """The pids whose parent is ``pid``: from each of its threads' ``children`` file
+    (one small read per thread), else (a kernel without them) a pass over ``/proc``."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: set[int] = set()
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as children:
+                found.update(int(c) for c in children.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return _children_by_scan(pid)  # the kernel keeps no children files
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
+
+
+def _children_by_scan(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
