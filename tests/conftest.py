@@ -21,16 +21,20 @@ from trouper.testing.daemon import TestDaemon  # noqa: E402
 # afresh.
 TestDaemon.popen = forkserver.Popen
 _worker_zygote_folder: list[str] = []
+_background: list[Any] = []
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs: list[Any]) -> None:
     """In the controller, before the workers start: fork them from the zygote."""
     import tempfile
+    import threading
 
+    rewriting = threading.Thread(target=_rewrite_once, args=(config,), name="rewrite-once")
+    rewriting.start()  # meanwhile the zygote imports; a worker finding no pyc rewrites
+    _background.append(rewriting)
     if os.environ.get(forkserver.FORK_ENV, "1") == "0":
         return
-    _rewrite_once(config)
     popen = [spec for spec in specs if spec.popen and not spec.python]
     if popen:
         folder = tempfile.mkdtemp(prefix="trouper-zygote-")  # owner-only
@@ -66,6 +70,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import shutil
 
     forkserver.stop()  # the zygote this process started, if it started one
+    for thread in _background:
+        thread.join()
     for folder in _worker_zygote_folder:
         shutil.rmtree(folder, ignore_errors=True)
 
