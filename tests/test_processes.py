@@ -11,7 +11,8 @@ from trouper import processes
 
 def test_children_are_found_whoever_of_its_threads_started_them():
     """``children_of`` reads each thread's children file: a child a worker thread
-    started is as much this process's as the main thread's (the scan, for a kernel without those files, too)."""
+    started is as much this process's as the main thread's (so for the scan, used on a
+    kernel without those files)."""
     started: list[subprocess.Popen[bytes]] = []
     try:
         started.append(subprocess.Popen(["sleep", "60"]))
