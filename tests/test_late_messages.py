@@ -65,13 +65,18 @@ def _with_store(home: Home, use: Any) -> Any:
         store.close()
 
 
-def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
+def _stored_session(home: Home, workspace: str) -> StartSession:
+    """A new session in ``home``'s store, and the start its Controller is booted with."""
     session_id = "s-" + uuid.uuid4().hex[:8]
     config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"), workspace=workspace)
     _with_store(home, lambda store: store.create_session(session_id, config))
-    start = StartSession(request_id="boot", session_id=session_id, config=config,
-                         home=str(home.root),
-                         store_url=store_url(home))
+    return StartSession(request_id="boot", session_id=session_id, config=config,
+                        home=str(home.root), store_url=store_url(home))
+
+
+def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
+    start = _stored_session(home, workspace)
+    session_id = start.session_id
     sink = asys.createActor(Sink)
     controller = asys.createActor(Controller)
     answer = asys.ask(controller, BootController(start=start, broker=sink, runtime=sink,
@@ -139,13 +144,8 @@ def test_a_reply_after_the_session_left_running_starts_no_action(system, tmp_pat
 def test_no_broker_yet_is_no_crash(system, tmp_path):
     """A Controller whose broker is being restarted asks once the new one is wired."""
     home = Home.at(tmp_path / "home")
-    session_id = "s-" + uuid.uuid4().hex[:8]
-    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
-                           workspace=str(tmp_path))
-    _with_store(home, lambda store: store.create_session(session_id, config))
-    start = StartSession(request_id="boot", session_id=session_id, config=config,
-                         home=str(home.root),
-                         store_url=store_url(home))
+    start = _stored_session(home, str(tmp_path))
+    session_id = start.session_id
     sink = system.createActor(Sink)
     controller = system.createActor(Controller)
     system.tell(controller, BootController(start=start, broker=None, runtime=sink))
@@ -162,12 +162,8 @@ def test_inputs_that_overtake_the_boot_are_handled_after_it(system, tmp_path):
     sandbox's readiness can come before the Controller's boot. They are kept and handled
     once it is up, in order: the command answered, the session running."""
     home = Home.at(tmp_path / "home")
-    session_id = "s-" + uuid.uuid4().hex[:8]
-    config = SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
-                           workspace=str(tmp_path))
-    _with_store(home, lambda store: store.create_session(session_id, config))
-    start = StartSession(request_id="boot", session_id=session_id, config=config,
-                         home=str(home.root), store_url=store_url(home))
+    start = _stored_session(home, str(tmp_path))
+    session_id = start.session_id
     sink, answers = system.createActor(Sink), system.createActor(Sink)
     controller = system.createActor(Controller)
     cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id, command="send",
