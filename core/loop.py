@@ -198,9 +198,11 @@ class SessionLoop(SessionMachine):
             self._out.append(AskJournal(action_id))
 
     def _recovered(self) -> None:
-        """Back to RUNNING once the runtime is up and every in-flight action resolved."""
+        """Back to RUNNING once the runtime is up. An action that was in flight may still
+        run in the sandbox: RUNNING says so truly, and nothing moves on before its outcome
+        (asked of the journal, ``_handle_action`` waits for it)."""
         recovering = self.view.state == AgentState.ERROR and self.view.resumes_at is not None
-        if recovering and self.runtime_ready and not self.resolve_first:
+        if recovering and self.runtime_ready:
             if self.config.resume_after_runtime_restart:
                 reason, self.back_reason = self.back_reason, BACK_AFTER_SANDBOX
                 self._transition(Why.RECOVERED, AgentState.RUNNING, reason)
