@@ -419,3 +419,31 @@ def test_a_start_waits_out_a_dying_server_that_still_holds_the_lock(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_attaching_to_a_live_server_reads_no_lock_and_a_silent_one_is_checked_first(
+    make_sandbox: Callable[..., LocalSandbox], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer to the ping, with the boot id of ``server.json``, proves which server
+    it is: a proxy's restart does not wait for ``/proc/locks`` (8-15 ms here after a quiet
+    spell). A server that does not answer is killed only once the lock says it is ours
+    (its pid may belong to another process by now)."""
+    from trouper.runtimes import local
+
+    first = make_sandbox()
+    first.start(1)
+    server = first.server_pid()
+    reads: list[object] = []
+    real_lock_holder = local.lock_holder
+    monkeypatch.setattr(local, "lock_holder",
+                        lambda path: reads.append(path) or real_lock_holder(path))
+    second = make_sandbox()
+    assert second.start(2) is True and second.server_pid() == server and reads == []
+    os.kill(server, signal.SIGSTOP)  # silent: does not answer the next ping
+    try:
+        third = make_sandbox(start_timeout_s=30)
+        assert third.start(3) is False  # the silent one was ours: killed, a new one started
+        assert reads and third.server_pid() != server and not pid_alive(server)
+    finally:
+        if pid_alive(server):
+            os.kill(server, signal.SIGKILL)
