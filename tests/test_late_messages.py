@@ -8,6 +8,7 @@ sink that records what it is sent.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -50,10 +51,14 @@ class Sink(Actor):
 @pytest.fixture
 def system(monkeypatch):
     monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
+    monkeypatch.setattr(base, "name_process", lambda name: None)  # and keeps its name
     Sink.seen = []
+    name = Path("/proc/self/comm").read_text()
     asys = ActorSystem("simpleSystemBase", transientUnique=True)
     yield asys
     asys.shutdown()
+    # a worker named trouper-ctl passed for a Controller with tools that find them by name
+    assert Path("/proc/self/comm").read_text() == name
 
 
 def _with_store(home: Home, use: Any) -> Any:

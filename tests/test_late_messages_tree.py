@@ -143,6 +143,7 @@ class FakeRoot(RootSupervisor):
 @pytest.fixture
 def system(monkeypatch):
     monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
+    monkeypatch.setattr(base, "name_process", lambda name: None)  # and keeps its name
     Courier.seen, FakeRuntime.seen, FakeRuntime.booted = [], [], []
     RecordedController.booted = []
     asys = ActorSystem("simpleSystemBase", transientUnique=True)
