@@ -196,8 +196,11 @@ def test_runtime_proxy_drops_what_it_cannot_use_and_runs_each_action_once(proxy,
     # closing: every request answered, and nothing runs after the close
     actor.tell(CloseSandbox(request_id="c1"), CloseSandbox(request_id="c2"),
                _execute(sid, "a2", "touch after-close"), CloseSandbox(request_id="c3"))
-    got = actor.until(_got(SandboxClosed, request_id="c3"))
-    assert [m.request_id for m in got if isinstance(m, SandboxClosed)] == ["c1", "c2", "c3"]
+    got = actor.until(lambda got: len([m for m in got if isinstance(m, SandboxClosed)]) >= 3)
+    # each answered once; Thespian does not keep the order of messages between two
+    # processes (seen: c2 before c1), so neither does this
+    assert sorted(m.request_id for m in got if isinstance(m, SandboxClosed)) == [
+        "c1", "c2", "c3"]
     assert not [m for m in got if not isinstance(m, SandboxClosed)]
     assert not (ws / "after-close").exists()
     actor.expect_dropped("runtime", len(early) + len(late) + 1)
