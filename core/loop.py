@@ -200,13 +200,15 @@ class SessionLoop(SessionMachine):
     def _recovered(self) -> None:
         """Back to RUNNING once the runtime is up. An action that was in flight may still
         run in the sandbox: RUNNING says so truly, and nothing moves on before its outcome
-        (asked of the journal, ``_handle_action`` waits for it)."""
+        (asked of the journal, ``_handle_action`` waits for it). Held back for the user
+        instead (``resume_after_runtime_restart=False``), the session settles only once
+        that outcome is in its log, so the user sees what became of the action."""
         recovering = self.view.state == AgentState.ERROR and self.view.resumes_at is not None
         if recovering and self.runtime_ready:
             if self.config.resume_after_runtime_restart:
                 reason, self.back_reason = self.back_reason, BACK_AFTER_SANDBOX
                 self._transition(Why.RECOVERED, AgentState.RUNNING, reason)
-            else:
+            elif not self.resolve_first:
                 self._transition(Why.RECOVERED_HELD, AgentState.ERROR,
                                  "the sandbox is back; resume to carry on")
         self._advance()

@@ -413,6 +413,22 @@ def test_held_back_when_configured_a_recovered_session_waits_for_the_user():
     assert core.view.state == S.ERROR and core.view.resumes_at is None
 
 
+def test_held_back_a_session_settles_only_once_its_in_flight_action_is_resolved():
+    """Waiting for the user (settled), the session has its in-flight action's outcome in
+    its log: the user sees what became of it before deciding."""
+    core, clock, ask = running(resume_after_runtime_restart=False)
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="x"),
+                clock.tick())
+    core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=True), clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at is not None  # not settled
+    core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
+                         state="finished", outcome=Outcome(status="ok", content="made")),
+                clock.tick())
+    assert core.view.state == S.ERROR and core.view.resumes_at is None  # settled
+    assert core.view.pending == {}
+
+
 def test_a_request_held_for_a_missing_broker_goes_to_the_next_one():
     core, clock, ask = running()
     effects = core.handle(BrokerBack(), clock.tick())
