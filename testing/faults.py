@@ -96,5 +96,11 @@ def kill_sandbox(session: Session, timeout_s: float = 30.0) -> int | str:
     in it is lost); waits for one to run first. What was killed (a pid for local)."""
     sandbox = sandbox_of(session)
     killed = wait_until(sandbox.kill, timeout_s, "a live sandbox")
-    wait_until(lambda: not sandbox.running(), timeout_s, f"the sandbox ({killed}) to die")
+
+    def gone() -> bool:
+        if isinstance(killed, int):  # that server: its proxy, waiting on its exit, may
+            return not pid_alive(killed)  # have a replacement running already
+        return not sandbox.running()
+
+    wait_until(gone, timeout_s, f"the sandbox ({killed}) to die")
     return killed
