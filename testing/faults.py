@@ -29,32 +29,22 @@ SHARED_ROLES = frozenset({"broker", "root"})
 T = TypeVar("T")
 
 
-WAIT_POLL_MAX_S = 0.1
-"""The longest pause between two looks of ``wait_until`` (unless ``poll_s`` is longer)."""
-
-
 def wait_until(
     condition: Callable[[], T], timeout_s: float = 30.0, what: str = "condition",
     poll_s: float = 0.01,
 ) -> T:
     """Poll ``condition`` until it returns something truthy; return that.
 
-    The first pause is ``poll_s``; each next one half as long again, up to 0.1 s: a quick
-    condition is seen quickly, and a long wait does not look (a condition may read a whole
-    session's log) a hundred times a second. Raises TimeoutError naming ``what`` after
-    ``timeout_s``.
+    Raises TimeoutError naming ``what`` after ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
-    longest = max(poll_s, WAIT_POLL_MAX_S)
     while True:
         value = condition()
         if value:
             return value
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(min(poll_s, left))
-        poll_s = min(poll_s * 1.5, longest)
+        time.sleep(poll_s)
 
 
 def actor_pid(session: Session, role: str) -> int | None:
