@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..processes import current_umask
+from ..processes import current_umask, pid_alive
 from . import sandbox_zygote
 from .sandbox_zygote import EXIT_UNKNOWN, RUNTIMES_DIR
 
@@ -50,12 +50,13 @@ class Launched:
 
     def exit_code(self) -> int | None:
         """None while it runs; its exit status once it exited (``EXITED`` for a forked
-        one whose zygote went before telling)."""
+        one whose zygote went before telling: then its pid says whether it runs)."""
         if self.proc is not None:
             return self.proc.poll()
-        if self.status is None:
-            return EXITED
-        return sandbox_zygote.read_exit(self.status)
+        code = EXITED if self.status is None else sandbox_zygote.read_exit(self.status)
+        if code == EXITED and pid_alive(self.pid):
+            return None
+        return code
 
     def describe(self, code: int) -> str:
         return "exited" if code == EXITED else f"exited with status {code}"

@@ -189,8 +189,10 @@ def test_a_forked_server_s_exit_status_reaches_its_starter(zygote: int, tmp_path
                                  tmp_path / "rt", log, 0o077)
     assert quiet is not None
     quiet[1].close()  # no longer asking: the server lives on, the zygote stays well
-    wait_until(lambda: (tmp_path / "rt" / "server.json").exists(), 10, "the server")
-    os.kill(quiet[0], signal.SIGKILL)
+    try:
+        wait_until(lambda: (tmp_path / "rt" / "server.json").exists(), 10, "the server")
+    finally:
+        os.kill(quiet[0], signal.SIGKILL)  # on a failure too: nothing is left running
     wait_until(lambda: not pid_alive(quiet[0]), 10, "the server's end")
     assert pid_alive(zygote)
 
@@ -205,3 +207,27 @@ def test_a_pid_answer_leaves_an_exit_status_right_behind_it_unread() -> None:
         assert sandbox_zygote._read_answer(mine) == {"pid": 42}  # noqa: SLF001
         mine.setblocking(False)
         assert sandbox_zygote.read_exit(mine) == 3
+
+
+def test_a_zygote_killed_while_its_server_starts_does_not_fail_the_start(
+        zygote: int, tmp_path: Path) -> None:
+    """The zygote tells a server's exit; killed, it can tell nothing, and its server
+    (which lives on, leading its own session) is judged by its pid as before: a start
+    does not fail for want of the zygote's word."""
+    from trouper.runtimes.launch import launch_server
+
+    state = tmp_path / "rt"
+    state.mkdir(mode=0o700)
+    launched = launch_server(["--state-dir", str(state), "--workspace", str(tmp_path / "ws"),
+                              "--idle-timeout-s", "60"], {}, state)
+    try:
+        assert launched.status is not None  # forked by the zygote
+        os.kill(zygote, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(zygote), 10, "the zygote to die")
+        assert pid_alive(launched.pid) and launched.exit_code() is None
+        os.kill(launched.pid, signal.SIGKILL)
+        wait_until(lambda: launched.exit_code() is not None, 10, "the server's end")
+    finally:
+        launched.close()
+        if pid_alive(launched.pid):
+            os.kill(launched.pid, signal.SIGKILL)
