@@ -9,6 +9,22 @@ from contextlib import contextmanager
 from typing import Any
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """``/proc/PID/stat`` after the command name (state, parent pid, ...; ``proc(5)``
+    numbers them from 3); empty when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return []
+
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent, or None when it is gone."""
+    fields = stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else None
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie nobody reaped yet counts as dead."""
     if pid <= 0:
@@ -19,11 +35,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def children_of(pid: int) -> list[int]:
@@ -48,17 +61,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def _children_by_scan(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                if int(stat.read().rsplit(")", 1)[-1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and parent_of(int(entry)) == pid]
 
 
 def children_map() -> dict[int, list[int]]:
@@ -68,11 +72,7 @@ def children_map() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
+        fields = stat_fields(entry)
         if fields and fields[0] not in ("Z", "X"):
             below.setdefault(int(fields[1]), []).append(int(entry))
     return below
@@ -96,11 +96,8 @@ def descendants(roots: Iterable[int], children: dict[int, list[int]] | None = No
 def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot): with the pid, names one process for
     good, where a pid alone may be reused (``pid_max`` is 32768 on many machines)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[-1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def listening_sockets() -> dict[str, tuple[str, int]]:

@@ -18,7 +18,7 @@ import pytest
 
 from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
 from trouper.messages.actions import RunCommand
-from trouper.processes import children_of, pid_alive, process_name
+from trouper.processes import children_of, parent_of, pid_alive, process_name
 from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
@@ -378,9 +378,9 @@ def server_launch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def _forked_by_our_zygote(pid: int) -> bool:
     """Whether ``pid``'s parent is a sandbox zygote this process started (an earlier
     test's may still be ending beside it)."""
-    with open(f"/proc/{pid}/stat") as f:
-        parent = int(f.read().rsplit(")", 1)[1].split()[1])
-    return parent in children_of(os.getpid()) and process_name(parent) == "trouper-zygote"
+    parent = parent_of(pid)
+    return (parent is not None and parent in children_of(os.getpid())
+            and process_name(parent) == "trouper-zygote")
 
 
 def test_a_start_waits_out_a_dying_server_that_still_holds_the_lock(

@@ -14,7 +14,7 @@ import pytest
 
 from trouper import AgentState, Trouper
 from trouper.messages.actions import RunCommand
-from trouper.processes import descendants, pid_alive, process_name
+from trouper.processes import descendants, parent_of, pid_alive, process_name
 from trouper.runtimes import sandbox_zygote
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import kill_sandbox, wait_until
@@ -28,19 +28,14 @@ def zygotes() -> list[int]:
             if p != os.getpid() and process_name(p) == "trouper-zygote"]
 
 
-def parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def parent_of_a_new_server(tmp_path: Path) -> int:
+def parent_of_a_new_server(tmp_path: Path) -> int | None:
     """Start a LocalSandbox in ``tmp_path``; the parent of its server (then stopped)."""
     sandbox = LocalSandbox("z", tmp_path / "ws", tmp_path / "rt")
     try:
         sandbox.start()
         server = sandbox.server_pid()
         assert server is not None
-        return parent(server)
+        return parent_of(server)
     finally:
         sandbox.stop()
 
@@ -68,7 +63,7 @@ def test_a_forked_server_is_as_if_started_afresh(zygote: int, tmp_path: Path,
     sandbox.start()
     try:
         server = sandbox.server_pid()
-        assert server is not None and parent(server) == zygote  # forked, not started afresh
+        assert server is not None and parent_of(server) == zygote  # forked, not started afresh
         assert process_name(server) == "trouper-sandbox"
         assert os.getsid(server) == server  # a session of its own: outlives its starter
         assert os.readlink(f"/proc/{server}/cwd") == str(sandbox.state_dir)
@@ -84,7 +79,7 @@ def test_a_forked_server_is_as_if_started_afresh(zygote: int, tmp_path: Path,
         assert sandbox.running() and sandbox.kill() == server
         wait_until(lambda: not pid_alive(server), 10, "the killed server to go")
         assert sandbox.start() is False  # a new one, forked again
-        assert parent(sandbox.server_pid() or 0) == zygote
+        assert parent_of(sandbox.server_pid() or 0) == zygote
     finally:
         sandbox.stop()
 
@@ -124,7 +119,7 @@ def test_a_bad_request_is_refused_and_the_zygote_serves_on(
     try:
         sandbox.start()
         server = sandbox.server_pid()
-        assert server is not None and parent(server) == zygote
+        assert server is not None and parent_of(server) == zygote
         assert sandbox.runtime.alive()["pid"] == server
     finally:
         sandbox.stop()
@@ -158,7 +153,7 @@ def test_sessions_fork_their_servers_and_the_zygote_ends_with_the_program(
         assert session.wait(timeout=60) == AgentState.FINISHED
         server = LocalSandbox(session.id, tmp_path / "ws",
                               t.home.runtime_dir(session.id)).server_pid()
-        assert server is not None and parent(server) == zygote
+        assert server is not None and parent_of(server) == zygote
         assert (tmp_path / "ws" / "ledger.txt").read_text() == "one\n"
     wait_until(lambda: not pid_alive(zygote), 10, "the zygote to end with the program")
 
