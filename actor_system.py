@@ -30,6 +30,7 @@ from .actors import (
     root,  # noqa: E402, F401 - imported before the fork, on purpose
 )
 from .actors.transport import seal  # noqa: E402
+from .agent.tools import tool_specs  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402 - share litellm's pages
 from .logfiles import log_definitions  # noqa: E402
@@ -112,6 +113,7 @@ class ActorSystemHandle:
             sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")
             self._zygote = True
         _llm_client.preload_first_call()  # once per program; its brokers share it
+        tool_specs()  # the tools' JSON schemas, built once here for every Controller forked below
         forking.end_orphans(self.home.root)
         self.home.tighten()
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
