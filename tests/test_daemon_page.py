@@ -124,6 +124,9 @@ def test_approve_and_reject_from_the_page(page, daemon, scripted, tmp_path):
     page.click("#reject")
     expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
     expect(pending).to_be_hidden()
+    # the badge comes from GET /v1/sessions/ID, the events from the WebSocket: the last
+    # outcomes may arrive a moment after "finished" shows
+    expect(page.locator("#events .outcome")).to_have_count(3, timeout=LONG_S)
     statuses = page.locator("#events .outcome").evaluate_all(
         "nodes => nodes.map(n => n.dataset.status)")
     assert statuses == ["ok", "rejected", "ok"]
