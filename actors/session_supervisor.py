@@ -73,6 +73,9 @@ class SessionSupervisor(Supervisor):
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
         self.recording: RecordDowntime | None = None
         """The agent loop's downtime, while a stand-in Controller records it."""
+        self.woken: list[Relay] = []
+        """User commands that came while the downtime was recorded: the user saw ERROR
+        in the log and answered it, so they carry the session on once it is recorded."""
 
     @property
     def session_id(self) -> str:
@@ -195,6 +198,11 @@ class SessionSupervisor(Supervisor):
             if reply_to is not None:
                 self.send(reply_to, Refused(request_id=request_id, session_id=session_id,
                                             error=Refusal.INVALID_REQUEST, message=text))
+        if self.woken:  # answered by the Controller they start, as a resume in a cooldown is
+            self.held, self.woken = self.woken, []
+            command = self.held[0].msg.command  # type: ignore[attr-defined]
+            self.restart_child(CONTROLLER, f"the user's {command} once the downtime was recorded")
+            return
         if resumes_at is None:
             self.down_for_good = text  # the root stops this session; refuse until then
             self.send(self._parent_address, Superseded(session_id=session_id, reason=text))
@@ -235,6 +243,8 @@ class SessionSupervisor(Supervisor):
         elif self.down_for_good:  # as unknown: the program then restores the session anew
             self._refuse(msg, cmd, "UnknownSession",
                          f"{self.down_for_good}; this session's actors are stopping")
+        elif self.recording is not None:  # never a Controller beside the stand-in (one writer)
+            self.woken.append(msg)
         elif self.child(CONTROLLER) is None:
             self.held.append(msg)  # the Controller is restarting; released when it is up
             if self.gave_up_on(CONTROLLER):  # in its cooldown: a user's command wakes it now

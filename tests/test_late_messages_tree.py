@@ -62,6 +62,7 @@ from trouper.messages.tree import (
     BootSession,
     BrokerMoved,
     Failing,
+    RecordDowntime,
     Relay,
     RestartRuntime,
     Shutdown,
@@ -386,6 +387,63 @@ def test_a_command_after_the_agent_loop_gave_up_for_good_is_answered(system, dro
     refused = tree.command("resume")  # not held for ever: the program restores it anew
     assert isinstance(refused, Refused) and refused.error == "UnknownSession"
     assert len(RecordedController.booted) == 1 and _runtime_boots() == 1
+
+class SlowStandIn(RecordedController):
+    """A Controller whose stand-in incarnation records the downtime only when told to:
+    the window in which a user's command can reach the supervisor first."""
+
+    waiting: ClassVar[list[Any]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> Any:  # noqa: N802
+        if isinstance(msg, RecordDowntime):
+            SlowStandIn.waiting.append(self.myAddress)
+            self._held_downtime = (msg, sender)
+            return None
+        if msg == "record now":
+            msg, sender = self._held_downtime
+        return super().receiveMessage(msg, sender)
+
+
+class SlowStandInSession(FakeSession):
+    controller_class = SlowStandIn
+
+
+def test_a_resume_while_the_downtime_is_recorded_carries_the_session_on(
+    system, drops, tmp_path
+):
+    """The user saw ERROR in the log and resumed before the supervisor heard the stand-in
+    had recorded it: the resume is held, then carries the session on (it once restarted
+    the Controller beside the stand-in, and the session then stopped under the new one,
+    leaving it RUNNING with no actor: stuck)."""
+    SlowStandIn.waiting = []
+    policy = RestartPolicy(intensity=0, giveup_rounds=0)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
+    tree.session = system.createActor(SlowStandInSession)
+    tree.boot()
+    first = RecordedController.booted[-1]
+    system.tell(first, ActorExitRequest())  # down until a resume; the stand-in waits
+    assert len(SlowStandIn.waiting) == 1
+    assert tree.command("resume") is None  # held, not refused, not run beside the stand-in
+    assert RecordedController.booted == [first]
+    system.tell(SlowStandIn.waiting[0], "record now")
+    assert not tree.got(Superseded, at=tree.parent)  # the session is not stopped
+    assert len(RecordedController.booted) == 2  # then the resumed one (the stand-in is not booted)
+    resumed = [m for _, m in Courier.seen if isinstance(m, Accepted) and m.session_id == tree.sid
+               and m.request_id != tree.start.request_id]
+    assert resumed, "the resume was never answered"
+    view = tree.view()
+    assert view.state == AgentState.RUNNING, view.reason
+    events = [e for e in _events(tree) if isinstance(e, StateChanged)]
+    assert [e.cause for e in events][-2:] == [Why.LOOP_DOWN, Why.USER_RESUME]
+
+
+def _events(tree: Tree) -> list[Any]:
+    store = open_store(tree.home)
+    try:
+        return list(store.read(tree.sid))
+    finally:
+        store.close()
+
 
 # ---- RootSupervisor ------------------------------------------------------------------
 
