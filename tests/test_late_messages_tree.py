@@ -204,14 +204,15 @@ class Tree:
     """One session's supervisor in a simple system, and the couriers around it."""
 
     def __init__(self, asys: ActorSystem, home: Home, workspace: Path,
-                 policy: RestartPolicy | None = None) -> None:
+                 policy: RestartPolicy | None = None,
+                 session_class: type = FakeSession) -> None:
         self.asys, self.home = asys, home
         self.start = _start(home, workspace)
         self.sid = self.start.session_id
         self.policy = policy or RestartPolicy()
         self.parent, self.broker, self.client, self.stranger = (
             asys.createActor(Courier) for _ in range(4))
-        self.session = asys.createActor(FakeSession)
+        self.session = asys.createActor(session_class)
 
     def tell(self, *msgs: Any, via: Any = None) -> None:
         """Deliver ``msgs`` from ``via`` (default: the stranger), all before any answer."""
@@ -417,8 +418,7 @@ def test_a_resume_while_the_downtime_is_recorded_carries_the_session_on(
     leaving it RUNNING with no actor: stuck)."""
     SlowStandIn.waiting = []
     policy = RestartPolicy(intensity=0, giveup_rounds=0)
-    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy)
-    tree.session = system.createActor(SlowStandInSession)
+    tree = Tree(system, Home.at(tmp_path / "home"), tmp_path, policy, SlowStandInSession)
     tree.boot()
     first = RecordedController.booted[-1]
     system.tell(first, ActorExitRequest())  # down until a resume; the stand-in waits
