@@ -152,7 +152,9 @@ def test_pause_and_resume_from_the_page(page, daemon, scripted):
     expect(page.locator("#state")).to_have_text(re.compile("running|finished"),
                                                 timeout=LONG_S)
     expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
-    assert page.locator("#events li.action").count() > shown
+    page.wait_for_function(  # the events come over the WebSocket, after or before the badge
+        "n => document.querySelectorAll('#events li.action').length > n", arg=shown,
+        timeout=LONG_S)
     assert remote.state.value == "finished"
     page.fill("#message", "thanks")
     page.click("#send")
