@@ -31,6 +31,7 @@ from .actors import (
 )
 from .actors.transport import seal  # noqa: E402
 from .agent.tools import tool_specs  # noqa: E402
+from .core.warm import warm_up  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .llm import client as _llm_client  # noqa: E402 - share litellm's pages
 from .logfiles import log_definitions  # noqa: E402
@@ -114,6 +115,10 @@ class ActorSystemHandle:
             self._zygote = True
         _llm_client.preload_first_call()  # once per program; its brokers share it
         tool_specs()  # the tools' JSON schemas, built once here for every Controller forked below
+        try:
+            warm_up()  # and what a session's first steps fill lazily (core/warm.py)
+        except Exception:  # noqa: BLE001 - a speed-up only: the forks fill them as before
+            logger.warning("warming the session core before the fork failed", exc_info=True)
         forking.end_orphans(self.home.root)
         self.home.tighten()
         os.environ.setdefault("THESPLOG_FILE", str(self.home.root / "logs" / "thespian.log"))
