@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,15 @@ LABEL_KEEP = "trouper.keep"
 IO_MOUNT = "/.trouper"
 """Where the shell's input folder is mounted (read-only) inside every container."""
 LOG_TAIL_LINES = 20
+"""The last lines of a stopped container's log quoted in why it failed."""
+LOG_SCAN_LINES = 1000
+"""How far back the log is searched for the line that says what went wrong."""
+LOG_CAUSE_LINES = 5
+"""Error-looking lines from before the tail quoted too (a crash dump can push the cause out)."""
+LOG_LINE_CHARS = 300
+"""Longest line quoted; longer ones are cut."""
+_CAUSE = re.compile(r"error|fatal|panic|traceback|exception|denied|not found|no such file|"
+                    r"cannot|can't|failed|killed|segmentation fault|out of memory", re.I)
 
 
 def owner_of(state_dir: Path) -> str:
@@ -86,12 +96,21 @@ def container_failure(container: Any) -> str:
     if state.get("Error"):
         parts.append(f"error: {state['Error']}")
     try:
-        tail = container.logs(tail=LOG_TAIL_LINES).decode("utf-8", "replace").strip()
+        log = container.logs(tail=LOG_SCAN_LINES).decode("utf-8", "replace")
     except Exception:  # noqa: BLE001 - the log is a bonus; a removed container has none
-        tail = ""
+        log = ""
+    lines = [_cut(line) for line in log.strip().splitlines()]
+    before, tail = lines[:-LOG_TAIL_LINES], lines[-LOG_TAIL_LINES:]
+    causes = [line for line in before if _CAUSE.search(line)][:LOG_CAUSE_LINES]
+    if causes:
+        parts.append("earlier in its log:\n" + "\n".join(causes))
     if tail:
-        parts.append(f"its log ends with:\n{tail}")
+        parts.append("its log ends with:\n" + "\n".join(tail))
     return ", ".join(parts)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= LOG_LINE_CHARS else line[:LOG_LINE_CHARS] + " [...]"
 
 
 def gc_containers(
