@@ -145,9 +145,9 @@ def test_a_remote_runtime_token_is_a_credential_masked_and_never_revealed():
 
 
 def test_a_backend_failure_keeps_its_typed_cause():
-    from trouper.actors.runtime_proxy import _cause
     from trouper.exceptions import RuntimeUnavailable
     from trouper.messages.causes import RuntimeFailure
+    from trouper.runtimes.driver import _cause
     from trouper.runtimes.remote_errors import RemoteUnavailable
 
     assert _cause(RemoteUnavailable("401", RuntimeFailure.UNAUTHORIZED)) == (

@@ -1,0 +1,240 @@
+"""The RuntimeProxy's rules (``runtimes/driver.py``), one input at a time, with a fake
+sandbox backend and no process: what it reports, answers, holds, retries and drops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trouper.exceptions import RuntimeUnavailable, StaleEpoch, StoreUnavailable
+from trouper.messages.actions import RunCommand
+from trouper.messages.outcomes import Outcome
+from trouper.messages.protocol import (
+    CloseSandbox,
+    Execute,
+    Executed,
+    JournalFault,
+    ResolveAction,
+    Resolved,
+    RuntimeFailed,
+    RuntimeFailure,
+    RuntimeReady,
+    SandboxClosed,
+)
+from trouper.messages.tree import Superseded
+from trouper.runtimes.base import JournalRecord, SandboxHealth
+from trouper.runtimes.driver import After, Drop, Exit, Reply, RuntimeDriver, ToParent, Work
+
+SID = "s-1"
+OK = Outcome(status="ok", content="done")
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+        self.execute_errors: list[BaseException] = []
+        self.records: list[JournalRecord] = []
+
+    def execute(self, action_id: str, action: Any, *, timeout_s: float,
+                no_output_timeout_s: float) -> Outcome:
+        if self.execute_errors:
+            raise self.execute_errors.pop(0)
+        self.executed.append(action_id)
+        return OK
+
+    def resolve(self, action_id: str, *, wait_s: float = 0.0) -> JournalRecord:
+        return self.records.pop(0)
+
+
+class FakeSandbox:
+    def __init__(self) -> None:
+        self.runtime = FakeRuntime()
+        self.epoch: int | None = None
+        self.start_error: BaseException | None = None
+        self.health = SandboxHealth(alive=True)
+        self.stops = 0
+        self.cancels = 0
+
+    def start(self) -> bool:
+        if self.start_error is not None:
+            raise self.start_error
+        self.epoch = 7
+        return False
+
+    def alive(self) -> SandboxHealth:
+        return self.health
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+
+class Held:
+    """Work effects kept, to be finished when the test says (a worker still busy)."""
+
+    def __init__(self) -> None:
+        self.work: list[Work] = []
+
+
+def run(effects: list[Any], held: Held | None = None) -> list[Any]:
+    """Perform Work at once (the worker's result fed back); the other effects, in order."""
+    out: list[Any] = []
+    for effect in effects:
+        if isinstance(effect, Work):
+            if held is not None:
+                held.work.append(effect)
+                continue
+            try:
+                result, error = effect.fn(), None
+            except Exception as exc:  # noqa: BLE001 - as the worker pool hands it back
+                result, error = None, exc
+            out += run(effect.then(result, error))
+        else:
+            out.append(effect)
+    return out
+
+
+def finish(held: Held) -> list[Any]:
+    work, held.work = held.work, []
+    return run(work)
+
+
+def execute(action_id: str = "a1", session_id: str = SID) -> Execute:
+    return Execute(session_id=session_id, action_id=action_id,
+                   action=RunCommand(command="true"), timeout_s=10, no_output_timeout_s=5)
+
+
+def ready() -> tuple[RuntimeDriver, FakeSandbox, list[Any]]:
+    sandbox = FakeSandbox()
+    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
+    return driver, sandbox, run(driver.start())
+
+
+def replies(effects: list[Any]) -> list[Any]:
+    return [e.msg for e in effects if isinstance(e, Reply)]
+
+
+def test_a_started_sandbox_is_reported_ready_with_its_epoch_and_health_is_timed():
+    driver, _, effects = ready()
+    assert [type(e) for e in effects] == [ToParent, After]
+    assert effects[0].msg == RuntimeReady(session_id=SID, epoch=7, attached=False)
+    assert effects[1].name == "health"
+
+
+def test_an_action_runs_once_and_answers_whoever_asked():
+    driver, sandbox, _ = ready()
+    effects = run(driver.execute(execute(), "controller"))
+    assert effects == [Reply("controller", Executed(session_id=SID, action_id="a1", outcome=OK))]
+    assert sandbox.runtime.executed == ["a1"]
+
+
+def test_requests_while_the_sandbox_starts_wait_for_it_then_run():
+    sandbox = FakeSandbox()
+    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
+    held = Held()
+    assert run(driver.start(), held) == []
+    assert run(driver.execute(execute(), "controller")) == []  # held, not run yet
+    assert sandbox.runtime.executed == []
+    effects = finish(held)
+    assert isinstance(effects[0], ToParent) and isinstance(effects[0].msg, RuntimeReady)
+    assert Reply("controller", Executed(session_id=SID, action_id="a1", outcome=OK)) in effects
+    assert sandbox.runtime.executed == ["a1"]
+
+
+def test_a_close_during_the_start_waits_for_it_then_stops_what_it_brought_up():
+    sandbox = FakeSandbox()
+    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
+    held = Held()
+    run(driver.start(), held)
+    run(driver.execute(execute(), "controller"))
+    close = CloseSandbox(request_id="c1")
+    assert run(driver.close(close, "supervisor")) == []  # answered once the start is done
+    assert sandbox.cancels == 1  # a start waiting for an unreachable server is cut short
+    effects = finish(held)
+    assert [type(e) for e in effects] == [Drop, Reply]  # the held action never runs
+    assert effects[1] == Reply("supervisor", SandboxClosed(request_id="c1", session_id=SID))
+    assert sandbox.stops == 1 and sandbox.runtime.executed == []
+    dropped = run(driver.execute(execute("a2"), "controller"))
+    assert [type(e) for e in dropped] == [Drop]  # nothing more starts once closing
+
+
+def test_two_closes_share_one_stop_and_both_are_answered():
+    driver, sandbox, _ = ready()
+    held = Held()
+    run(driver.close(CloseSandbox(request_id="c1"), "one"), held)
+    assert run(driver.close(CloseSandbox(request_id="c2"), "two")) == []
+    assert [r.request_id for r in replies(finish(held))] == ["c1", "c2"]
+    assert sandbox.stops == 1
+
+
+def test_a_failed_start_is_reported_then_the_proxy_exits():
+    sandbox = FakeSandbox()
+    sandbox.start_error = RuntimeUnavailable("no engine")
+    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
+    effects = run(driver.start())
+    assert [type(e) for e in effects] == [ToParent, Exit]
+    failed = effects[0].msg
+    assert isinstance(failed, RuntimeFailed) and failed.cause == RuntimeFailure.START_FAILED
+    assert "no engine" in failed.detail
+
+
+def test_a_newer_proxy_owning_the_sandbox_supersedes_this_one():
+    driver, sandbox, _ = ready()
+    sandbox.runtime.execute_errors.append(StaleEpoch("epoch 7 is older than 8"))
+    effects = run(driver.execute(execute(), "controller"))
+    assert [type(e) for e in effects] == [ToParent, Exit]
+    assert isinstance(effects[0].msg, Superseded)
+    assert run(driver.execute(execute("a2"), "controller"))[0].why.startswith("the proxy is")
+
+
+def test_a_dead_sandbox_is_reported_with_its_own_cause_not_the_refused_request():
+    driver, sandbox, _ = ready()
+    sandbox.runtime.execute_errors.append(RuntimeUnavailable("connection refused"))
+    sandbox.health = SandboxHealth(alive=False, cause=RuntimeFailure.EXITED, detail="OOMKilled")
+    effects = run(driver.execute(execute(), "controller"))
+    failed = effects[0].msg
+    assert isinstance(failed, RuntimeFailed) and failed.cause == RuntimeFailure.EXITED
+    assert failed.detail == "OOMKilled" and isinstance(effects[1], Exit)
+
+
+def test_a_journal_that_cannot_write_is_said_once_and_retried_with_growing_waits():
+    driver, sandbox, _ = ready()
+    full = StoreUnavailable("the disk is full")
+    sandbox.runtime.execute_errors += [full, full]
+    msg = execute()
+    first = run(driver.execute(msg, "controller"))
+    assert [type(e) for e in first] == [Reply, After]
+    assert isinstance(first[0].msg, JournalFault) and first[0].msg.cause == "the disk is full"
+    second = run(driver.execute(msg, "controller"))  # the timer's try: still full
+    assert [type(e) for e in second] == [After]  # not said again
+    assert second[0].delay_s == 2 * first[1].delay_s
+    third = run(driver.execute(msg, "controller"))
+    assert [type(r) for r in replies(third)] == [JournalFault, Executed]
+    assert replies(third)[0].cause is None  # the fault is over, then the outcome
+    assert sandbox.runtime.executed == ["a1"]
+
+
+def test_a_running_action_is_asked_again_until_the_journal_knows_its_end():
+    driver, sandbox, _ = ready()
+    sandbox.runtime.records += [
+        JournalRecord(action_id="a1", state="running"),
+        JournalRecord(action_id="a1", state="finished", outcome=OK),
+    ]
+    effects = run(driver.resolve(ResolveAction(session_id=SID, action_id="a1"), "controller"))
+    assert effects == [Reply("controller", Resolved(session_id=SID, action_id="a1",
+                                                    state="finished", outcome=OK))]
+
+
+def test_an_action_for_another_session_is_dropped_never_run():
+    driver, sandbox, _ = ready()
+    effects = run(driver.execute(execute(session_id="s-other"), "controller"))
+    assert [type(e) for e in effects] == [Drop] and sandbox.runtime.executed == []
+
+
+def test_a_failed_health_check_reports_once_and_exits():
+    driver, sandbox, _ = ready()
+    sandbox.health = SandboxHealth(alive=False, cause=RuntimeFailure.EXITED, detail="exit 137")
+    effects = run(driver.health_due("timer"))
+    assert [type(e) for e in effects] == [ToParent, Exit]
+    assert run(driver.health_due("timer")) == [Drop("timer", "the proxy is stopping")]
