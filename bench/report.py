@@ -97,7 +97,15 @@ def start_lines(r: dict[str, Any], openhands_start_ms: float | None) -> list[str
     ]
     if openhands_start_ms is not None:
         rows.append(["openhands: Conversation() -> first model request", fmt(openhands_start_ms)])
-    return lines + _table(["", "ms"], rows)
+    lines += _table(["", "ms"], rows)
+    by_role = r.get("warm_session_cpu_ms_by_role") or {}
+    if by_role:
+        total = sum(by_role.values())
+        parts = ", ".join(f"{role} {ms:.1f}" for role, ms in
+                          sorted(by_role.items(), key=lambda kv: -kv[1]) if ms >= 0.05)
+        lines.append(f"  CPU of a later session, start to finish (one step), ms: "
+                     f"{total:.1f} ({parts})")
+    return lines
 
 
 def concurrency_lines(r: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from common import chat_requests, echo_script, median, percentile
 from contenders import TASK, llm_config, wait_until
+from procs import cpu_delta, role_cpu_s, roles, trouper_tree
 
 from trouper import Trouper
 from trouper.actor_system import free_port
@@ -33,19 +34,32 @@ def _one_start(t: Trouper, server: FakeLLMServer, workspace: Path) -> tuple[floa
     return (returned - started) * 1000, (first - started) * 1000
 
 
+def _role_cpu(port: int, home: Path) -> dict[str, float]:
+    return role_cpu_s(roles(trouper_tree(port, home)))
+
+
 def run(samples: int, warm: int, workdir: Path) -> dict[str, Any]:
     opens, closes, cold, warm_ms, returns = [], [], [], [], []
+    cpu_by_role: dict[str, list[float]] = {}
     with FakeLLMServer(echo_script(1)) as server:
         for i in range(samples):
             print(f"  session start: sample {i + 1}/{samples}", flush=True)
             began = time.perf_counter()
-            t = Trouper(home=workdir / f"start-home-{i}", admin_port=free_port())
+            port, home = free_port(), workdir / f"start-home-{i}"
+            t = Trouper(home=home, admin_port=port)
             opens.append((time.perf_counter() - began) * 1000)
             try:
+                before: dict[str, float] = {}
                 for j in range(warm + 1):
                     returned_ms, first_ms = _one_start(t, server, workdir / f"start-{i}-{j}")
                     returns.append(returned_ms)
                     (cold if j == 0 else warm_ms).append(first_ms)
+                    if j == 0:
+                        before = _role_cpu(port, home)
+                if warm:  # the warm sessions' whole lives (start, one step, finish), by role
+                    spent = cpu_delta(before, _role_cpu(port, home))
+                    for role, cpu_s in spent.items():
+                        cpu_by_role.setdefault(role, []).append(cpu_s / warm * 1000)
             finally:
                 began = time.perf_counter()
                 t.close()
@@ -59,5 +73,7 @@ def run(samples: int, warm: int, workdir: Path) -> dict[str, Any]:
         "warm_to_first_request_p90_ms": percentile(warm_ms, 90),
         "start_session_returns_ms": median(returns),
         "close_ms": median(closes),
+        "warm_session_cpu_ms_by_role": {role: median(values)
+                                        for role, values in cpu_by_role.items()},
         "raw": {"open_ms": opens, "cold_ms": cold, "warm_ms": warm_ms, "close_ms": closes},
     }
