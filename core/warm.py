@@ -11,7 +11,10 @@ less (100 sessions started at once, three runs each way, on the bench machine).
 from __future__ import annotations
 
 import json
+import logging
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from ..config import LLMConfig, SessionConfig
@@ -26,8 +29,27 @@ WARM_UP_WORKSPACE = "/nonexistent/trouper-warm-up"
 """The warm-up session's workspace: named only, never made (the core does no I/O)."""
 
 
+@contextmanager
+def _unlogged() -> Iterator[None]:
+    """The core's own log lines off: the program's log must not show a made-up session.
+    Only ``trouper.core`` is quieted: in the program that opens the system no core runs
+    (Controllers run in their own processes), so no real line is lost meanwhile."""
+    core = logging.getLogger("trouper.core")
+    level = core.level
+    core.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        core.setLevel(level)
+
+
 def warm_up() -> None:
     """A two-step session (a command, then finish), its events serialised both ways."""
+    with _unlogged():
+        _session()
+
+
+def _session() -> None:
     config = SessionConfig(task="warm up", llm=LLMConfig(model="hosted_vllm/warm-up"),
                            workspace=WARM_UP_WORKSPACE)
     masker, revealer = session_maskers({}, config.llm)
