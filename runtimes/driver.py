@@ -4,9 +4,11 @@
 each input, the effects to perform: reports to the supervisor (``ToParent``), answers to
 whoever asked (``Reply``), blocking work for a worker thread whose result comes back to
 the callback it names (``Work``), timers (``After``), an exit on purpose (``Exit``) and
-inputs it cannot use (``Drop``). It never blocks, never calls the backend on its own
-thread and imports no Thespian, so its rules are unit-tested with a fake backend; the
-RuntimeProxy actor (``actors/runtime_proxy.py``) performs the effects.
+inputs it cannot use (``Drop``). It never blocks: the backend's blocking calls (start,
+alive, execute, resolve, stop) are ``Work``; only cheap ones run on the caller's thread
+(the server's pid for the exit watch, cancelling a start). It imports no Thespian, so its
+rules are unit-tested with a fake backend; the RuntimeProxy actor
+(``actors/runtime_proxy.py``) performs the effects.
 
 Each incarnation carries an epoch; a sandbox that serves a newer epoch refuses this one,
 and the driver then exits (a half-dead proxy never acts after its replacement started:
