@@ -70,7 +70,6 @@ def test_a_ready_descriptor_goes_to_its_owner_and_a_stranger_is_dropped(monkeypa
 
     monkeypatch.setattr(base, "die_with_parent", lambda: None)  # this is the test process
     monkeypatch.setattr(base, "name_process", lambda name: None)  # and keeps its name
-    monkeypatch.setattr(base, "name_process", lambda name: None)
     monkeypatch.setattr(base.gc, "freeze", lambda: None)
 
     class Watcher(TrouperActor):

@@ -165,8 +165,6 @@ def swapping(ws: Path, outside: Path) -> Iterator[Path]:
 
 
 def test_a_symlink_swapped_in_never_leads_a_read_outside(ws: Path, swapping: Path) -> None:
-    import time
-
     seen = {"inside": 0, "refused": 0}
     deadline = time.monotonic() + 60
     # at least 1500 reads, and on until both states were met: on a loaded machine the
@@ -188,8 +186,6 @@ def test_a_symlink_swapped_in_never_leads_a_read_outside(ws: Path, swapping: Pat
 def test_a_symlink_swapped_in_never_leads_a_write_outside(
     ws: Path, swapping: Path, outside: Path
 ) -> None:
-    import time
-
     done = {"written": 0, "refused": 0}
     deadline = time.monotonic() + 60
     i = 0
