@@ -36,11 +36,12 @@ from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSes
 from .llm import client as _llm_client  # noqa: E402 - share litellm's pages
 from .logfiles import log_definitions  # noqa: E402
 from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
-from .messages.tree import BootRoot, Shutdown, ShutdownDone  # noqa: E402
+from .messages.tree import BootRoot, Layout, Shutdown, ShutdownDone  # noqa: E402
 from .paths import Home  # noqa: E402
 from .processes import children_of  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402
 from .runtimes import sandbox_zygote  # noqa: E402
+from .settings import settings  # noqa: E402
 from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -97,10 +98,13 @@ class ActorSystemHandle:
         system_base: str,
         admin_port: int | None,
         detached: bool = False,
+        layout: Layout | None = None,
     ) -> None:
         self.home, self.policy, self.ask_timeout_s = home, policy, ask_timeout_s
         self.system_base, self.admin_port = system_base, admin_port
         self.detached = detached
+        self.layout: Layout = layout or settings().session_layout
+        """How this system lays a session's actors out in processes."""
         self._asys: ActorSystem | None = None
         self._root: Any = None
         self._lock = threading.Lock()
@@ -149,7 +153,7 @@ class ActorSystemHandle:
         from .actors.root import RootSupervisor
 
         self._root = self._asys.createActor(RootSupervisor)
-        boot = BootRoot(home=str(self.home.root), policy=self.policy)
+        boot = BootRoot(home=str(self.home.root), policy=self.policy, layout=self.layout)
         self.request(boot, "boot")
 
     def expect_sandboxes(self) -> None:

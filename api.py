@@ -17,7 +17,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import SecretStr
 
@@ -34,6 +34,7 @@ from .llm.credentials import check_llm
 from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maskers
 from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
+from .messages.tree import Layout
 from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
 from .runtimes.docker_support import gc_at_start
@@ -74,11 +75,15 @@ class Trouper:
             (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
         policy: the restart policy of the supervisors.
         ask_timeout_s: how long a request to the actor tree may take.
+        layout: ``"split"`` or ``"hosted"``, how each session's actors are laid out in
+            processes (``docs/architecture.md``, "Layouts"); None takes the
+            ``TROUPER_SESSION_LAYOUT`` setting (``"split"`` unless set).
 
     Raises:
         ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not
-            positive, or a ``TROUPER_*`` setting in the environment is refused (its
-            ``field`` names the variable); checked before anything is created.
+            positive, ``layout`` is not a layout, or a ``TROUPER_*`` setting in the
+            environment is refused (its ``field`` names the variable); checked before
+            anything is created.
     """
 
     def __init__(
@@ -90,13 +95,15 @@ class Trouper:
         ask_timeout_s: float = 30.0,
         system_base: str = "multiprocTCPBase",
         admin_port: int | None = None,
+        layout: Layout | None = None,
     ) -> None:
-        _check_trouper_args(home, ask_timeout_s)
-        Settings.from_env()  # the actors read these after the fork: refuse a bad one here
+        _check_trouper_args(home, ask_timeout_s, layout)
+        given = Settings.from_env()  # the actors read these after the fork: refuse here
         self.home = Home.at(home)
         open_store(self.home).close()  # a store that cannot open fails before any process
         self._system = ActorSystemHandle(
-            self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port
+            self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port,
+            layout=layout or given.session_layout,
         )
         self._closed = False
         self.store: EventStore  # opened once the actor system runs (see below)
@@ -280,9 +287,13 @@ def _free_id(trouper: Trouper, session_id: str) -> str:
     raise InvalidRequest(f"session {session_id!r} already exists")
 
 
-def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float) -> None:
+def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float,
+                        layout: str | None) -> None:
     if not ask_timeout_s > 0:
         raise ConfigError("ask_timeout_s: must be greater than 0", field="ask_timeout_s")
+    if layout is not None and layout not in get_args(Layout):
+        raise ConfigError(f"layout: must be one of {', '.join(get_args(Layout))} "
+                          f"(got {layout!r})", field="layout")
     path = Path(home).expanduser() if home is not None else default_home()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"home: {path} exists and is not a folder", field="home")

@@ -19,6 +19,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,3 +95,16 @@ class RestartBudget:
         """True when no restart counts in the window now: the child had a calm period."""
         self._trim(self._clock())
         return not self._restarts
+
+
+def give_up_text(what: str, policy: RestartPolicy, reason: str,
+                 retry_in_s: float | None) -> tuple[str, datetime | None]:
+    """What the session's log says when ``what`` (the sandbox, the agent loop) is down past
+    its restart intensity, and when it comes back by itself (None: when the user resumes)."""
+    text = (f"{what} failed {policy.intensity + 1} times within {policy.period_s:g} s "
+            f"(last: {reason}); "
+            + (f"trying again in {retry_in_s:g} s" if retry_in_s is not None
+               else "resume to try again"))
+    resumes_at = (datetime.now(UTC) + timedelta(seconds=retry_in_s)
+                  if retry_in_s is not None else None)
+    return text, resumes_at

@@ -1,4 +1,5 @@
-"""trouper's timing policy in one place: what may change without changing the protocol.
+"""trouper's timing policy (and the session layout) in one place: what may change without
+changing the protocol.
 
 ``Settings`` holds the constants that are a choice (how long a rate window is, how much
 slack it keeps), not a fact of a wire format. Each has a default and may be overridden
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,6 +78,12 @@ class Settings(BaseModel):
     sandbox_idle_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
+
+    session_layout: Literal["split", "hosted"] = "split"
+    """How a session's actors are laid out in processes (``docs/architecture.md``,
+    "Layouts"): ``split``, a SessionSupervisor, a Controller and a RuntimeProxy each in
+    its own process; ``hosted``, the sandbox driven inside the Controller's process (one
+    process and two hops fewer per session). Read by the program when it opens."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -40,6 +40,8 @@ from ..messages.tree import (
     BootRoot,
     BootSession,
     BrokerMoved,
+    FailRuntime,
+    Layout,
     Relay,
     Shutdown,
     ShutdownDone,
@@ -79,12 +81,13 @@ class RootSupervisor(Supervisor):
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
+        self.layout: Layout = "split"
         self.pending_shutdown: dict[str, _Closing] = {}
         self.faults: dict[str, StoreFault] = {}
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
-        self.home, self.policy = msg.home, msg.policy
+        self.home, self.policy, self.layout = msg.home, msg.policy, msg.layout
         self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
             self.supervise(ChildSpec(BROKER, self.broker_class,
@@ -104,6 +107,9 @@ class RootSupervisor(Supervisor):
     def on_user_command(self, msg: UserCommand, sender: ActorAddress) -> None:
         self._forward(msg, Relay(msg=msg, reply_to=sender))
 
+    def on_fail_runtime(self, msg: FailRuntime, sender: ActorAddress) -> None:
+        self._forward(msg, Relay(msg=msg, reply_to=sender))
+
     def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
         role = session_role(start.session_id)
         if self.child(role) is not None:
@@ -114,7 +120,7 @@ class RootSupervisor(Supervisor):
         def boot(n: int) -> BootSession:
             again = start if n == 1 else start.model_copy(update={"restore": True})
             return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
-                               policy=self.policy, reply_to=None)
+                               policy=self.policy, reply_to=None, layout=self.layout)
 
         self.supervise(ChildSpec(role, self.session_class, boot))
         # answered now, not once the Controller is up: the session is in the store and its
@@ -124,7 +130,7 @@ class RootSupervisor(Supervisor):
             self.send(reply_to, Accepted(request_id=start.request_id,
                                          session_id=start.session_id))
 
-    def _forward(self, cmd: UserCommand, msg: Relay) -> None:
+    def _forward(self, cmd: UserCommand | FailRuntime, msg: Relay) -> None:
         session = self.child(session_role(cmd.session_id))
         if session is None:
             if msg.reply_to is not None:

@@ -13,7 +13,7 @@ incarnation's late report, a second boot, junk) is dropped with a log line.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from thespian.actors import ActorAddress
@@ -37,6 +37,7 @@ from ..messages.tree import (
     BootSession,
     BrokerMoved,
     DowntimeRecorded,
+    FailRuntime,
     RecordDowntime,
     Relay,
     RestartRuntime,
@@ -47,8 +48,10 @@ from ..messages.tree import (
     Superseded,
 )
 from ..paths import Home
+from ..restarts import give_up_text
 from .controller import Controller
 from .runtime_proxy import RuntimeProxy
+from .session_host import SessionHost
 from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class SessionSupervisor(Supervisor):
     runtime_class: type = RuntimeProxy
     """The actor that owns the sandbox; a test puts a fake in its place."""
     controller_class: type = Controller
+    host_class: type = SessionHost
+    """The Controller of the hosted layout, which drives the sandbox itself."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,6 +74,8 @@ class SessionSupervisor(Supervisor):
         self.closing: list[tuple[Shutdown, ActorAddress]] = []
         """Shutdowns waiting for the sandbox to close; each is answered once."""
         self.first_reply: ActorAddress | None = None
+        self.hosted = False
+        """The hosted layout: the Controller drives the sandbox (no RuntimeProxy child)."""
         self.down_for_good = ""
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
         self.recording: RecordDowntime | None = None
@@ -91,20 +98,25 @@ class SessionSupervisor(Supervisor):
     def on_boot_session(self, msg: BootSession, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.policy, self.start, self.broker = msg.policy, msg.start, msg.broker
+        self.hosted = msg.layout == "hosted"
         start = msg.start
         self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
-        runtime = self.supervise(ChildSpec(
-            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start)))
+        if self.hosted:
+            self.controller_class = self.host_class
+        else:
+            self.supervise(ChildSpec(RUNTIME, self.runtime_class,
+                                     lambda n: BootRuntime(start=start)))
         self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:
             reply_to = self.first_reply if n == 1 else None
             again = start if n == 1 else start.model_copy(update={"restore": True})
             return BootController(start=again, broker=self.broker,  # type: ignore[arg-type]
-                                  runtime=self.child(RUNTIME), reply_to=reply_to)
+                                  runtime=self.child(RUNTIME), reply_to=reply_to,
+                                  policy=self.policy)
 
         self.supervise(ChildSpec(CONTROLLER, self.controller_class, boot_controller))
-        logger.info("session %s: supervisor up (runtime %s)", start.session_id, runtime)
+        logger.info("session %s: supervisor up (%s layout)", start.session_id, msg.layout)
 
     # -- runtime lifecycle ------------------------------------------------------------
 
@@ -150,12 +162,7 @@ class SessionSupervisor(Supervisor):
 
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
         what = "the sandbox" if role == RUNTIME else "the agent loop"
-        text = (f"{what} failed {self.policy.intensity + 1} times within "
-                f"{self.policy.period_s:g} s (last: {reason}); "
-                + (f"trying again in {retry_in_s:g} s" if retry_in_s is not None
-                   else "resume to try again"))
-        resumes_at = (datetime.now(UTC) + timedelta(seconds=retry_in_s)
-                      if retry_in_s is not None else None)
+        text, resumes_at = give_up_text(what, self.policy, reason, retry_in_s)
         if role == RUNTIME:
             self.ready = None  # else a restarted Controller would be told it is ready
             self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
@@ -233,7 +240,9 @@ class SessionSupervisor(Supervisor):
 
     def on_relay(self, msg: Relay, sender: ActorAddress) -> None:
         cmd = msg.msg
-        if not isinstance(cmd, UserCommand):
+        if isinstance(cmd, FailRuntime):
+            self._fail_runtime(msg, cmd)
+        elif not isinstance(cmd, UserCommand):
             self.drop(msg, "it relays user commands only", logging.WARNING)
         elif self.start is None:
             self._refuse(msg, cmd, "UnknownSession", "this session is not booted yet")
@@ -252,7 +261,21 @@ class SessionSupervisor(Supervisor):
         else:
             self._to_controller(msg)
 
-    def _refuse(self, msg: Relay, cmd: UserCommand, error: str, text: str) -> None:
+    def _fail_runtime(self, msg: Relay, cmd: FailRuntime) -> None:
+        """The fault harness: the hosted Controller fails its sandbox driver."""
+        if cmd.session_id != self.session_id:
+            self._refuse(msg, cmd, "UnknownSession", "not this supervisor's session")
+        elif not self.hosted:
+            self._refuse(msg, cmd, Refusal.INVALID_REQUEST,
+                         "the split layout runs its sandbox in a RuntimeProxy: SIGKILL it")
+        elif self.child(CONTROLLER) is None or self.recording is not None:
+            self._refuse(msg, cmd, Refusal.INVALID_REQUEST,
+                         "the Controller, which drives the sandbox, is restarting")
+        else:
+            self._to_controller(msg)
+
+    def _refuse(self, msg: Relay, cmd: UserCommand | FailRuntime, error: str,
+                text: str) -> None:
         if msg.reply_to is None:
             self.drop(msg, text)
             return
@@ -273,8 +296,13 @@ class SessionSupervisor(Supervisor):
 
     # -- shutdown --------------------------------------------------------------------
 
+    @property
+    def _sandbox_owner(self) -> str:
+        """The child that drives the sandbox: the proxy, or (hosted) the Controller."""
+        return CONTROLLER if self.hosted else RUNTIME
+
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
-        runtime = self.child(RUNTIME)
+        runtime = self.child(self._sandbox_owner)
         if not msg.stop_sandboxes or runtime is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
@@ -286,9 +314,9 @@ class SessionSupervisor(Supervisor):
         if not self.closing:
             self.drop(msg, "no shutdown is waiting for it")
             return
-        if not self._from(sender, RUNTIME, msg):
+        if not self._from(sender, self._sandbox_owner, msg):
             return
         closing, self.closing = self.closing, []
+        closed = [msg.session_id] if msg.session_id else []  # "": none was running
         for request, reply_to in closing:
-            self.send(reply_to, ShutdownDone(request_id=request.request_id,
-                                             sessions=[msg.session_id]))
+            self.send(reply_to, ShutdownDone(request_id=request.request_id, sessions=closed))

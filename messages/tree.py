@@ -19,6 +19,9 @@ from .protocol import StartSession
 Address = Any
 """A Thespian ``ActorAddress``."""
 
+Layout = Literal["split", "hosted"]
+"""How a session's actors are laid out in processes (``settings.Settings.session_layout``)."""
+
 
 # ---- the program and the root -------------------------------------------------------
 
@@ -29,6 +32,7 @@ class BootRoot(Frozen):
     kind: Literal["boot_root"] = "boot_root"
     home: str
     policy: RestartPolicy
+    layout: Layout = "split"
 
 
 class Shutdown(Frozen):
@@ -53,6 +57,17 @@ class Relay(Frozen):
     reply_to: Address | None
 
 
+class FailRuntime(Frozen):
+    """The fault harness -> a hosted session (relayed down the tree): fail its sandbox
+    driver as a SIGKILL fails a RuntimeProxy (``testing.kill_actor(session, "runtime")``).
+    Answered ``Accepted`` once the driver has failed, ``Refused`` where none runs."""
+
+    kind: Literal["fail_runtime"] = "fail_runtime"
+    request_id: str
+    session_id: str
+    reason: str = "failed by the fault harness"
+
+
 # ---- the root and the session supervisors ------------------------------------------
 
 
@@ -69,6 +84,7 @@ class BootSession(Frozen):
     broker: Address
     policy: RestartPolicy
     reply_to: Address | None = None
+    layout: Layout = "split"
 
 
 class BrokerMoved(Frozen):
@@ -95,7 +111,10 @@ class BootController(Frozen):
     start: StartSession
     broker: Address | None
     runtime: Address | None
+    """The RuntimeProxy (split layout); None in the hosted layout."""
     reply_to: Address | None = None
+    policy: RestartPolicy | None = None
+    """The restart policy of a sandbox driven in this process (hosted layout)."""
 
 
 class RecordDowntime(Frozen):

@@ -22,7 +22,8 @@ from trouper import (
 )
 from trouper.testing import check_log, forkserver, kill_actor, kill_sandbox, wait_until
 
-pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+# real processes (`-m 'not slow'` skips them), in each session layout
+pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
@@ -114,8 +115,8 @@ def test_broker_killed_mid_call_is_restarted_and_the_call_resent(trouper, script
 
 @pytest.mark.parametrize("role, cause", [("runtime", "the sandbox failed 3 times"),
                                          ("controller", "the agent loop failed 3 times")])
-def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_path, role,
-                                                                 cause):
+def test_past_the_restart_intensity_error_then_resume_carries_on(layout, scripted, tmp_path,
+                                                                 role, cause):
     """Past a child's restart intensity nobody drives that part of the session: it is
     recorded ERROR naming the cause, and a resume carries it on from the log (nothing run
     twice), whether the sandbox or the agent loop kept dying."""
@@ -128,7 +129,7 @@ def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_p
     # no cooldown rounds: past the intensity the session waits for the user (see
     # test_fault_edges.py for the rounds that come back by themselves)
     policy = RestartPolicy(intensity=2, period_s=60, backoff_initial_s=0.01, giveup_rounds=0)
-    with Trouper(home=home, policy=policy) as trouper:
+    with Trouper(home=home, layout=layout, policy=policy) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=workspace)
         started(workspace)
         for _ in range(3):
@@ -145,8 +146,8 @@ def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_p
 DRIVER = textwrap.dedent("""
     import sys, time
     from trouper import Trouper
-    home, url, workspace, out = sys.argv[1:5]
-    t = Trouper(home=home)
+    home, url, workspace, out, layout = sys.argv[1:6]
+    t = Trouper(home=home, layout=layout)
     s = t.start_session("t", llm={"model": "hosted_vllm/x", "base_url": url, "api_key": "k"},
                         workspace=workspace)
     open(out, "w").write(s.id)
@@ -154,7 +155,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
+def test_whole_process_tree_killed_then_reopened_carries_on(layout, scripted, tmp_path):
     home, workspace, out = tmp_path / "home", tmp_path / "ws", tmp_path / "id.txt"
     _, llm = scripted([
         {"tool": "run", "args": {"command": SLOW_LEDGER}},
@@ -162,7 +163,8 @@ def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
         FINISH,
     ])
     driver = forkserver.Popen(
-        [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out)],
+        [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out),
+         layout],
         start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         started(workspace)
@@ -170,7 +172,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
         os.killpg(driver.pid, signal.SIGKILL)  # the program and every actor it forked
         driver.wait(timeout=30)
     session_id = out.read_text()
-    with Trouper(home=home) as trouper:  # resume=True restores what was still working
+    with Trouper(home=home, layout=layout) as trouper:  # resume=True: restores what was working
         session = trouper.session(session_id)
         assert session.wait(timeout=60) == AgentState.FINISHED
         assert (workspace / "ledger.txt").read_text() == "one\ntwo\n"
@@ -179,7 +181,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
 
 
 @pytest.mark.slow
-def test_chaos_many_sessions_random_kills_every_action_once(scripted, tmp_path):
+def test_chaos_many_sessions_random_kills_every_action_once(layout, scripted, tmp_path):
     import random
 
     rng = random.Random(7)
@@ -188,7 +190,7 @@ def test_chaos_many_sessions_random_kills_every_action_once(scripted, tmp_path):
              for k in range(steps_n)]
     _, llm = scripted([*steps, FINISH])
     policy = RestartPolicy(intensity=20, period_s=60, backoff_initial_s=0.02)
-    with Trouper(home=tmp_path / "home", policy=policy) as trouper:
+    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
         sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
                     for i in range(sessions_n)]
         kills = 0
@@ -232,14 +234,14 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
     assert not (tmp_path / "ledger.txt").exists()
 
 
-def test_an_idle_sandbox_server_that_dies_is_replaced_through_its_exit_watch(
+def test_an_idle_sandbox_server_that_dies_is_replaced_through_its_exit_watch(layout,
         scripted, tmp_path, monkeypatch):
     """With health checks an hour apart, only the proxy's wait on the server's exit (a
     pidfd Thespian selects on) can see the death: an idle session polls nothing."""
     monkeypatch.setenv("TROUPER_SANDBOX_HEALTH_EVERY_S", "3600")
     monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "3600")
     _, llm = scripted([{"say": "Ready when you are."}, FINISH])
-    with Trouper(home=tmp_path / "home") as trouper:
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         killed_at = session.record.last_seq

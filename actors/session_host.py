@@ -1,0 +1,174 @@
+"""SessionHost: the hosted layout's Controller, which drives its session's sandbox itself.
+
+In the split layout the Controller sends each action to a RuntimeProxy, a process of its
+own. The SessionHost keeps the Controller's rules and store and drives the sandbox in its
+own process instead, through ``runtimes/hosted.py``'s ``HostedRuntime`` (the proxy's
+``RuntimeDriver``, restarted under the session's policy as the SessionSupervisor restarted
+the proxy): one process and two actor hops per action fewer. Its SessionSupervisor
+supervises it alone; when it dies its sandbox driver dies with it, and the next
+incarnation attaches to the sandbox, which outlives both, and asks the journal what the
+last one left (I2, I3).
+
+What the runtime says for the core (``RuntimeReady``, ``Executed`` ...) is queued and fed
+to the core once the handler that produced it is done, as a message from a proxy would
+be: the core never gets an input while its adapter still performs the last one's effects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from thespian.actors import ActorAddress, ActorExitRequest
+
+from ..core.effects import AskJournal, Effect, RestartRuntime, RunAction
+from ..messages.protocol import (
+    Accepted,
+    CloseSandbox,
+    Refusal,
+    Refused,
+    ResolveAction,
+    SandboxClosed,
+)
+from ..messages.tree import BootController, FailRuntime, Relay
+from ..paths import Home
+from ..restarts import RestartPolicy
+from ..runtimes import Sandbox, load_sandbox
+from ..runtimes.driver import After, Drop, Reply, ToParent, Work
+from ..runtimes.hosted import TIMER, HostedEffect, HostedRuntime, ToCore
+from .controller import Controller
+
+logger = logging.getLogger(__name__)
+
+
+class SessionHost(Controller):
+    # "controller": its pid is the one kill_actor(session, "controller") kills
+    role = "controller"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosted: HostedRuntime | None = None
+        self.for_core: deque[Any] = deque()
+        """What the runtime said for the core, fed once the current handler is done."""
+
+    def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
+        start = msg.start
+        home = Home.at(start.home)
+
+        def make_sandbox(incarnation: int) -> Sandbox:
+            sandbox = load_sandbox(
+                start.config.runtime,
+                session_id=start.session_id,
+                workspace=Path(start.config.workspace),
+                state_dir=home.runtime_dir(start.session_id),
+                env=dict(start.secrets),
+                secret_names=tuple(sorted(start.secrets)),  # the sandbox masks their values
+                max_output_chars=start.config.max_output_chars,
+            )
+            if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
+                sandbox.progress = (  # type: ignore[attr-defined]
+                    lambda phase, detail: self._progress_from_worker(incarnation, phase, detail))
+            return sandbox
+
+        self.hosted = HostedRuntime(start.session_id, make_sandbox,
+                                    msg.policy or RestartPolicy())
+        # the sandbox starts on a worker while the core is rebuilt from the log
+        self.perform_runtime(self.hosted.boot())
+        super().on_boot_controller(msg, sender)
+
+    def _progress_from_worker(self, incarnation: int, phase: str, detail: str) -> None:
+        """Called on the worker thread that starts the sandbox: hand it to the actor."""
+        self.background.submit(lambda: (phase, detail),
+                               lambda step, _error: self._progressed(incarnation, step))
+
+    def _progressed(self, incarnation: int, step: tuple[str, str] | None) -> None:
+        if step is not None and self.hosted is not None and not self._stopping:
+            self.perform_runtime(self.hosted.progressed(incarnation, *step))
+
+    # -- the core's requests of the runtime ---------------------------------------
+
+    def _perform(self, effect: Effect) -> None:
+        hosted = self.hosted
+        if hosted is None:
+            super()._perform(effect)
+        elif isinstance(effect, RunAction):
+            self.perform_runtime(hosted.handle(effect.request))
+        elif isinstance(effect, AskJournal):
+            self.perform_runtime(hosted.handle(ResolveAction(
+                session_id=self.session_id, action_id=effect.action_id)))
+        elif isinstance(effect, RestartRuntime):
+            self.perform_runtime(hosted.restart(effect.reason))
+        else:
+            super()._perform(effect)
+
+    # -- the runtime's inputs ---------------------------------------------------
+
+    def on_relay(self, msg: Relay, sender: ActorAddress) -> None:
+        inner = msg.msg
+        if not isinstance(inner, FailRuntime):
+            super().on_relay(msg, sender)
+            return
+        answer: Any
+        if self.hosted is None or self.hosted.driver is None:
+            answer = Refused(request_id=inner.request_id, session_id=inner.session_id,
+                             error=Refusal.INVALID_REQUEST,
+                             message="no sandbox driver is running in this session now")
+        else:
+            self.perform_runtime(self.hosted.crash(inner.reason))
+            answer = Accepted(request_id=inner.request_id, session_id=inner.session_id)
+        if msg.reply_to is not None:
+            self.send(msg.reply_to, answer)
+
+    def _dispatch(self, msg: Any, sender: ActorAddress) -> None:
+        super()._dispatch(msg, sender)
+        while self.for_core and not self._stopping:
+            self.feed(self.for_core.popleft())
+
+    def on_timer_runtime(self, token: tuple[int, str, Any]) -> None:
+        if self.hosted is not None:
+            self.perform_runtime(self.hosted.on_timer(token))
+
+    def watched_fds(self) -> list[int]:
+        return [] if self.hosted is None else self.hosted.watched_fds()
+
+    def on_fd_ready(self, fd: int) -> None:
+        """The sandbox server exited (its pidfd is closed here, on the actor's thread)."""
+        if self.hosted is not None:
+            self.perform_runtime(self.hosted.exited(fd))
+
+    def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
+        if self.hosted is None:  # a stand-in, or not booted: it started no sandbox
+            self.send(sender, SandboxClosed(request_id=msg.request_id, session_id=""))
+            return
+        self.perform_runtime(self.hosted.close(msg, sender))
+
+    def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
+        if self.hosted is not None:
+            self.hosted.stop()
+        super().on_exit_request(msg, sender)
+
+    def fail(self, reason: str, exc: BaseException | None = None, tb: str = "") -> None:
+        if self.hosted is not None:
+            self.hosted.stop()
+        super().fail(reason, exc, tb)
+
+    # -- the runtime's effects ---------------------------------------------------
+
+    def perform_runtime(self, effects: list[HostedEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, ToCore):
+                self.for_core.append(effect.msg)
+            elif isinstance(effect, ToParent):
+                self.send(self._parent_address, effect.msg)
+            elif isinstance(effect, Reply):
+                self.send(effect.to, effect.msg)
+            elif isinstance(effect, Work):
+                then = effect.then
+                self.background.submit(effect.fn, lambda result, error, then=then:
+                                       self.perform_runtime(then(result, error)))
+            elif isinstance(effect, After):
+                self.after(effect.delay_s, TIMER, effect.token)
+            elif isinstance(effect, Drop):
+                self.drop(effect.msg, effect.why, effect.level)

@@ -1,0 +1,253 @@
+"""One session's sandbox run inside the session's own process: the hosted layout's runtime.
+
+In the split layout a RuntimeProxy actor drives the sandbox and the SessionSupervisor
+restarts it when it fails. In the hosted layout (``docs/architecture.md``, "Layouts") the
+Controller's process drives it: ``HostedRuntime`` holds one ``RuntimeDriver`` at a time
+(an *incarnation*) and does what the SessionSupervisor did for the proxy, under the same
+``RestartPolicy``: a failed driver is replaced at once, then after a backoff; past the
+intensity the sandbox is given up on for a cooldown (``RuntimeDown`` to the core), and a
+user's resume starts it again from a clean budget.
+
+Like the driver it imports no Thespian and never blocks; each input returns effects:
+``ToCore`` (an input for the session core: ``RuntimeReady``, ``Executed``,
+``RuntimeReplaced`` ...), ``ToParent`` (``Superseded``: another Trouper owns the sandbox),
+``Reply`` (``SandboxClosed``), ``Work``, ``After`` and ``Drop``. What an incarnation that
+failed leaves behind (its workers' results, its timers) is dropped, as a dead proxy's
+late words were: the core asks the journal instead, so nothing runs twice (I2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.effects import RuntimeDown, RuntimeReplaced
+from ..masking import mask_known
+from ..messages.protocol import (
+    CloseSandbox,
+    Execute,
+    ResolveAction,
+    RuntimeFailed,
+    RuntimeFailure,
+    RuntimeReady,
+    SandboxClosed,
+)
+from ..messages.tree import Superseded
+from ..restarts import RestartBudget, RestartPolicy, give_up_text
+from .base import Sandbox
+from .driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
+
+logger = logging.getLogger(__name__)
+
+CORE = "core"
+"""Who asked, for the requests that come from the session core (the driver's replies to
+it become ``ToCore``)."""
+
+TIMER = "runtime"
+"""The name of every timer this runtime sets; ``on_timer`` takes the token back."""
+
+
+@dataclass
+class ToCore:
+    """An input for the session core."""
+
+    msg: Any
+
+
+HostedEffect = ToCore | ToParent | Reply | Work | After | Drop
+
+
+class HostedRuntime:
+    """The sandbox of one session, driven in its process (see the module doc)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        make_sandbox: Callable[[int], Sandbox],
+        policy: RestartPolicy,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.session_id = session_id
+        self.make_sandbox = make_sandbox
+        """Builds the backend for incarnation ``n`` (its progress reports name ``n``)."""
+        self.policy = policy
+        self.budget = RestartBudget(policy, clock)
+        self.driver: RuntimeDriver | None = None
+        self.incarnation = 0
+        self.ready = False
+        self.given_up = False
+        self.rounds = 0
+        """Give-up rounds in a row (reset by a calm period or a user's resume)."""
+        self.closing = False
+        """Told to close, or stood down: no incarnation starts after this."""
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def boot(self) -> list[HostedEffect]:
+        return self._start()
+
+    def _start(self) -> list[HostedEffect]:
+        self.incarnation += 1
+        self.ready = False
+        self.driver = RuntimeDriver(self.session_id, self.make_sandbox(self.incarnation))
+        return self._wrap(self.driver.start(), self.incarnation)
+
+    def _replace(self, reason: str) -> list[HostedEffect]:
+        """A fresh incarnation; the core asks its journal what the old one left."""
+        logger.info("session %s: sandbox driver %d: %s", self.session_id,
+                    self.incarnation + 1, reason)
+        return [ToCore(RuntimeReplaced()), *self._start()]
+
+    def restart(self, reason: str) -> list[HostedEffect]:
+        """Start a fresh incarnation from a clean budget (the user resumed a session whose
+        sandbox was given up on); a live one is let go first."""
+        if self.closing:
+            return [Drop(reason, "the sandbox is closing")]
+        self.given_up, self.rounds = False, 0
+        self.budget.reset()
+        self._let_go()
+        return self._replace(reason)
+
+    def crash(self, reason: str) -> list[HostedEffect]:
+        """Fail the live incarnation as a killed proxy would (the fault harness)."""
+        if self.driver is None:
+            return [Drop(reason, "no sandbox driver is running")]
+        return self._failed(reason)
+
+    def close(self, msg: CloseSandbox, reply_to: Any) -> list[HostedEffect]:
+        self.closing = True
+        if self.driver is None:  # down (restarting, given up): nothing runs to stop
+            return [Reply(reply_to, SandboxClosed(request_id=msg.request_id, session_id=""))]
+        return self._wrap(self.driver.close(msg, reply_to), self.incarnation)
+
+    def stop(self) -> None:
+        """The process is exiting: the live incarnation starts nothing more."""
+        self.closing = True
+        if self.driver is not None:
+            self.driver.stopping = True
+
+    def _let_go(self) -> None:
+        """Forget the live incarnation (its late results are dropped by incarnation)."""
+        driver, self.driver = self.driver, None
+        self.ready = False
+        if driver is not None:
+            driver.stopping = True
+            if driver.exit_fd is not None:
+                os.close(driver.exit_fd)
+                driver.exit_fd = None
+
+    def _failed(self, reason: str) -> list[HostedEffect]:
+        """The incarnation failed (what a proxy's exit was): replace it under the policy."""
+        was_ready = self.ready
+        self._let_go()
+        if self.closing:  # closed, or stood down: nobody waits for this sandbox now
+            return []
+        out: list[HostedEffect] = []
+        if was_ready:  # one that reported its failure first already told the core
+            out.append(ToCore(RuntimeFailed(session_id=self.session_id, epoch=0,
+                                            cause=RuntimeFailure.EXITED, detail=reason)))
+        logger.warning("session %s: the sandbox driver failed: %s", self.session_id, reason)
+        if self.budget.quiet():
+            self.rounds = 0
+        if not self.budget.allow():
+            self.given_up = True
+            self.rounds += 1
+            retry_in_s = self.policy.cooldown_s(self.rounds)
+            text, resumes_at = give_up_text("the sandbox", self.policy, reason, retry_in_s)
+            out.append(ToCore(RuntimeDown(reason=text, resumes_at=resumes_at)))
+            if retry_in_s is not None:
+                out.append(After(retry_in_s, TIMER, (self.incarnation, "cooldown_over", None)))
+            return out
+        backoff_s = self.budget.backoff_s()
+        if backoff_s <= 0:
+            return out + self._replace(reason)
+        return out + [After(backoff_s, TIMER, (self.incarnation, "restart", reason))]
+
+    # -- inputs ----------------------------------------------------------------
+
+    def handle(self, msg: Execute | ResolveAction) -> list[HostedEffect]:
+        """A request of the core."""
+        if self.driver is None:  # the core resolves it from the journal once replaced
+            return [Drop(msg, "the sandbox is down; asked of the journal once it is back")]
+        return self._wrap(self.driver.handle(msg, CORE), self.incarnation)
+
+    def progressed(self, incarnation: int, phase: str, detail: str) -> list[HostedEffect]:
+        if incarnation != self.incarnation or self.driver is None:
+            return []
+        return self._wrap(self.driver.progressed(phase, detail), incarnation)
+
+    def watched_fds(self) -> list[int]:
+        return [] if self.driver is None else self.driver.watched_fds()
+
+    def exited(self, fd: int) -> list[HostedEffect]:
+        if self.driver is None or fd not in self.driver.watched_fds():
+            return [Drop(fd, "not the live sandbox's exit watch")]
+        return self._wrap(self.driver.exited(fd), self.incarnation)
+
+    def on_timer(self, token: tuple[int, str, Any]) -> list[HostedEffect]:
+        incarnation, name, inner = token
+        if incarnation != self.incarnation:
+            return [Drop(name, "a timer of a replaced sandbox driver")]
+        if name == "restart":
+            if self.driver is not None or self.given_up or self.closing:
+                return [Drop(name, "the sandbox is back, given up or closing")]
+            return self._replace(inner)
+        if name == "cooldown_over":
+            if not self.given_up or self.closing:
+                return [Drop(name, "the sandbox is back or closing")]
+            self.given_up = False
+            self.budget.reset()
+            return self._replace(f"cooldown over after give-up round {self.rounds}; "
+                                 "trying again")
+        if self.driver is None:
+            return [Drop(name, "the sandbox is down")]
+        if name == "health":
+            return self._wrap(self.driver.health_due(name), incarnation)
+        msg, sender = inner  # "execute_again": an action the journal refused never started
+        return self._wrap(self.driver.handle(msg, sender), incarnation)
+
+    # -- the driver's effects, made this runtime's ------------------------------
+
+    def _wrap(self, effects: list[Effect], incarnation: int) -> list[HostedEffect]:
+        out: list[HostedEffect] = []
+        for effect in effects:
+            if not self._live(incarnation):
+                out.append(Drop(effect, "from a sandbox driver that failed"))
+            elif isinstance(effect, ToParent):
+                out += self._report(effect.msg)
+            elif isinstance(effect, Reply):
+                out.append(ToCore(effect.msg) if effect.to == CORE else effect)
+            elif isinstance(effect, Work):
+                out.append(Work(effect.fn, self._then(effect, incarnation)))
+            elif isinstance(effect, After):
+                out.append(After(effect.delay_s, TIMER,
+                                 (incarnation, effect.name, effect.token)))
+            elif isinstance(effect, Exit):
+                out += self._failed(mask_known(effect.reason))
+            else:
+                out.append(effect)
+        return out
+
+    def _then(self, work: Work, incarnation: int) -> Callable[..., list[Any]]:
+        def then(result: Any, error: BaseException | None) -> list[HostedEffect]:
+            if not self._live(incarnation):
+                return [Drop(work.fn, "the result of a failed sandbox driver's work")]
+            return self._wrap(work.then(result, error), incarnation)
+        return then
+
+    def _live(self, incarnation: int) -> bool:
+        return self.driver is not None and incarnation == self.incarnation
+
+    def _report(self, msg: Any) -> list[HostedEffect]:
+        if isinstance(msg, Superseded):  # another Trouper's runtime owns it: stand down
+            self.closing = True
+            return [ToParent(msg)]
+        if isinstance(msg, RuntimeReady):
+            self.ready = True
+        elif isinstance(msg, RuntimeFailed):
+            self.ready = False
+        return [ToCore(msg)]
