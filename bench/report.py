@@ -285,7 +285,8 @@ def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
     lines = [
-        f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}",
+        f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}, "
+        f"{results.get('layout', 'split')} session layout",
         f"machine: {m['cpu_count']} x {m['cpu_model']}, {m['mem_total_gib']} GiB, {m['os']}",
         "load average (1, 5, 15 min): "
         + "; ".join(

@@ -102,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="model latency for the step workload (default 0)",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("split", "hosted"),
+        help="the session layout every workload's Trouper opens with (default: the "
+        "TROUPER_SESSION_LAYOUT setting, else split)",
+    )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - set(WORKLOADS)
@@ -242,12 +248,16 @@ def write(results: dict[str, Any], out: Path | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = settings(args)
+    if args.layout:  # every workload's Trouper (in this process or a child) reads it
+        os.environ["TROUPER_SESSION_LAYOUT"] = args.layout
+    layout = os.environ.get("TROUPER_SESSION_LAYOUT") or "split"
     if args.quick:  # a smoke run: its Python processes are forked, not started afresh
         fork_python_processes()
     results: dict[str, Any] = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "layout": layout,
         "settings": cfg,
         "machine": machine(),
         "load_average": {"start": os.getloadavg()},
