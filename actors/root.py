@@ -50,17 +50,14 @@ from ..messages.tree import (
 from ..paths import Home
 from ..settings import settings
 from .base import Timer
+from .hosted_sessions import HostedSessions, session_role
 from .llm_broker import LLMBroker
 from .session_supervisor import SessionSupervisor
-from .supervision import ChildSpec, Supervisor
+from .supervision import ChildSpec
 
 logger = logging.getLogger(__name__)
 
 BROKER = "broker"
-
-
-def session_role(session_id: str) -> str:
-    return f"session:{session_id}"
 
 
 @dataclass
@@ -72,7 +69,7 @@ class _Closing:
     done: list[str] = field(default_factory=list)
 
 
-class RootSupervisor(Supervisor):
+class RootSupervisor(HostedSessions):
     role = "root"
     broker_class: type = LLMBroker
     """The shared LLM broker; a test puts a fake in its place."""
@@ -112,17 +109,20 @@ class RootSupervisor(Supervisor):
 
     def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
         role = session_role(start.session_id)
-        if self.child(role) is not None:
-            if reply_to is not None:
+        if self.child(role) is not None or start.session_id in self.kept:
+            if reply_to is not None:  # running (or, hosted, restarting) already
                 self.send(reply_to, Accepted(request_id=start.request_id,
                                              session_id=start.session_id))
             return
-        def boot(n: int) -> BootSession:
-            again = start if n == 1 else start.model_copy(update={"restore": True})
-            return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
-                               policy=self.policy, reply_to=None, layout=self.layout)
+        if self.layout == "hosted":
+            self.start_hosted(start)
+        else:
+            def boot(n: int) -> BootSession:
+                again = start if n == 1 else start.model_copy(update={"restore": True})
+                return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
+                                   policy=self.policy, reply_to=None)
 
-        self.supervise(ChildSpec(role, self.session_class, boot))
+            self.supervise(ChildSpec(role, self.session_class, boot))
         # answered now, not once the Controller is up: the session is in the store and its
         # tree is under supervision, so a caller starting many need not wait three forks
         # and a boot for each; what goes wrong from here is in the session's log
@@ -131,6 +131,10 @@ class RootSupervisor(Supervisor):
                                          session_id=start.session_id))
 
     def _forward(self, cmd: UserCommand | FailRuntime, msg: Relay) -> None:
+        kept = self.kept.get(cmd.session_id)
+        if kept is not None:
+            self.forward_hosted(kept, msg)
+            return
         session = self.child(session_role(cmd.session_id))
         if session is None:
             if msg.reply_to is not None:
@@ -152,6 +156,7 @@ class RootSupervisor(Supervisor):
         if not self._from_session(msg.session_id, sender, msg):
             return
         self.faults.pop(msg.session_id, None)
+        self.forget_hosted(msg.session_id)
         self.stop_child(session_role(msg.session_id))
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
@@ -173,6 +178,9 @@ class RootSupervisor(Supervisor):
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
+        kept = self.hosted_of(role)
+        if kept is not None:
+            self.hosted_restarted(kept, address)
         if role != BROKER:
             return
         for other in list(self._children):
@@ -181,6 +189,10 @@ class RootSupervisor(Supervisor):
                 self.send(session, BrokerMoved(broker=address))
 
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
+        kept = self.hosted_of(role)
+        if kept is not None:
+            self.hosted_gave_up(kept, reason, retry_in_s)
+            return
         later = f"trying again in {retry_in_s:g} s" if retry_in_s else "down until restarted"
         logger.error("root: %s gave up (%s): %s", role, later, reason)
 

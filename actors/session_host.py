@@ -1,13 +1,13 @@
-"""SessionHost: the hosted layout's Controller, which drives its session's sandbox itself.
+"""SessionHost: a whole session in one process, the hosted layout's only session actor.
 
-In the split layout the Controller sends each action to a RuntimeProxy, a process of its
-own. The SessionHost keeps the Controller's rules and store and drives the sandbox in its
-own process instead, through ``runtimes/hosted.py``'s ``HostedRuntime`` (the proxy's
-``RuntimeDriver``, restarted under the session's policy as the SessionSupervisor restarted
-the proxy): one process and two actor hops per action fewer. Its SessionSupervisor
-supervises it alone; when it dies its sandbox driver dies with it, and the next
-incarnation attaches to the sandbox, which outlives both, and asks the journal what the
-last one left (I2, I3).
+In the split layout a session is three processes: a SessionSupervisor, a Controller, and
+a RuntimeProxy the Controller sends each action to. The SessionHost is the Controller
+(its rules, its store, the log's only writer) driving the sandbox itself, through
+``runtimes/hosted.py``'s ``HostedRuntime`` (the proxy's ``RuntimeDriver``, restarted
+under the session's policy as the SessionSupervisor restarted the proxy), and the root
+supervises it directly (``actors/hosted_sessions.py``): two processes and two actor hops
+per action fewer. When it dies its driver dies with it; the next incarnation attaches to
+the sandbox, which outlives both, and asks the journal what the last one left (I2, I3).
 
 What the runtime says for the core (``RuntimeReady``, ``Executed`` ...) is queued and fed
 to the core once the handler that produced it is done, as a message from a proxy would
@@ -23,7 +23,7 @@ from typing import Any
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
-from ..core.effects import AskJournal, Effect, RestartRuntime, RunAction
+from ..core.effects import AskJournal, BrokerBack, Effect, RestartRuntime, RunAction
 from ..messages.protocol import (
     Accepted,
     CloseSandbox,
@@ -32,7 +32,14 @@ from ..messages.protocol import (
     ResolveAction,
     SandboxClosed,
 )
-from ..messages.tree import BootController, FailRuntime, Relay
+from ..messages.tree import (
+    BootController,
+    BrokerMoved,
+    FailRuntime,
+    Relay,
+    Shutdown,
+    ShutdownDone,
+)
 from ..paths import Home
 from ..restarts import RestartPolicy
 from ..runtimes import Sandbox, load_sandbox
@@ -41,6 +48,9 @@ from ..runtimes.hosted import TIMER, HostedEffect, HostedRuntime, ToCore
 from .controller import Controller
 
 logger = logging.getLogger(__name__)
+
+SHUTDOWN = "shutdown"
+"""Who waits for a sandbox's close: ``(SHUTDOWN, the root)``, answered ``ShutdownDone``."""
 
 
 class SessionHost(Controller):
@@ -74,6 +84,8 @@ class SessionHost(Controller):
 
         self.hosted = HostedRuntime(start.session_id, make_sandbox,
                                     msg.policy or RestartPolicy())
+        # no SessionSupervisor: killing "the session" kills this process
+        self.publish_pid(home.actor_pid_path("session", start.session_id))
         # the sandbox starts on a worker while the core is rebuilt from the log
         self.perform_runtime(self.hosted.boot())
         super().on_boot_controller(msg, sender)
@@ -138,11 +150,20 @@ class SessionHost(Controller):
         if self.hosted is not None:
             self.perform_runtime(self.hosted.exited(fd))
 
-    def on_close_sandbox(self, msg: CloseSandbox, sender: ActorAddress) -> None:
-        if self.hosted is None:  # a stand-in, or not booted: it started no sandbox
-            self.send(sender, SandboxClosed(request_id=msg.request_id, session_id=""))
+    def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
+        """The tree closes: stop the sandbox if asked, then answer (``ShutdownDone``)."""
+        if not msg.stop_sandboxes or self.hosted is None:
+            self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.perform_runtime(self.hosted.close(msg, sender))
+        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id),
+                                               (SHUTDOWN, sender)))
+
+    def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
+        if sender is None or sender != getattr(self, "_parent_address", None):
+            self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
+            return
+        self.broker = msg.broker
+        self.feed(BrokerBack())
 
     def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
         if self.hosted is not None:
@@ -162,6 +183,11 @@ class SessionHost(Controller):
                 self.for_core.append(effect.msg)
             elif isinstance(effect, ToParent):
                 self.send(self._parent_address, effect.msg)
+            elif isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed):
+                _, reply_to = effect.to  # a shutdown waits for it
+                closed = [effect.msg.session_id] if effect.msg.session_id else []
+                self.send(reply_to, ShutdownDone(request_id=effect.msg.request_id,
+                                                 sessions=closed))
             elif isinstance(effect, Reply):
                 self.send(effect.to, effect.msg)
             elif isinstance(effect, Work):

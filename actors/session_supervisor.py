@@ -51,7 +51,6 @@ from ..paths import Home
 from ..restarts import give_up_text
 from .controller import Controller
 from .runtime_proxy import RuntimeProxy
-from .session_host import SessionHost
 from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -62,8 +61,6 @@ class SessionSupervisor(Supervisor):
     runtime_class: type = RuntimeProxy
     """The actor that owns the sandbox; a test puts a fake in its place."""
     controller_class: type = Controller
-    host_class: type = SessionHost
-    """The Controller of the hosted layout, which drives the sandbox itself."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,8 +71,6 @@ class SessionSupervisor(Supervisor):
         self.closing: list[tuple[Shutdown, ActorAddress]] = []
         """Shutdowns waiting for the sandbox to close; each is answered once."""
         self.first_reply: ActorAddress | None = None
-        self.hosted = False
-        """The hosted layout: the Controller drives the sandbox (no RuntimeProxy child)."""
         self.down_for_good = ""
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
         self.recording: RecordDowntime | None = None
@@ -98,25 +93,20 @@ class SessionSupervisor(Supervisor):
     def on_boot_session(self, msg: BootSession, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.policy, self.start, self.broker = msg.policy, msg.start, msg.broker
-        self.hosted = msg.layout == "hosted"
         start = msg.start
         self.publish_pid(Home.at(start.home).actor_pid_path("session", start.session_id))
-        if self.hosted:
-            self.controller_class = self.host_class
-        else:
-            self.supervise(ChildSpec(RUNTIME, self.runtime_class,
-                                     lambda n: BootRuntime(start=start)))
+        runtime = self.supervise(ChildSpec(
+            RUNTIME, self.runtime_class, lambda n: BootRuntime(start=start)))
         self.first_reply = msg.reply_to
 
         def boot_controller(n: int) -> BootController:
             reply_to = self.first_reply if n == 1 else None
             again = start if n == 1 else start.model_copy(update={"restore": True})
             return BootController(start=again, broker=self.broker,  # type: ignore[arg-type]
-                                  runtime=self.child(RUNTIME), reply_to=reply_to,
-                                  policy=self.policy)
+                                  runtime=self.child(RUNTIME), reply_to=reply_to)
 
         self.supervise(ChildSpec(CONTROLLER, self.controller_class, boot_controller))
-        logger.info("session %s: supervisor up (%s layout)", start.session_id, msg.layout)
+        logger.info("session %s: supervisor up (runtime %s)", start.session_id, runtime)
 
     # -- runtime lifecycle ------------------------------------------------------------
 
@@ -262,17 +252,9 @@ class SessionSupervisor(Supervisor):
             self._to_controller(msg)
 
     def _fail_runtime(self, msg: Relay, cmd: FailRuntime) -> None:
-        """The fault harness: the hosted Controller fails its sandbox driver."""
-        if cmd.session_id != self.session_id:
-            self._refuse(msg, cmd, "UnknownSession", "not this supervisor's session")
-        elif not self.hosted:
-            self._refuse(msg, cmd, Refusal.INVALID_REQUEST,
-                         "the split layout runs its sandbox in a RuntimeProxy: SIGKILL it")
-        elif self.child(CONTROLLER) is None or self.recording is not None:
-            self._refuse(msg, cmd, Refusal.INVALID_REQUEST,
-                         "the Controller, which drives the sandbox, is restarting")
-        else:
-            self._to_controller(msg)
+        """The fault harness asks for what only the hosted layout has (this is split)."""
+        self._refuse(msg, cmd, Refusal.INVALID_REQUEST, "the split layout runs its sandbox "
+                     "in a RuntimeProxy: SIGKILL that process instead")
 
     def _refuse(self, msg: Relay, cmd: UserCommand | FailRuntime, error: str,
                 text: str) -> None:
@@ -296,13 +278,8 @@ class SessionSupervisor(Supervisor):
 
     # -- shutdown --------------------------------------------------------------------
 
-    @property
-    def _sandbox_owner(self) -> str:
-        """The child that drives the sandbox: the proxy, or (hosted) the Controller."""
-        return CONTROLLER if self.hosted else RUNTIME
-
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
-        runtime = self.child(self._sandbox_owner)
+        runtime = self.child(RUNTIME)
         if not msg.stop_sandboxes or runtime is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
@@ -314,7 +291,7 @@ class SessionSupervisor(Supervisor):
         if not self.closing:
             self.drop(msg, "no shutdown is waiting for it")
             return
-        if not self._from(sender, self._sandbox_owner, msg):
+        if not self._from(sender, RUNTIME, msg):
             return
         closing, self.closing = self.closing, []
         closed = [msg.session_id] if msg.session_id else []  # "": none was running

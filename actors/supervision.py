@@ -54,8 +54,10 @@ class Supervisor(TrouperActor):
         super().__init__()
         self.policy = RestartPolicy()
         self._children: dict[str, _Child] = {}
-        self._expected_exits: set[str] = set()
-        self._helpers: set[str] = set()
+        # addresses, compared with ==: one Thespian made for a child it has not heard from
+        # yet reads "LocalAddr.N" and becomes equal to the child's real address later
+        self._expected_exits: list[ActorAddress] = []
+        self._helpers: list[ActorAddress] = []
 
     # -- public ----------------------------------------------------------------
 
@@ -75,7 +77,7 @@ class Supervisor(TrouperActor):
         if entry is None:
             return
         if entry.address is not None:
-            self._expected_exits.add(str(entry.address))
+            self._expected_exits.append(entry.address)
             self.send(entry.address, ActorExitRequest())
         if forget:
             del self._children[role]
@@ -84,7 +86,7 @@ class Supervisor(TrouperActor):
         """Start a one-shot child, tell it ``first``, and never restart it: its exit is
         expected (``on_helper_exited`` hears of it)."""
         address = self.createActor(actor_class)
-        self._helpers.add(str(address))
+        self._helpers.append(address)
         self.send(address, first)
         return address
 
@@ -104,7 +106,7 @@ class Supervisor(TrouperActor):
         if by_user:
             entry.rounds = 0
         if entry.address is not None:
-            self._expected_exits.add(str(entry.address))
+            self._expected_exits.append(entry.address)
             self.send(entry.address, ActorExitRequest())
         address = self._start(entry)
         self.on_child_restarted(role, address, entry.incarnation, reason)
@@ -148,14 +150,11 @@ class Supervisor(TrouperActor):
         self.drop(msg, f"last words from {sender}, not a live child")
 
     def on_child_exited(self, child_address: ActorAddress, sender: ActorAddress) -> None:
-        key = str(child_address)
         if self._stopping:
             return  # the whole subtree is shutting down; nothing to restart
-        if key in self._expected_exits:
-            self._expected_exits.discard(key)
+        if _take(self._expected_exits, child_address):
             return
-        if key in self._helpers:
-            self._helpers.discard(key)
+        if _take(self._helpers, child_address):
             self.on_helper_exited(child_address)
             return
         for role, child in list(self._children.items()):
@@ -207,3 +206,12 @@ class Supervisor(TrouperActor):
             started += 1
         if not started:
             self.drop(Timer("restart", token), f"{', '.join(roles)} back or gone already")
+
+
+def _take(addresses: list[ActorAddress], address: ActorAddress) -> bool:
+    """Remove ``address`` from ``addresses`` if it is there (by ==); whether it was."""
+    for i, known in enumerate(addresses):
+        if known == address:
+            del addresses[i]
+            return True
+    return False

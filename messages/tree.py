@@ -58,7 +58,7 @@ class Relay(Frozen):
 
 
 class FailRuntime(Frozen):
-    """The fault harness -> a hosted session (relayed down the tree): fail its sandbox
+    """The fault harness -> a hosted session (relayed by the root): fail its sandbox
     driver as a SIGKILL fails a RuntimeProxy (``testing.kill_actor(session, "runtime")``).
     Answered ``Accepted`` once the driver has failed, ``Refused`` where none runs."""
 
@@ -84,7 +84,6 @@ class BootSession(Frozen):
     broker: Address
     policy: RestartPolicy
     reply_to: Address | None = None
-    layout: Layout = "split"
 
 
 class BrokerMoved(Frozen):
@@ -107,6 +106,8 @@ class Superseded(Frozen):
 
 
 class BootController(Frozen):
+    """SessionSupervisor (split) or RootSupervisor (hosted) -> a Controller: run the session."""
+
     kind: Literal["boot_controller"] = "boot_controller"
     start: StartSession
     broker: Address | None

@@ -577,3 +577,92 @@ def test_a_session_is_accepted_before_its_controller_is_up(system, tmp_path):
     answer = root.ask(start)
     assert answer == Accepted(request_id=start.request_id, session_id=start.session_id)
     assert len(RecordedController.booted) == 1  # booted, and never up
+
+
+# ---- RootSupervisor, hosted layout: the root supervises each session's host -----------
+
+
+class HostRoot(FakeRoot):
+    host_class = RecordedController  # a real Controller: the runtime is not what is tested
+
+
+class SlowHostRoot(FakeRoot):
+    host_class = SlowStandIn
+
+
+def _hosted(system: ActorSystem, tmp_path: Path, policy: RestartPolicy,
+            root_class: type = HostRoot) -> tuple[Root, StartSession]:
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path, root_class=root_class)
+    boot = BootRoot(home=str(root.home.root), policy=policy, layout="hosted")
+    assert isinstance(root.ask(boot), Accepted)
+    start = _start(root.home, tmp_path)
+    assert isinstance(root.ask(start), Accepted)
+    assert len(RecordedController.booted) == 1 and _runtime_boots() == 0  # one process
+    return root, start
+
+
+def _states(root: Root, session_id: str) -> list[StateChanged]:
+    store = open_store(root.home)
+    try:
+        return [e for e in store.read(session_id) if isinstance(e, StateChanged)]
+    finally:
+        store.close()
+
+
+def test_hosted_a_host_past_its_intensity_for_good_is_recorded_then_stopped(
+    system, drops, tmp_path
+):
+    """No SessionSupervisor: the root has a stand-in host record the downtime (the log's
+    one writer), then stops the session, so the program restores it on its next command."""
+    root, start = _hosted(system, tmp_path, RestartPolicy(intensity=0, giveup_rounds=0))
+    system.tell(RecordedController.booted[-1], ActorExitRequest())
+    last = _states(root, start.session_id)[-1]
+    assert last.cause == Why.LOOP_DOWN and last.resumes_at is None, last
+    assert "the agent loop failed 1 times" in last.reason
+    refused = root.command(start.session_id, "resume")
+    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
+    assert len(RecordedController.booted) == 1  # the stand-in does not boot
+
+
+def test_hosted_a_resume_while_the_downtime_is_recorded_carries_the_session_on(
+    system, drops, tmp_path
+):
+    SlowStandIn.waiting = []
+    root, start = _hosted(system, tmp_path, RestartPolicy(intensity=0, giveup_rounds=0),
+                          SlowHostRoot)
+    first = RecordedController.booted[-1]
+    system.tell(first, ActorExitRequest())  # down until a resume; the stand-in waits
+    assert len(SlowStandIn.waiting) == 1
+    resume = UserCommand(request_id="resume-1", session_id=start.session_id, command="resume")
+    assert root.ask(resume) is None  # held, not refused, not run beside the stand-in
+    assert RecordedController.booted == [first]
+    system.tell(SlowStandIn.waiting[0], "record now")
+    assert len(RecordedController.booted) == 2  # the host the resume started
+    answered = [m for to, m in Courier.seen if to == root.client
+                and getattr(m, "request_id", None) == "resume-1"]
+    assert answered == [Accepted(request_id="resume-1", session_id=start.session_id,
+                                 seq=answered[0].seq)], answered
+    assert [e.cause for e in _states(root, start.session_id)][-2:] == [Why.LOOP_DOWN,
+                                                                      Why.USER_RESUME]
+
+
+def test_hosted_a_command_in_the_cooldown_wakes_the_host_at_once(system, drops, tmp_path):
+    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
+    root, start = _hosted(system, tmp_path, policy)
+    system.tell(RecordedController.booted[-1], ActorExitRequest())
+    down = _states(root, start.session_id)[-1]
+    assert down.cause == Why.LOOP_DOWN and down.resumes_at is not None  # a cooldown
+    answer = root.command(start.session_id, "resume")  # held, then handed to the new host
+    assert isinstance(answer, Accepted), answer
+    assert len(RecordedController.booted) == 2
+    assert _states(root, start.session_id)[-1].cause == Why.USER_RESUME
+
+
+def test_hosted_downtime_word_from_a_stranger_is_dropped(system, drops, tmp_path):
+    from trouper.messages.tree import DowntimeRecorded
+
+    root, start = _hosted(system, tmp_path, RestartPolicy())
+    forged = DowntimeRecorded(session_id=start.session_id)
+    root.tell(forged)
+    _one_line_each(drops(), [forged])
+    assert isinstance(root.command(start.session_id, "pause"), Accepted)  # still its host's

@@ -1,0 +1,155 @@
+"""What the RootSupervisor does for a hosted session, which has no SessionSupervisor.
+
+In the hosted layout (``docs/architecture.md``, "Layouts") a session is one process, a
+``SessionHost``, supervised by the root itself. The root then does what a
+SessionSupervisor does for its Controller: it restarts the host under the policy (as for
+any child), holds a session's user commands while its host restarts and hands them to
+the new one, and past the restart intensity it has a stand-in host record the downtime
+(the host is the log's only writer), answers who waits, and either lets the cooldown
+bring the session back, wakes it at once for a user's command, or (no cooldown left)
+stops it, so the program restores it anew on the next command.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from thespian.actors import ActorAddress
+
+from ..messages.protocol import Refusal, Refused, StartSession
+from ..messages.tree import (
+    BootController,
+    DowntimeRecorded,
+    FailRuntime,
+    RecordDowntime,
+    Relay,
+)
+from ..restarts import give_up_text
+from .session_host import SessionHost
+from .supervision import ChildSpec, Supervisor
+
+logger = logging.getLogger(__name__)
+
+
+def session_role(session_id: str) -> str:
+    return f"session:{session_id}"
+
+
+@dataclass
+class Kept:
+    """One hosted session, as its root keeps it."""
+
+    start: StartSession
+    held: list[Relay] = field(default_factory=list)
+    """Commands waiting for the host to be up again."""
+    woken: list[Relay] = field(default_factory=list)
+    """Commands that came while the stand-in recorded the downtime: they carry the session
+    on once it is recorded."""
+    recording: RecordDowntime | None = None
+    stand_in: ActorAddress | None = None
+    """The stand-in recording the downtime."""
+
+
+class HostedSessions(Supervisor):
+    """The root's part for hosted sessions (mixed into ``RootSupervisor``)."""
+
+    host_class: type = SessionHost
+    """The hosted session's actor; a test puts a fake in its place."""
+    broker_role = "broker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[str, Kept] = {}
+
+    def start_hosted(self, start: StartSession) -> None:
+        self.kept[start.session_id] = Kept(start)
+
+        def boot(n: int) -> BootController:
+            again = start if n == 1 else start.model_copy(update={"restore": True})
+            return BootController(start=again, broker=self.child(self.broker_role),
+                                  runtime=None, policy=self.policy)
+
+        self.supervise(ChildSpec(session_role(start.session_id), self.host_class, boot))
+
+    def forward_hosted(self, kept: Kept, relay: Relay) -> None:
+        """Hand ``relay`` to the session's host, or hold it until there is one."""
+        cmd = relay.msg
+        role = session_role(kept.start.session_id)
+        host = self.child(role)
+        if kept.recording is not None:  # never a host beside the stand-in (one writer)
+            kept.woken.append(relay)
+        elif host is not None:
+            self.send(host, relay)
+        elif isinstance(cmd, FailRuntime):
+            self._refuse(relay, "the session's host is restarting; no driver runs now")
+        else:
+            kept.held.append(relay)
+            if self.gave_up_on(role):  # in its cooldown: a user's command wakes it now
+                self.restart_child(role, f"the user's {cmd.command} during the cooldown")
+
+    def _refuse(self, relay: Relay, text: str) -> None:
+        cmd = relay.msg
+        if relay.reply_to is not None:
+            self.send(relay.reply_to, Refused(request_id=cmd.request_id,
+                                              session_id=cmd.session_id,
+                                              error=Refusal.INVALID_REQUEST, message=text))
+
+    def hosted_of(self, role: str) -> Kept | None:
+        if not role.startswith("session:"):
+            return None
+        return self.kept.get(role.removeprefix("session:"))
+
+    def forget_hosted(self, session_id: str) -> None:
+        self.kept.pop(session_id, None)
+
+    # -- the supervisor's hooks, for a hosted session ------------------------------
+
+    def hosted_restarted(self, kept: Kept, address: ActorAddress) -> None:
+        held, kept.held = kept.held, []
+        for relay in held:
+            self.send(address, relay)
+
+    def hosted_gave_up(self, kept: Kept, reason: str, retry_in_s: float | None) -> None:
+        """Nobody drives the session now: a stand-in host records ERROR (the log's one
+        writer); who waits is answered once it is recorded."""
+        text, resumes_at = give_up_text("the agent loop", self.policy, reason, retry_in_s)
+        logger.error("session %s: %s", kept.start.session_id, text)
+        kept.recording = RecordDowntime(start=kept.start, reason=text, resumes_at=resumes_at)
+        kept.stand_in = self.start_helper(self.host_class, kept.recording)
+
+    def on_downtime_recorded(self, msg: DowntimeRecorded, sender: ActorAddress) -> None:
+        kept = self.kept.get(msg.session_id)
+        if kept is None or kept.recording is None or sender != kept.stand_in:
+            self.drop(msg, "no downtime of that session is being recorded by its sender")
+            return
+        if msg.error:
+            logger.error("session %s: the downtime is not in the log: %s",
+                         msg.session_id, msg.error)
+        self._downtime_settled(kept)
+
+    def on_helper_exited(self, address: ActorAddress) -> None:
+        for kept in list(self.kept.values()):
+            if kept.recording is not None and kept.stand_in == address:
+                logger.error("session %s: the stand-in exited before it recorded the "
+                             "downtime", kept.start.session_id)
+                self._downtime_settled(kept)
+
+    def _downtime_settled(self, kept: Kept) -> None:
+        assert kept.recording is not None
+        text, resumes_at = kept.recording.reason, kept.recording.resumes_at
+        kept.recording, kept.stand_in = None, None
+        held, kept.held = kept.held, []
+        for relay in held:
+            self._refuse(relay, text)
+        session_id = kept.start.session_id
+        role = session_role(session_id)
+        if kept.woken:  # answered by the host they start, as a resume in a cooldown is
+            kept.held, kept.woken = kept.woken, []
+            command = getattr(kept.held[0].msg, "command", "command")
+            self.restart_child(role, f"the user's {command} once the downtime was recorded")
+        elif resumes_at is None:  # down for good: the program restores it on its next command
+            logger.warning("session %s: stopping its host: %s", session_id, text)
+            self.stop_child(role)
+            self.forget_hosted(session_id)
+
