@@ -75,9 +75,10 @@ class Trouper:
             (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
         policy: the restart policy of the supervisors.
         ask_timeout_s: how long a request to the actor tree may take.
-        layout: ``"split"`` or ``"hosted"``, how each session's actors are laid out in
-            processes (``docs/architecture.md``, "Layouts"); None takes the
-            ``TROUPER_SESSION_LAYOUT`` setting (``"split"`` unless set).
+        layout: ``"hosted"`` (one process per session) or ``"split"`` (three), how each
+            session's actors are laid out in processes (``docs/architecture.md``,
+            "Layouts"); None takes the ``TROUPER_SESSION_LAYOUT`` setting (``"hosted"``
+            unless set).
 
     Raises:
         ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not

@@ -79,11 +79,11 @@ class Settings(BaseModel):
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
 
-    session_layout: Literal["split", "hosted"] = "split"
+    session_layout: Literal["split", "hosted"] = "hosted"
     """How a session's actors are laid out in processes (``docs/architecture.md``,
-    "Layouts"): ``split``, a SessionSupervisor, a Controller and a RuntimeProxy each in
-    its own process; ``hosted``, the sandbox driven inside the Controller's process (one
-    process and two hops fewer per session). Read by the program when it opens."""
+    "Layouts"): ``hosted``, one process per session (the Controller, driving its sandbox,
+    supervised by the root); ``split``, a SessionSupervisor, a Controller and a
+    RuntimeProxy each in a process of its own. Read by the program when it opens."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

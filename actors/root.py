@@ -78,7 +78,7 @@ class RootSupervisor(HostedSessions):
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
-        self.layout: Layout = "split"
+        self.layout: Layout = "hosted"  # set by the boot
         self.pending_shutdown: dict[str, _Closing] = {}
         self.faults: dict[str, StoreFault] = {}
         """Sessions that cannot record anything now, for clients (the log cannot say)."""

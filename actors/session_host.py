@@ -152,6 +152,9 @@ class SessionHost(Controller):
 
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
         """The tree closes: stop the sandbox if asked, then answer (``ShutdownDone``)."""
+        if sender is None or sender != getattr(self, "_parent_address", None):
+            self.drop(msg, "not from its parent, who closes the tree", logging.WARNING)
+            return
         if not msg.stop_sandboxes or self.hosted is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return

@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--layout",
         choices=("split", "hosted"),
         help="the session layout every workload's Trouper opens with (default: the "
-        "TROUPER_SESSION_LAYOUT setting, else split)",
+        "TROUPER_SESSION_LAYOUT setting, else hosted)",
     )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = settings(args)
     if args.layout:  # every workload's Trouper (in this process or a child) reads it
         os.environ["TROUPER_SESSION_LAYOUT"] = args.layout
-    layout = os.environ.get("TROUPER_SESSION_LAYOUT") or "split"
+    layout = os.environ.get("TROUPER_SESSION_LAYOUT") or "hosted"
     if args.quick:  # a smoke run: its Python processes are forked, not started afresh
         fork_python_processes()
     results: dict[str, Any] = {

@@ -32,7 +32,7 @@ class BootRoot(Frozen):
     kind: Literal["boot_root"] = "boot_root"
     home: str
     policy: RestartPolicy
-    layout: Layout = "split"
+    layout: Layout
 
 
 class Shutdown(Frozen):

@@ -479,6 +479,10 @@ class Root:
         return status.cause
 
 
+def _split_boot(root: Root) -> BootRoot:
+    return BootRoot(home=str(root.home.root), policy=RestartPolicy(), layout="split")
+
+
 def _broker_boots() -> int:
     return len([m for _, m in Courier.seen if isinstance(m, BootBroker)])
 
@@ -502,7 +506,7 @@ def test_root_before_its_boot_answers_or_drops_and_starts_nothing(system, drops,
     assert isinstance(root.command(start.session_id), Refused)
     assert root.fault(start.session_id) is None
     assert isinstance(root.ask(Shutdown(request_id="early")), ShutdownDone)
-    assert root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())) == Accepted(
+    assert root.ask(_split_boot(root)) == Accepted(
         request_id="boot", session_id="")
     assert _broker_boots() == 1
     again = start.model_copy(update={"request_id": "after-boot"})
@@ -512,7 +516,7 @@ def test_root_before_its_boot_answers_or_drops_and_starts_nothing(system, drops,
 
 def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
     root = Root(system, Home.at(tmp_path / "home"), tmp_path)
-    assert isinstance(root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())),
+    assert isinstance(root.ask(_split_boot(root)),
                       Accepted)
     start = _start(root.home, tmp_path)
     sid = start.session_id
@@ -520,7 +524,8 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
     assert isinstance(root.ask(start.model_copy(update={"request_id": "again"})), Accepted)
     assert _runtime_boots() == 1 and _model_calls() == 1
     late = [
-        BootRoot(home=str(tmp_path / "elsewhere"), policy=RestartPolicy(intensity=0)),
+        BootRoot(home=str(tmp_path / "elsewhere"), policy=RestartPolicy(intensity=0),
+                 layout="split"),
         StoreFault(session_id=sid, cause="not from its session"),
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from its session"),
@@ -541,7 +546,7 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
 
 def test_root_answers_every_shutdown_once(system, drops, tmp_path):
     root = Root(system, Home.at(tmp_path / "home"), tmp_path)
-    root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy()))
+    root.ask(_split_boot(root))
     start = _start(root.home, tmp_path)
     assert isinstance(root.ask(start), Accepted)
     root.tell(Shutdown(request_id="one"), Shutdown(request_id="two"),
@@ -571,7 +576,7 @@ def test_a_session_is_accepted_before_its_controller_is_up(system, tmp_path):
     """start_session does not wait three forks and a boot: the root answers once the
     session's supervisor is under supervision, whatever its Controller then does."""
     root = Root(system, Home.at(tmp_path / "home"), tmp_path, root_class=SilentRoot)
-    assert isinstance(root.ask(BootRoot(home=str(root.home.root), policy=RestartPolicy())),
+    assert isinstance(root.ask(_split_boot(root)),
                       Accepted)
     start = _start(root.home, tmp_path)
     answer = root.ask(start)
