@@ -86,9 +86,11 @@ class SessionHost(Controller):
                                     msg.policy or RestartPolicy())
         # no SessionSupervisor: killing "the session" kills this process
         self.publish_pid(home.actor_pid_path("session", start.session_id))
-        # the sandbox starts on a worker while the core is rebuilt from the log
-        self.perform_runtime(self.hosted.boot())
+        # the Controller's boot first: it learns the secrets to mask (the sandbox's start
+        # may log), and the core asks nothing of a runtime that has not said it is ready
         super().on_boot_controller(msg, sender)
+        if self.hosted.driver is None:  # (an early command may have started one)
+            self.perform_runtime(self.hosted.boot())
 
     def _progress_from_worker(self, incarnation: int, phase: str, detail: str) -> None:
         """Called on the worker thread that starts the sandbox: hand it to the actor."""
