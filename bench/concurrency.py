@@ -74,7 +74,8 @@ def run_n(
     home = workdir / f"conc-home-{n}"
     result: dict[str, Any] = {"n": n, "steps": steps, "latency_ms": latency_s * 1000}
     with (
-        FakeLLMServer(echo_script(steps), latency_s=latency_s) as server,
+        # bodies not kept: 20 steps of 1,000 sessions would hold about a GB of them here
+        FakeLLMServer(echo_script(steps), latency_s=latency_s, keep_bodies=False) as server,
         Trouper(home=home, admin_port=port) as t,
     ):
         idle_roles = roles(trouper_tree(port, home))

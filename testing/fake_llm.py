@@ -92,6 +92,9 @@ class FakeLLMServer:
             trouper's window (``TROUPER_RATE_WINDOW_S``) gives the server the same one.
         clock: seconds now, for arrival times and the rpm window (wall time by default;
             a test of the window alone passes a fake one and calls ``answer_post``).
+        keep_bodies: record each request's parsed body (``RecordedRequest.body``); False
+            records ``None`` instead, for runs of thousands of requests that read only
+            their times and headers (a body with a long history holds tens of KB).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class FakeLLMServer:
         rpm: int | None = None,
         rpm_window_s: float = RPM_WINDOW_S,
         clock: Callable[[], float] = time.time,
+        keep_bodies: bool = True,
     ) -> None:
         if not rpm_window_s > 0:
             raise ValueError(f"rpm_window_s must be positive, got {rpm_window_s!r}")
@@ -114,6 +118,7 @@ class FakeLLMServer:
         self.rpm = rpm
         self.rpm_window_s = rpm_window_s
         self._clock = clock
+        self.keep_bodies = keep_bodies
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._attempts: dict[tuple[str, int], int] = {}
@@ -205,7 +210,8 @@ class FakeLLMServer:
                 key = headers.get(SESSION_HEADER) or conversation_key(body["messages"])
                 step = step_of(headers, body["messages"])
                 reply = self._admit(now) or self._play(key, step, body, len(raw))
-        self._record(RecordedRequest(now, "POST", path, body, headers, key, step, reply.status))
+        kept = body if self.keep_bodies else None
+        self._record(RecordedRequest(now, "POST", path, kept, headers, key, step, reply.status))
         return reply
 
     def answer_get(self, path: str, headers: dict[str, str]) -> Reply:

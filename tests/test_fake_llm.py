@@ -451,3 +451,14 @@ def test_demo_script_commands_succeed_in_an_empty_folder(tmp_path):
                 assert done.returncode == 0, f"step {k}: {done.stdout}{done.stderr}"
                 cwd = Path(cwd_file.read_text().strip())
     assert cwd == tmp_path / "wordcount"
+
+
+def test_a_server_that_keeps_no_bodies_still_answers_and_records_the_rest():
+    script = [{"tool": "run", "args": {"command": "true"}}, {"say": "done"}]
+    with FakeLLMServer(script, keep_bodies=False) as server:
+        complete(server, user())
+        complete(server, with_turns(1))
+        [first, second] = server.requests
+    assert first.body is None and second.body is None
+    assert (first.step, second.step) == (0, 1) and first.status == second.status == 200
+    assert first.headers.get("content-type") == "application/json"
