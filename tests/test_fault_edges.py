@@ -7,13 +7,13 @@ import pytest
 from trouper import AgentState, ObservationEvent, RestartPolicy, StateChanged, Trouper
 from trouper.testing import check_log, kill_sandbox
 
-# real processes (`-m 'not slow'` skips them), in each session layout
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
 STEPS = 24
 
 
 @pytest.mark.slow
+@pytest.mark.each_layout
 def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(layout, scripted, tmp_path):
     _, llm = scripted([{"tool": "run", "args": {"command": f"echo {i}; sleep 0.2"}}
                        for i in range(STEPS)] + [{"tool": "finish", "args": {"message": "ok"}}])
@@ -31,6 +31,7 @@ def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(layout, scripted
     assert cooled and all(e.resumes_at is not None for e in cooled)
 
 
+@pytest.mark.each_layout
 def test_a_command_during_the_agent_loops_cooldown_wakes_it_at_once(layout, scripted, tmp_path):
     """Past the Controller's intensity the session waits out a long cooldown; a user's
     resume does not wait for it (nor time out): it starts the agent loop at once."""

@@ -17,8 +17,8 @@ from trouper import AgentState, ObservationEvent, RestartPolicy, Trouper
 from trouper.config import DockerRuntime
 from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
 
-# real processes (`-m 'not slow'` skips them), in each session layout
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
+# (the default layout only: test_recovery.py runs the layouts' own recovery paths twice)
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
