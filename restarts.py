@@ -64,6 +64,11 @@ class RestartBudget:
         self._clock = clock
         self._rng = rng or random.Random()
         self._restarts: deque[float] = deque()
+        self._reset_at: float | None = None
+        self.given_up = False
+        """Past the intensity: down for a cooldown, or until restarted by hand."""
+        self.rounds = 0
+        """Give-up rounds in a row (reset by a calm period or a restart by hand)."""
 
     def _trim(self, now: float) -> None:
         while self._restarts and now - self._restarts[0] > self._policy.period_s:
@@ -89,12 +94,39 @@ class RestartBudget:
         return self._rng.uniform(0.0, ceiling)
 
     def reset(self) -> None:
+        """Forget the restarts counted (a clean budget); the window since then must pass
+        before the child counts as calm again (``quiet``)."""
         self._restarts.clear()
+        self._reset_at = self._clock()
+
+    def failed(self) -> tuple[bool, float | None]:
+        """The child failed. ``(True, wait)``: restart it in ``wait`` seconds. ``(False,
+        cooldown)``: past the intensity it is given up on for round ``rounds``, to be
+        started again in ``cooldown`` seconds, or (None) only when restarted by hand."""
+        if self.quiet():
+            self.rounds = 0
+        if self.allow():
+            return True, self.backoff_s()
+        self.given_up = True
+        self.rounds += 1
+        return False, self._policy.cooldown_s(self.rounds)
+
+    def restarted(self, by_hand: bool) -> None:
+        """Started again from a clean budget (a cooldown's end, or ``by_hand``: a user's
+        resume, which also grants every cooldown round again)."""
+        self.given_up = False
+        self.reset()
+        if by_hand:
+            self.rounds = 0
 
     def quiet(self) -> bool:
-        """True when no restart counts in the window now: the child had a calm period."""
-        self._trim(self._clock())
-        return not self._restarts
+        """True when the child had a calm period: no restart counts in the window now,
+        and the window has passed since the budget was last reset (a child that dies
+        right after a cooldown's restart is in its next give-up round, not calm)."""
+        now = self._clock()
+        self._trim(now)
+        calm_since_reset = self._reset_at is None or now - self._reset_at > self._policy.period_s
+        return not self._restarts and calm_since_reset
 
 
 def give_up_text(what: str, policy: RestartPolicy, reason: str,

@@ -9,7 +9,6 @@ SessionSupervisor; ``Executed`` and ``Resolved`` answer whoever asked (the Contr
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
@@ -17,8 +16,8 @@ from ..masking import mask_known, remember_secrets, session_maskers
 from ..messages.protocol import CloseSandbox, Execute, ResolveAction, SandboxClosed
 from ..messages.tree import BootRuntime
 from ..paths import Home
-from ..runtimes import load_sandbox
 from ..runtimes.driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
+from ..runtimes.session_sandbox import session_sandbox
 from .base import Timer, TrouperActor
 
 logger = logging.getLogger(__name__)
@@ -47,15 +46,7 @@ class RuntimeProxy(TrouperActor):
                                         start.config.runtime)[0].pairs)
         home = Home.at(start.home)
         self.publish_pid(home.actor_pid_path("runtime", start.session_id))
-        sandbox = load_sandbox(
-            start.config.runtime,
-            session_id=start.session_id,
-            workspace=Path(start.config.workspace),
-            state_dir=home.runtime_dir(start.session_id),
-            env=dict(start.secrets),
-            secret_names=tuple(sorted(start.secrets)),  # the sandbox masks their values
-            max_output_chars=start.config.max_output_chars,
-        )
+        sandbox = session_sandbox(start)
         if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
             sandbox.progress = self._progress_from_worker  # type: ignore[attr-defined]
         self.driver = RuntimeDriver(start.session_id, sandbox)

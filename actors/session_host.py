@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from thespian.actors import ActorAddress, ActorExitRequest
@@ -42,9 +41,10 @@ from ..messages.tree import (
 )
 from ..paths import Home
 from ..restarts import RestartPolicy
-from ..runtimes import Sandbox, load_sandbox
+from ..runtimes import Sandbox
 from ..runtimes.driver import After, Drop, Reply, ToParent, Work
 from ..runtimes.hosted import TIMER, HostedEffect, HostedRuntime, ToCore
+from ..runtimes.session_sandbox import session_sandbox
 from .controller import Controller
 
 logger = logging.getLogger(__name__)
@@ -68,15 +68,7 @@ class SessionHost(Controller):
         home = Home.at(start.home)
 
         def make_sandbox(incarnation: int) -> Sandbox:
-            sandbox = load_sandbox(
-                start.config.runtime,
-                session_id=start.session_id,
-                workspace=Path(start.config.workspace),
-                state_dir=home.runtime_dir(start.session_id),
-                env=dict(start.secrets),
-                secret_names=tuple(sorted(start.secrets)),  # the sandbox masks their values
-                max_output_chars=start.config.max_output_chars,
-            )
+            sandbox = session_sandbox(start)
             if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
                 sandbox.progress = (  # type: ignore[attr-defined]
                     lambda phase, detail: self._progress_from_worker(incarnation, phase, detail))

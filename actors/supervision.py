@@ -40,9 +40,10 @@ class _Child:
     address: ActorAddress | None = None
     incarnation: int = 0
     last_words: str = ""
-    given_up: bool = False
-    rounds: int = 0
-    """Give-up rounds in a row (reset by a calm period or a user's restart)."""
+
+    @property
+    def given_up(self) -> bool:
+        return self.budget.given_up
 
 
 class Supervisor(TrouperActor):
@@ -101,10 +102,7 @@ class Supervisor(TrouperActor):
         entry = self._children.get(role)
         if entry is None:
             return None
-        entry.given_up = False
-        entry.budget.reset()
-        if by_user:
-            entry.rounds = 0
+        entry.budget.restarted(by_hand=by_user)
         if entry.address is not None:
             self._expected_exits.append(entry.address)
             self.send(entry.address, ActorExitRequest())
@@ -172,18 +170,14 @@ class Supervisor(TrouperActor):
         if not child.spec.restart:
             del self._children[role]
             return
-        if child.budget.quiet():
-            child.rounds = 0
-        if not child.budget.allow():
-            child.given_up = True
-            child.rounds += 1
-            retry_in_s = self.policy.cooldown_s(child.rounds)
-            if retry_in_s is not None:
-                self.after(retry_in_s, "cooldown_over", (role, child.incarnation))
-            self.on_child_gave_up(role, reason, retry_in_s)
+        restart, wait_s = child.budget.failed()
+        if not restart:
+            if wait_s is not None:
+                self.after(wait_s, "cooldown_over", (role, child.incarnation))
+            self.on_child_gave_up(role, reason, wait_s)
             return
         self.on_child_down(role, reason)
-        self.after(child.budget.backoff_s(), "restart", ((role,), reason))
+        self.after(wait_s or 0.0, "restart", ((role,), reason))
 
     def on_timer_cooldown_over(self, token: tuple[str, int]) -> None:
         role, incarnation = token
@@ -191,7 +185,7 @@ class Supervisor(TrouperActor):
         if child is None or not child.given_up or child.incarnation != incarnation:
             self.drop(Timer("cooldown_over", token), f"{role} is back or gone already")
             return
-        self.restart_child(role, f"cooldown over after give-up round {child.rounds}; "
+        self.restart_child(role, f"cooldown over after give-up round {child.budget.rounds}; "
                            "trying again", by_user=False)
 
     def on_timer_restart(self, token: tuple[tuple[str, ...], str]) -> None:

@@ -79,9 +79,6 @@ class HostedRuntime:
         self.driver: RuntimeDriver | None = None
         self.incarnation = 0
         self.ready = False
-        self.given_up = False
-        self.rounds = 0
-        """Give-up rounds in a row (reset by a calm period or a user's resume)."""
         self.closing = False
         """Told to close, or stood down: no incarnation starts after this."""
 
@@ -107,8 +104,7 @@ class HostedRuntime:
         sandbox was given up on); a live one is let go first."""
         if self.closing:
             return [Drop(reason, "the sandbox is closing")]
-        self.given_up, self.rounds = False, 0
-        self.budget.reset()
+        self.budget.restarted(by_hand=True)
         self._let_go()
         return self._replace(reason)
 
@@ -151,21 +147,22 @@ class HostedRuntime:
             out.append(ToCore(RuntimeFailed(session_id=self.session_id, epoch=0,
                                             cause=RuntimeFailure.EXITED, detail=reason)))
         logger.warning("session %s: the sandbox driver failed: %s", self.session_id, reason)
-        if self.budget.quiet():
-            self.rounds = 0
-        if not self.budget.allow():
-            self.given_up = True
-            self.rounds += 1
-            retry_in_s = self.policy.cooldown_s(self.rounds)
-            text, resumes_at = give_up_text("the sandbox", self.policy, reason, retry_in_s)
+        restart, wait_s = self.budget.failed()
+        if not restart:
+            text, resumes_at = give_up_text("the sandbox", self.policy, reason, wait_s)
             out.append(ToCore(RuntimeDown(reason=text, resumes_at=resumes_at)))
-            if retry_in_s is not None:
-                out.append(After(retry_in_s, TIMER, (self.incarnation, "cooldown_over", None)))
+            if wait_s is not None:
+                out.append(After(wait_s, TIMER, (self.incarnation, "cooldown_over", None)))
             return out
-        backoff_s = self.budget.backoff_s()
+        backoff_s = wait_s or 0.0
         if backoff_s <= 0:
             return out + self._replace(reason)
         return out + [After(backoff_s, TIMER, (self.incarnation, "restart", reason))]
+
+    @property
+    def given_up(self) -> bool:
+        """Past the intensity: no driver until the cooldown ends or the user resumes."""
+        return self.budget.given_up
 
     # -- inputs ----------------------------------------------------------------
 
@@ -199,9 +196,8 @@ class HostedRuntime:
         if name == "cooldown_over":
             if not self.given_up or self.closing:
                 return [Drop(name, "the sandbox is back or closing")]
-            self.given_up = False
-            self.budget.reset()
-            return self._replace(f"cooldown over after give-up round {self.rounds}; "
+            self.budget.restarted(by_hand=False)
+            return self._replace(f"cooldown over after give-up round {self.budget.rounds}; "
                                  "trying again")
         if self.driver is None:
             return [Drop(name, "the sandbox is down")]

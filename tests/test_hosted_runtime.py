@@ -189,3 +189,14 @@ def test_requests_before_the_sandbox_is_ready_wait_for_it():
                                                            "Executed"]
     assert not any(isinstance(e, Work) for e in effects)
 
+
+
+def test_after_the_last_give_up_round_the_sandbox_stays_down_until_a_resume():
+    runtime, sandboxes, _ = booted(intensity=0, giveup_rounds=1, giveup_cooldown_s=30)
+    effects = run(runtime.crash("one"))
+    cooldown = next(e for e in effects if isinstance(e, After))
+    run(runtime.on_timer(cooldown.token))  # round 1 over: a fresh driver
+    effects = run(runtime.crash("two, right after"))
+    down = to_core(effects)[-1]
+    assert isinstance(down, RuntimeDown) and down.resumes_at is None, down
+    assert not any(isinstance(e, After) for e in effects) and len(sandboxes) == 2

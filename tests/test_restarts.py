@@ -28,7 +28,7 @@ def test_intensity_restarts_fit_in_the_period_then_the_budget_says_give_up():
     assert budget.allow()
 
 
-def test_a_calm_period_empties_the_window_and_reset_forgets_at_once():
+def test_a_calm_period_empties_the_window_and_reset_starts_a_new_one():
     clock = Clock()
     budget = RestartBudget(RestartPolicy(intensity=2, period_s=10), clock)
     budget.allow()
@@ -37,6 +37,12 @@ def test_a_calm_period_empties_the_window_and_reset_forgets_at_once():
     assert budget.quiet()
     budget.allow()
     budget.reset()
+    assert budget.allow() and budget.allow()  # a clean budget: the full intensity again
+    budget.reset()
+    # but not calm: a death right after a cooldown's restart is the next give-up round
+    # (it once was, so the rounds never passed 1 and never ended)
+    assert not budget.quiet()
+    clock.now += 10.5
     assert budget.quiet()
 
 
@@ -67,3 +73,32 @@ def test_the_cooldown_doubles_per_round_up_to_its_cap_then_stays_down():
 def test_a_policy_refuses_what_cannot_work(bad):
     with pytest.raises(ValidationError):
         RestartPolicy(**bad)
+
+
+def test_failed_restarts_within_the_intensity_then_gives_up_for_rounds_of_cooldown():
+    clock = Clock()
+    policy = RestartPolicy(intensity=1, period_s=60, giveup_rounds=2, giveup_cooldown_s=30,
+                           giveup_cooldown_max_s=45)
+    budget = RestartBudget(policy, clock, random.Random(3))
+    assert budget.failed() == (True, 0.0)  # the first restart at once
+    assert budget.failed() == (False, 30.0) and budget.given_up and budget.rounds == 1
+    budget.restarted(by_hand=False)  # the cooldown's end: the rounds go on
+    assert not budget.given_up
+    budget.failed()
+    assert budget.failed() == (False, 45.0) and budget.rounds == 2  # doubled, capped
+    budget.restarted(by_hand=False)
+    budget.failed()
+    assert budget.failed() == (False, None)  # past the last round: down until restarted
+    budget.restarted(by_hand=True)  # a user's resume grants every round again
+    assert budget.rounds == 0 and budget.failed() == (True, 0.0)
+
+
+def test_a_calm_period_forgets_the_give_up_rounds():
+    clock = Clock()
+    budget = RestartBudget(RestartPolicy(intensity=1, period_s=60), clock)
+    budget.failed()
+    budget.failed()
+    assert budget.rounds == 1
+    budget.restarted(by_hand=False)
+    clock.now += 61
+    assert budget.failed() == (True, 0.0) and budget.rounds == 0
