@@ -114,6 +114,13 @@ class RootSupervisor(HostedSessions):
                 self.send(reply_to, Accepted(request_id=start.request_id,
                                              session_id=start.session_id))
             return
+        # answered first, not once the session's process is up: the session is in the
+        # store, and its start below cannot be refused (a fork that fails fails the root,
+        # whose program then reopens and restores it); a caller starting many goes on with
+        # the next while this one forks, and what goes wrong later is in the session's log
+        if reply_to is not None:
+            self.send(reply_to, Accepted(request_id=start.request_id,
+                                         session_id=start.session_id))
         if self.layout == "hosted":
             self.start_hosted(start)
         else:
@@ -123,12 +130,6 @@ class RootSupervisor(HostedSessions):
                                    policy=self.policy, reply_to=None)
 
             self.supervise(ChildSpec(role, self.session_class, boot))
-        # answered now, not once the Controller is up: the session is in the store and its
-        # tree is under supervision, so a caller starting many need not wait three forks
-        # and a boot for each; what goes wrong from here is in the session's log
-        if reply_to is not None:
-            self.send(reply_to, Accepted(request_id=start.request_id,
-                                         session_id=start.session_id))
 
     def _forward(self, cmd: UserCommand | FailRuntime, msg: Relay) -> None:
         kept = self.kept.get(cmd.session_id)
