@@ -219,8 +219,16 @@ def segments(request_times_s: list[float], events: list[Any]) -> dict[str, list[
     }
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int]:
-    """Pid of each process serving one session: broker, supervisor, controller, proxy..."""
+    """Pid of each process serving one session: broker, session (hosted layout: one
+    process; split: supervisor, controller, proxy), sandbox server, shell..."""
     from procs import children_map, listening_pid, parent, sandbox_server_of, session_actor
 
     server = sandbox_server_of(home, session_id)
@@ -230,15 +238,16 @@ def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int
     proxy = session_actor(home, session_id, "runtime")
     supervisor = session_actor(home, session_id, "session")
     root = parent(supervisor) if supervisor else None
+    hosted = proxy is None  # the session's one process drives its sandbox itself
     roles = {
         "sandbox server": server,
         "runtime proxy": proxy,
-        "session supervisor": supervisor,
+        "session (hosted)" if hosted else "session supervisor": supervisor,
         "root supervisor": root,
     }
     shells = children.get(server, [])
-    controllers = [c for c in children.get(supervisor, []) if c != proxy]
-    brokers = [c for c in children.get(root, []) if not children.get(c)]  # a childless actor
+    controllers = [] if hosted else [c for c in children.get(supervisor, []) if c != proxy]
+    brokers = [c for c in children.get(root, []) if _comm(c) == "trouper-llm"]
     for role, found in (("bash", shells), ("controller", controllers), ("llm broker", brokers)):
         if found:
             roles[role] = found[0]
