@@ -34,7 +34,6 @@ from ..messages.protocol import (
     RuntimeFailed,
     RuntimeFailure,
     RuntimeReady,
-    SandboxClosed,
 )
 from ..messages.tree import Superseded
 from ..restarts import RestartBudget, RestartPolicy, give_up_text
@@ -81,6 +80,14 @@ class HostedRuntime:
         self.ready = False
         self.closing = False
         """Told to close, or stood down: no incarnation starts after this."""
+        self.unfinished_start: int | None = None
+        """A failed incarnation whose sandbox start still runs on a worker: no new one
+        starts until it is done (two starts at once could both claim the sandbox, and the
+        failed one's later claim would fence the new driver out)."""
+        self.deferred: str | None = None
+        """Why a new incarnation waits for that start (its restart reason)."""
+        self.pending_closes: list[tuple[CloseSandbox, Any]] = []
+        """Closes that wait for that start too, with no driver to take them."""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -95,6 +102,9 @@ class HostedRuntime:
 
     def _replace(self, reason: str) -> list[HostedEffect]:
         """A fresh incarnation; the core asks its journal what the old one left."""
+        if self.unfinished_start is not None:
+            self.deferred = reason
+            return []
         logger.info("session %s: sandbox driver %d: %s", self.session_id,
                     self.incarnation + 1, reason)
         return [ToCore(RuntimeReplaced()), *self._start()]
@@ -115,10 +125,24 @@ class HostedRuntime:
         return self._failed(reason)
 
     def close(self, msg: CloseSandbox, reply_to: Any) -> list[HostedEffect]:
+        """Stop the sandbox and answer ``SandboxClosed``; nothing starts after this. With
+        no driver (restarting, given up) a fresh one stops the sandbox (a backend stops
+        what runs without having started it), once a failed one's start is done."""
         self.closing = True
-        if self.driver is None:  # down (restarting, given up): nothing runs to stop
-            return [Reply(reply_to, SandboxClosed(request_id=msg.request_id, session_id=""))]
-        return self._wrap(self.driver.close(msg, reply_to), self.incarnation)
+        if self.driver is not None:
+            return self._wrap(self.driver.close(msg, reply_to), self.incarnation)
+        self.pending_closes.append((msg, reply_to))
+        return [] if self.unfinished_start is not None else self._close_down()
+
+    def _close_down(self) -> list[HostedEffect]:
+        """Close the sandbox of a session whose driver is down, for every close waiting."""
+        closes, self.pending_closes = self.pending_closes, []
+        self.incarnation += 1
+        self.driver = RuntimeDriver(self.session_id, self.make_sandbox(self.incarnation))
+        out: list[HostedEffect] = []
+        for msg, reply_to in closes:
+            out += self._wrap(self.driver.close(msg, reply_to), self.incarnation)
+        return out
 
     def stop(self) -> None:
         """The process is exiting: the live incarnation starts nothing more."""
@@ -131,6 +155,8 @@ class HostedRuntime:
         driver, self.driver = self.driver, None
         self.ready = False
         if driver is not None:
+            if driver.starting:
+                self.unfinished_start = self.incarnation
             driver.stopping = True
             if driver.exit_fd is not None:
                 os.close(driver.exit_fd)
@@ -231,9 +257,24 @@ class HostedRuntime:
     def _then(self, work: Work, incarnation: int) -> Callable[..., list[Any]]:
         def then(result: Any, error: BaseException | None) -> list[HostedEffect]:
             if not self._live(incarnation):
-                return [Drop(work.fn, "the result of a failed sandbox driver's work")]
+                dropped: list[HostedEffect] = [
+                    Drop(work.fn, "the result of a failed sandbox driver's work")]
+                return dropped + self._start_done(incarnation)
             return self._wrap(work.then(result, error), incarnation)
         return then
+
+    def _start_done(self, incarnation: int) -> list[HostedEffect]:
+        """A failed incarnation's work came back: if it was the start a new incarnation
+        waits for (the only work of a starting driver), start that one now."""
+        if incarnation != self.unfinished_start:
+            return []
+        self.unfinished_start = None
+        reason, self.deferred = self.deferred, None
+        if self.pending_closes:
+            return self._close_down()
+        if reason is None or self.driver is not None or self.closing or self.given_up:
+            return []
+        return self._replace(reason)
 
     def _live(self, incarnation: int) -> bool:
         return self.driver is not None and incarnation == self.incarnation

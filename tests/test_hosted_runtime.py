@@ -161,11 +161,25 @@ def test_close_stops_the_sandbox_answers_and_no_driver_starts_after():
     assert len(sandboxes) == 1
 
 
-def test_close_while_down_answers_that_nothing_ran():
-    runtime, _, _ = booted(intensity=0, giveup_rounds=0)
+def test_close_while_the_sandbox_is_given_up_still_stops_it():
+    runtime, sandboxes, _ = booted(intensity=0, giveup_rounds=0)
     run(runtime.crash("gone"))
     assert run(runtime.close(CloseSandbox(request_id="r"), "supervisor")) == [
-        Reply("supervisor", SandboxClosed(request_id="r", session_id=""))]
+        Reply("supervisor", SandboxClosed(request_id="r", session_id=SID))]
+    assert len(sandboxes) == 2 and sandboxes[-1].stops == 1  # a fresh backend, not started
+    assert to_core(run(runtime.restart("resumed after the close"))) == []
+
+
+def test_a_close_waits_for_a_failed_drivers_start_then_stops_what_it_brought_up():
+    runtime, sandboxes, _ = hosted()
+    held = Held()
+    run(runtime.boot(), held)
+    run(runtime.crash("failed while starting"))
+    assert run(runtime.close(CloseSandbox(request_id="r"), "root")) == []  # waits for it
+    effects = finish(held)
+    assert [e for e in effects if isinstance(e, Reply)] == [
+        Reply("root", SandboxClosed(request_id="r", session_id=SID))]
+    assert sandboxes[-1].stops == 1 and to_core(effects) == []
 
 
 def test_a_sandbox_that_serves_a_newer_runtime_means_stand_down_not_restart():
@@ -200,3 +214,17 @@ def test_after_the_last_give_up_round_the_sandbox_stays_down_until_a_resume():
     down = to_core(effects)[-1]
     assert isinstance(down, RuntimeDown) and down.resumes_at is None, down
     assert not any(isinstance(e, After) for e in effects) and len(sandboxes) == 2
+
+
+def test_a_driver_failed_while_its_sandbox_starts_is_replaced_once_that_start_is_done():
+    """Two starts at once could both claim the sandbox, the failed one last: it would
+    fence the new driver out. The new one waits for the old start to come back."""
+    runtime, sandboxes, _ = hosted()
+    held = Held()
+    assert run(runtime.boot(), held) == []  # starting on a worker
+    assert to_core(run(runtime.crash("failed while starting"))) == []
+    assert len(sandboxes) == 1  # no second start yet
+    effects = finish(held)  # the old start comes back: dropped, and the new one starts
+    assert to_core(effects) == [RuntimeReplaced(),
+                                RuntimeReady(session_id=SID, epoch=7, attached=False)]
+    assert len(sandboxes) == 2 and runtime.incarnation == 2

@@ -1,6 +1,6 @@
-"""I5/I6 for the RuntimeProxy and the LLMBroker: every handler is total.
+"""I5/I6 for the RuntimeProxy, the LLMBroker and the SessionHost: every handler is total.
 
-Both need real collaborators (a local sandbox server; an HTTP model server), so each runs
+Each needs real collaborators (a local sandbox server; an HTTP model server), so each runs
 as a real process of a ``Trouper``'s actor system, created on its own with the test as
 its parent (its replies come to the system's address) and a home of its own for its pid
 file; its log lines go to the Trouper's ``logs/trouper.log``. Each is driven with
@@ -279,3 +279,83 @@ def test_llm_broker_never_asks_the_model_twice_for_one_request(broker, scripted)
     actor.tell(_complete(llm, "r1"))
     actor.expect_dropped("broker", 1)
     assert len(server.requests) == 1
+
+
+# ---- SessionHost (the hosted layout's session process) ---------------------------------
+
+
+@pytest.fixture
+def host(trouper, tmp_path):
+    """A SessionHost not booted yet, its StartSession (the session is in its store), and
+    its sandbox's state folder."""
+    from trouper.actors.session_host import SessionHost
+    from trouper.store import open_store
+
+    home = Home.at(tmp_path / "home")
+    start = _start(home, tmp_path / "ws")
+    store = open_store(home)
+    try:
+        store.create_session(start.session_id, start.config)
+    finally:
+        store.close()
+    actor = Standalone(trouper, SessionHost)
+    state_dir = home.runtime_dir(start.session_id)
+    yield actor, start, state_dir
+    actor.stop()
+    try:
+        wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox servers to exit")
+    except TimeoutError:
+        pass
+    leftover = _servers_on(state_dir)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"sandbox servers left running: {leftover}"
+
+
+def test_session_host_drops_what_it_cannot_use_and_closes_its_sandbox_once(host):
+    from trouper.messages.tree import (
+        BootController,
+        FailRuntime,
+        Relay,
+        Shutdown,
+        ShutdownDone,
+    )
+    from trouper.restarts import RestartPolicy
+
+    actor, start, state_dir = host
+    sid = start.session_id
+    boot = BootController(start=start, broker=None, runtime=None, policy=RestartPolicy())
+    fail = FailRuntime(request_id="fail-1", session_id=sid)
+    actor.tell(boot)
+    actor.pid = _pid_of(Home.at(start.home).actor_pid_path("session", sid))
+    wait_until(lambda: f"session {sid}: sandbox started" in actor.log.read_text(
+        errors="replace"), 30, "the session's sandbox to start")
+    late = [
+        boot,  # a second boot
+        Executed(session_id=sid, action_id="nobody", outcome=Outcome(status="ok", content="x")),
+        WakeupMessage(1, payload="no such timer"),
+        WakeupMessage(1, payload=Timer("runtime", (99, "restart", "forged"))),  # not set
+    ]
+    actor.tell(*late)
+
+    def driver_failures() -> int:
+        text = actor.log.read_text(errors="replace")
+        return text.count(f"session {sid}: the sandbox driver failed")
+
+    # the harness's fault, twice: each fails the driver in process, and a fresh one
+    # attaches to the same sandbox server (it outlives its drivers)
+    server = _servers_on(state_dir)
+    for n, request_id in enumerate(("fail-1", "fail-2"), start=1):
+        actor.tell(Relay(msg=fail.model_copy(update={"request_id": request_id}),
+                         reply_to=None))
+        wait_until(lambda n=n: driver_failures() >= n, 10, f"driver failure {n}")
+    wait_until(lambda: f"session {sid}: sandbox attached" in actor.log.read_text(
+        errors="replace"), 30, "a new driver to attach")
+    assert _servers_on(state_dir) == server
+    actor.tell(Shutdown(request_id="down-1", stop_sandboxes=True),
+               Shutdown(request_id="down-2", stop_sandboxes=True))
+    got = actor.until(lambda got: len([m for m in got if isinstance(m, ShutdownDone)]) >= 2)
+    assert sorted((m.request_id, tuple(m.sessions)) for m in got) == [
+        ("down-1", (sid,)), ("down-2", (sid,))]
+    wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox to stop")
+    actor.expect_dropped("controller", len(late))
