@@ -20,6 +20,7 @@ without an outcome from the journal: nothing is lost and nothing runs twice.
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from ..core.session import SessionCore
 from ..core.states import allowed
 from ..exceptions import LeaseLost, StoreUnavailable
 from ..fold import SessionView
+from ..llm.history import HistorySender
 from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..messages import tree as wiring
 from ..messages.events import AgentState, StateChanged, Why
@@ -59,6 +61,7 @@ from ..messages.protocol import (
     JournalFault,
     Refusal,
     Refused,
+    ResendHistory,
     ResolveAction,
     Resolved,
     RetryScheduled,
@@ -113,6 +116,8 @@ class Controller(TrouperActor):
         self.fault_since: datetime | None = None
         self.replies: dict[str, ActorAddress | None] = {}
         """Who waits for the answer to each user command the core is handling."""
+        self.history = HistorySender(uuid.uuid4().hex[:12])
+        """What the broker has of this session's history (each request sends what is new)."""
         self.early: list[tuple[Any, ActorAddress]] = []
         """What came before the boot (Thespian may deliver a parent's later messages to a
         new child first), handled once booted, in order."""
@@ -229,10 +234,21 @@ class Controller(TrouperActor):
     def on_rewire(self, msg: Rewire, sender: ActorAddress) -> None:
         if msg.broker is not None:
             self.broker = msg.broker
+            self.history.forget()  # a new broker has nothing of it
             self.feed(BrokerBack())
         if msg.runtime is not None:
             self.runtime = msg.runtime
             self.feed(RuntimeReplaced())
+
+    def on_resend_history(self, msg: ResendHistory, sender: ActorAddress) -> None:
+        """The broker lacks the history a request built on: send the request whole, if it
+        is still the one the core waits for (a stale one is dropped)."""
+        request = self.core.llm_request if self.core is not None else None
+        if request is None or request.request_id != msg.request_id or self.broker is None:
+            self.drop(msg, "not the request the session waits for")
+            return
+        self.history.forget()
+        self.send(self.broker, self.history.prepare(request))
 
     def on_timer_lift(self, token: int) -> None:
         self.feed(TimerFired("lift", token))
@@ -256,7 +272,7 @@ class Controller(TrouperActor):
             self._append(effect)
         elif isinstance(effect, AskModel):
             if self.broker is not None:  # else held: BrokerBack sends it to the new one
-                self.send(self.broker, effect.request)
+                self.send(self.broker, self.history.prepare(effect.request))
         elif isinstance(effect, CancelModel):
             if self.broker is not None:
                 self.send(self.broker, CancelCompletion(request_id=effect.request_id,

@@ -29,12 +29,14 @@ from ..llm.client import complete
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, estimate_tokens
+from ..llm.history import HistoryStore
 from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
     CancelCompletion,
     Complete,
     Completed,
     CompletionFailed,
+    ResendHistory,
     RetryScheduled,
 )
 from ..messages.tree import BootBroker
@@ -90,6 +92,8 @@ class LLMBroker(TrouperActor):
         self._pump_due: dict[GateKey, float] = {}
         self._answered_ids: OrderedDict[str, None] = OrderedDict()
         """The last ``ANSWERED_KEPT`` request ids answered: a duplicate is not asked again."""
+        self._histories = HistoryStore()
+        """Each session's last whole request: the next brings only what is new."""
 
     def on_boot_broker(self, msg: BootBroker, sender: ActorAddress) -> None:
         self.set_parent(sender)
@@ -101,9 +105,14 @@ class LLMBroker(TrouperActor):
         if msg.request_id in self._answered_ids:  # a duplicate that raced its own answer
             self.drop(msg, "it was answered already; the model is not asked twice")
             return
+        whole = self._histories.take(msg)
+        if whole is None:  # built on a history this broker does not have
+            self.send(sender, ResendHistory(request_id=msg.request_id,
+                                            session_id=msg.session_id))
+            return
         if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
             remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
-        call = _Call(request=msg, reply_to=sender)
+        call = _Call(request=whole, reply_to=sender)
         self._calls[msg.request_id] = call
         self._enqueue(call)
 

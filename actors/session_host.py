@@ -160,6 +160,7 @@ class SessionHost(Controller):
             self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
             return
         self.broker = msg.broker
+        self.history.forget()  # a new broker has nothing of it
         self.feed(BrokerBack())
 
     def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:

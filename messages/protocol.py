@@ -92,6 +92,11 @@ class Complete(Frozen):
     """Model turns the session had before this one (sent as ``X-Trouper-Turn``)."""
     lift_cooldown: bool = False
     """The user resumed a RATE_LIMITED session: try now, ending the key's cooldown."""
+    history_id: str = ""
+    """Names the history ``messages`` belong to (``llm/history.py``); "" for none."""
+    history_len: int = 0
+    """0: ``messages`` and ``tools`` are whole. Else ``messages`` follow the first
+    ``history_len`` of history ``history_id``, which the broker keeps, with its tools."""
 
 
 class ToolCall(Frozen):
@@ -143,6 +148,15 @@ class RetryScheduled(Frozen):
     wait_s: float
     error_class: LLMErrorClass
     message: str
+
+
+class ResendHistory(Frozen):
+    """Broker -> Controller: a ``Complete`` built on a history the broker does not have
+    (it restarted, or forgot the session): send it whole."""
+
+    kind: Literal["resend_history"] = "resend_history"
+    request_id: str
+    session_id: str
 
 
 class CancelCompletion(Frozen):
