@@ -136,6 +136,18 @@ def _servers_on(state_dir: Path) -> list[int]:
     return found
 
 
+def _no_servers_left(state_dir: Path) -> None:
+    """Fail (after killing them) if sandbox servers of ``state_dir`` still run."""
+    try:  # a server told to shut down may take a moment to be gone
+        wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox servers to exit")
+    except TimeoutError:
+        pass
+    leftover = _servers_on(state_dir)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"sandbox servers left running: {leftover}"
+
+
 @pytest.fixture
 def proxy(trouper, tmp_path):
     """A RuntimeProxy not booted yet, its StartSession, and its sandbox's state folder."""
@@ -145,14 +157,7 @@ def proxy(trouper, tmp_path):
     state_dir = home.runtime_dir(start.session_id)
     yield actor, start, state_dir
     actor.stop()
-    try:  # a server told to shut down may take a moment to be gone
-        wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox servers to exit")
-    except TimeoutError:
-        pass
-    leftover = _servers_on(state_dir)
-    for pid in leftover:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftover, f"sandbox servers left running: {leftover}"
+    _no_servers_left(state_dir)
 
 
 def _execute(sid: str, action_id: str, command: str) -> Execute:
@@ -304,14 +309,7 @@ def host(trouper, tmp_path):
     state_dir = home.runtime_dir(start.session_id)
     yield actor, start, state_dir
     actor.stop()
-    try:
-        wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox servers to exit")
-    except TimeoutError:
-        pass
-    leftover = _servers_on(state_dir)
-    for pid in leftover:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftover, f"sandbox servers left running: {leftover}"
+    _no_servers_left(state_dir)
 
 
 def test_session_host_drops_what_it_cannot_use_and_closes_its_sandbox_once(host):
