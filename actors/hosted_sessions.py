@@ -77,12 +77,12 @@ class HostedSessions(Supervisor):
         cmd = relay.msg
         role = session_role(kept.start.session_id)
         host = self.child(role)
-        if kept.recording is not None:  # never a host beside the stand-in (one writer)
+        if isinstance(cmd, FailRuntime) and (host is None or kept.recording is not None):
+            self._refuse(relay, "the session's host is restarting; no driver runs now")
+        elif kept.recording is not None:  # never a host beside the stand-in (one writer)
             kept.woken.append(relay)
         elif host is not None:
             self.send(host, relay)
-        elif isinstance(cmd, FailRuntime):
-            self._refuse(relay, "the session's host is restarting; no driver runs now")
         else:
             kept.held.append(relay)
             if self.gave_up_on(role):  # in its cooldown: a user's command wakes it now
