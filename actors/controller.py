@@ -215,9 +215,11 @@ class Controller(TrouperActor):
     MAX_EARLY = 256
     """Inputs kept before the boot at most; later ones are dropped (a flood, not a race)."""
 
+    FIRST: tuple[type, ...] = (BootController, RecordDowntime)
+    """What may come first: the boot, or a stand-in's first and only message."""
+
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
-        first = (BootController, RecordDowntime)  # a stand-in's first and only is the latter
-        if not self.booted and not self._stopping and not isinstance(msg, first):
+        if not self.booted and not self._stopping and not isinstance(msg, self.FIRST):
             if len(self.early) < self.MAX_EARLY:
                 self.early.append((msg, sender))
             else:

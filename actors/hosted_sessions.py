@@ -20,10 +20,12 @@ from thespian.actors import ActorAddress
 from ..messages.protocol import Refusal, Refused, StartSession
 from ..messages.tree import (
     BootController,
+    CloseFor,
     DowntimeRecorded,
     FailRuntime,
     RecordDowntime,
     Relay,
+    Shutdown,
 )
 from ..restarts import give_up_text
 from .session_host import SessionHost
@@ -61,6 +63,18 @@ class HostedSessions(Supervisor):
     def __init__(self) -> None:
         super().__init__()
         self.kept: dict[str, Kept] = {}
+        self.closers: dict[str, ActorAddress] = {}
+        """Role -> the stand-in closing that session's sandbox while the tree closes."""
+
+    def start_closers(self, shutdown: Shutdown) -> dict[str, ActorAddress]:
+        """A stand-in host for each hosted session whose host is down (restarting, in a
+        cooldown; not one whose downtime is being written), to stop its sandbox."""
+        for kept in self.kept.values():
+            role = session_role(kept.start.session_id)
+            if self.child(role) is None and kept.recording is None:
+                self.closers[role] = self.start_helper(
+                    self.host_class, CloseFor(start=kept.start, request_id=shutdown.request_id))
+        return dict(self.closers)
 
     def start_hosted(self, start: StartSession) -> None:
         self.kept[start.session_id] = Kept(start)
@@ -129,6 +143,9 @@ class HostedSessions(Supervisor):
         self._downtime_settled(kept)
 
     def on_helper_exited(self, address: ActorAddress) -> None:
+        for role, closer in list(self.closers.items()):
+            if closer == address:
+                del self.closers[role]
         for kept in list(self.kept.values()):
             if kept.recording is not None and kept.stand_in == address:
                 logger.error("session %s: the stand-in exited before it recorded the "

@@ -205,17 +205,21 @@ class RootSupervisor(HostedSessions):
             under_way.reply_to.append(sender)
             return
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
-        if not sessions:
+        # a hosted session whose host is down has nobody to stop its sandbox: a stand-in
+        closers = self.start_closers(msg) if msg.stop_sandboxes else {}
+        if not sessions and not closers:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.pending_shutdown[msg.request_id] = _Closing([sender], set(sessions))
+        self.pending_shutdown[msg.request_id] = _Closing([sender], sessions | set(closers))
         for role in sessions:
             self.send(self.child(role), msg)
         self.after(settings().shutdown_deadline_s, "shutdown_deadline", msg.request_id)
 
     def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
         closing = self.pending_shutdown.get(msg.request_id)
-        roles = [r for r in closing.waiting if self.child(r) == sender] if closing else []
+        roles = [r for r in closing.waiting
+                 if sender is not None and sender in (self.child(r), self.closers.get(r))
+                 ] if closing else []
         if closing is None or not roles:
             self.drop(msg, "no shutdown under way waits for it from there")
             return

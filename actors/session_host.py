@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
 from ..core.effects import AskJournal, BrokerBack, Effect, RestartRuntime, RunAction
+from ..masking import remember_secrets, session_maskers
 from ..messages.protocol import (
     Accepted,
     CloseSandbox,
@@ -30,10 +32,12 @@ from ..messages.protocol import (
     Refused,
     ResolveAction,
     SandboxClosed,
+    StartSession,
 )
 from ..messages.tree import (
     BootController,
     BrokerMoved,
+    CloseFor,
     FailRuntime,
     Relay,
     Shutdown,
@@ -56,25 +60,20 @@ SHUTDOWN = "shutdown"
 class SessionHost(Controller):
     # "controller": its pid is the one kill_actor(session, "controller") kills
     role = "controller"
+    FIRST = (*Controller.FIRST, CloseFor)
 
     def __init__(self) -> None:
         super().__init__()
         self.hosted: HostedRuntime | None = None
         self.for_core: deque[Any] = deque()
         """What the runtime said for the core, fed once the current handler is done."""
+        self.closing_only = False
+        """A stand-in that only closes the sandbox of a session whose host is down."""
 
     def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
         start = msg.start
         home = Home.at(start.home)
-
-        def make_sandbox(incarnation: int) -> Sandbox:
-            sandbox = session_sandbox(start)
-            if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
-                sandbox.progress = (  # type: ignore[attr-defined]
-                    lambda phase, detail: self._progress_from_worker(incarnation, phase, detail))
-            return sandbox
-
-        self.hosted = HostedRuntime(start.session_id, make_sandbox,
+        self.hosted = HostedRuntime(start.session_id, self._sandbox_maker(start),
                                     msg.policy or RestartPolicy())
         # no SessionSupervisor: killing "the session" kills this process
         self.publish_pid(home.actor_pid_path("session", start.session_id))
@@ -83,6 +82,16 @@ class SessionHost(Controller):
         super().on_boot_controller(msg, sender)
         if self.hosted.driver is None:  # (an early command may have started one)
             self.perform_runtime(self.hosted.boot())
+
+    def _sandbox_maker(self, start: StartSession) -> Callable[[int], Sandbox]:
+        def make_sandbox(incarnation: int) -> Sandbox:
+            sandbox = session_sandbox(start)
+            if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
+                sandbox.progress = (  # type: ignore[attr-defined]
+                    lambda phase, detail: self._progress_from_worker(incarnation, phase, detail))
+            return sandbox
+
+        return make_sandbox
 
     def _progress_from_worker(self, incarnation: int, phase: str, detail: str) -> None:
         """Called on the worker thread that starts the sandbox: hand it to the actor."""
@@ -155,6 +164,19 @@ class SessionHost(Controller):
         self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id),
                                                (SHUTDOWN, sender)))
 
+    def on_close_for(self, msg: CloseFor, sender: ActorAddress) -> None:
+        """A stand-in's whole life: the tree closes while this session's host is down.
+        Stop its sandbox, answer ``ShutdownDone``, exit."""
+        self.set_parent(sender)
+        self.start = msg.start
+        remember_secrets(session_maskers(msg.start.secrets, msg.start.config.llm,
+                                         msg.start.config.runtime)[0].pairs)
+        self.closing_only = True
+        self.hosted = HostedRuntime(msg.start.session_id, self._sandbox_maker(msg.start),
+                                    RestartPolicy())
+        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id),
+                                               (SHUTDOWN, sender)))
+
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
         if sender is None or sender != getattr(self, "_parent_address", None):
             self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
@@ -186,6 +208,8 @@ class SessionHost(Controller):
                 closed = [effect.msg.session_id] if effect.msg.session_id else []
                 self.send(reply_to, ShutdownDone(request_id=effect.msg.request_id,
                                                  sessions=closed))
+                if self.closing_only:  # a stand-in that only closed: its work is done
+                    self.send(self.myAddress, ActorExitRequest())
             elif isinstance(effect, Reply):
                 self.send(effect.to, effect.msg)
             elif isinstance(effect, Work):

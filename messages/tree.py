@@ -129,6 +129,15 @@ class RecordDowntime(Frozen):
     resumes_at: datetime | None = None
 
 
+class CloseFor(Frozen):
+    """RootSupervisor -> a one-shot SessionHost: the tree closes while this hosted
+    session's host is down; stop its sandbox, answer ``ShutdownDone`` and exit."""
+
+    kind: Literal["close_for"] = "close_for"
+    start: StartSession
+    request_id: str
+
+
 class DowntimeRecorded(Frozen):
     """A stand-in Controller -> its SessionSupervisor: the downtime is in the log (or
     ``error`` says why it is not)."""

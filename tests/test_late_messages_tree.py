@@ -61,6 +61,7 @@ from trouper.messages.tree import (
     BootRuntime,
     BootSession,
     BrokerMoved,
+    CloseFor,
     Failing,
     RecordDowntime,
     Relay,
@@ -671,3 +672,35 @@ def test_hosted_downtime_word_from_a_stranger_is_dropped(system, drops, tmp_path
     root.tell(forged)
     _one_line_each(drops(), [forged])
     assert isinstance(root.command(start.session_id, "pause"), Accepted)  # still its host's
+
+
+class ClosingHost(RecordedController):
+    """A host whose closing stand-in answers at once (the sandbox is not what is tested)."""
+
+    FIRST = (*RecordedController.FIRST, CloseFor)
+    closed: ClassVar[list[str]] = []
+
+    def on_close_for(self, msg: CloseFor, sender: Any) -> None:
+        ClosingHost.closed.append(msg.start.session_id)
+        self.send(sender, ShutdownDone(request_id=msg.request_id,
+                                       sessions=[msg.start.session_id]))
+        self.send(self.myAddress, ActorExitRequest())
+
+
+class ClosingHostRoot(FakeRoot):
+    host_class = ClosingHost
+
+
+def test_hosted_a_session_whose_host_is_down_still_has_its_sandbox_closed(
+    system, drops, tmp_path
+):
+    """Nobody drives the session in its cooldown; at close a stand-in stops its sandbox."""
+    ClosingHost.closed = []
+    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
+    root, start = _hosted(system, tmp_path, policy, ClosingHostRoot)
+    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down for 600 s
+    done = root.ask(Shutdown(request_id="close", stop_sandboxes=True))
+    assert isinstance(done, ShutdownDone) and done.sessions == [start.session_id]
+    assert ClosingHost.closed == [start.session_id]
+    left = root.ask(Shutdown(request_id="leave", stop_sandboxes=False))  # nothing to stop
+    assert isinstance(left, ShutdownDone) and ClosingHost.closed == [start.session_id]

@@ -279,3 +279,28 @@ def test_a_sandbox_that_dies_while_idle_is_replaced_by_the_health_check(trouper,
     assert (tmp_path / "after.txt").read_text() == "after\n"
     assert check_log(list(session.events())) == []
 
+
+
+def test_close_stops_the_sandbox_of_a_session_whose_agent_loop_is_down(layout, scripted,
+                                                                       tmp_path):
+    """In its give-up cooldown nobody drives the session (hosted: no process of its own
+    runs); Trouper.close() still stops its sandbox, as it does every other's."""
+    from trouper.processes import pid_alive
+    from trouper.testing import sandbox_pid
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "touch started; sleep 30"}},
+                       FINISH])
+    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
+    t = Trouper(home=tmp_path / "home", layout=layout, policy=policy)
+    try:
+        session = t.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        started(tmp_path / "ws")
+        server = sandbox_pid(session)
+        assert server is not None
+        kill_actor(session, "controller")
+        wait_until(lambda: session.state == AgentState.ERROR, 30, "the loop's give-up")
+        assert "trying again in 300 s" in session.record.state_reason  # the cap
+    finally:
+        closed = t.close()
+    assert closed == [session.id]
+    wait_until(lambda: not pid_alive(server), 30, "the sandbox server to stop")
