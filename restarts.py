@@ -133,7 +133,9 @@ def give_up_text(what: str, policy: RestartPolicy, reason: str,
                  retry_in_s: float | None) -> tuple[str, datetime | None]:
     """What the session's log says when ``what`` (the sandbox, the agent loop) is down past
     its restart intensity, and when it comes back by itself (None: when the user resumes)."""
-    text = (f"{what} failed {policy.intensity + 1} times within {policy.period_s:g} s "
+    failures = policy.intensity + 1
+    text = (f"{what} failed {failures} time{'' if failures == 1 else 's'} within "
+            f"{policy.period_s:g} s "
             f"(last: {reason}); "
             + (f"trying again in {retry_in_s:g} s" if retry_in_s is not None
                else "resume to try again"))

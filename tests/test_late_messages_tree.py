@@ -624,7 +624,7 @@ def test_hosted_a_host_past_its_intensity_for_good_is_recorded_then_stopped(
     system.tell(RecordedController.booted[-1], ActorExitRequest())
     last = _states(root, start.session_id)[-1]
     assert last.cause == Why.LOOP_DOWN and last.resumes_at is None, last
-    assert "the agent loop failed 1 times" in last.reason
+    assert "the agent loop failed 1 time within" in last.reason
     refused = root.command(start.session_id, "resume")
     assert isinstance(refused, Refused) and refused.error == "UnknownSession"
     assert len(RecordedController.booted) == 1  # the stand-in does not boot
