@@ -85,6 +85,11 @@ def record(py_spy: Path, k: int, rate: int, workdir: Path, raw_path: Path) -> tu
     return {pid: (role, cpu[pid]) for role, pid in roles.items()}, steps
 
 
+MIN_STEPS = 50
+"""Fewer steps than this after py-spy attached (it takes about a second) make the
+per-step figures noise: the session's start and end dominate them."""
+
+
 def _frame_name(frame: str) -> str:
     """``function (path)`` -> ``function (package/module.py)``."""
     name, _, path = frame.partition(" (")
@@ -157,6 +162,9 @@ def summarize(
         "are of the samples that were not waiting (leaf not a select, queue or lock wait)",
         "",
     ]
+    if steps < MIN_STEPS:  # the session ended about when py-spy had attached
+        lines[1:1] = [f"WARNING: only {steps} steps after py-spy attached: the per-step "
+                      f"figures mean little; use a larger --k (200 takes a few seconds)"]
     for pid, (role, cpu) in sorted(roles.items(), key=lambda kv: -kv[1][1]):
         busy = [(f, c) for f, c in stacks.get(pid, []) if f and f[-1] not in WAITS]
         total = sum(c for _, c in busy)
