@@ -13,7 +13,6 @@ STEPS = 24
 
 
 @pytest.mark.slow
-@pytest.mark.each_layout
 def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(layout, scripted, tmp_path):
     _, llm = scripted([{"tool": "run", "args": {"command": f"echo {i}; sleep 0.2"}}
                        for i in range(STEPS)] + [{"tool": "finish", "args": {"message": "ok"}}])
