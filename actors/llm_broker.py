@@ -61,6 +61,9 @@ class _Call:
     """0 for the configured model, then its ``fallbacks`` in order."""
     waited_s: float = 0.0
     gate: AdmissionGate | None = None
+    tokens: int = 0
+    """The request's estimated tokens (``llm.gate.estimate_tokens``, kept incrementally
+    by the history store); 0: not known, estimated when it is admitted."""
 
     @property
     def models(self) -> list[str]:
@@ -105,14 +108,15 @@ class LLMBroker(TrouperActor):
         if msg.request_id in self._answered_ids:  # a duplicate that raced its own answer
             self.drop(msg, "it was answered already; the model is not asked twice")
             return
-        whole = self._histories.take(msg)
-        if whole is None:  # built on a history this broker does not have
+        taken = self._histories.take(msg)
+        if taken is None:  # built on a history this broker does not have
             self.send(sender, ResendHistory(request_id=msg.request_id,
                                             session_id=msg.session_id))
             return
+        whole, chars = taken
         if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
             remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
-        call = _Call(request=whole, reply_to=sender)
+        call = _Call(request=whole, reply_to=sender, tokens=max(1, (chars + 3) // 4))
         self._calls[msg.request_id] = call
         self._enqueue(call)
 
@@ -132,7 +136,7 @@ class LLMBroker(TrouperActor):
         call.gate = self._gates.gate(call.key, limits)
         if call.request.lift_cooldown and call.attempt == 1:
             call.gate.lift_cooldown()
-        tokens = estimate_tokens(call.request.messages, call.request.tools)
+        tokens = call.tokens or estimate_tokens(call.request.messages, call.request.tools)
         call.gate.request(call.request.request_id, call.request.session_id,
                           tokens + (cfg.max_output_tokens or 0))
         self._pump(call.key)

@@ -16,6 +16,7 @@ Neither side imports litellm or Thespian.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,23 @@ class _Sent:
     messages: Messages
     """A copy of the list last sent (the dicts are shared: the prompt never mutates them)."""
     tools: list[dict[str, Any]]
+    chars: int = 0
+    """The JSON length of ``messages`` and ``tools`` (the broker's side keeps it, for a
+    token estimate that does not serialise the whole history again)."""
+
+
+def _json_len(value: Any) -> int:
+    return len(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def _list_len(items: list[Any]) -> int:
+    """``len(json.dumps(items))`` from its items': brackets and ", " between them."""
+    return 2 + sum(_json_len(item) for item in items) + 2 * max(0, len(items) - 1)
+
+
+def request_chars(messages: Messages, tools: list[dict[str, Any]]) -> int:
+    """What ``llm.gate.estimate_tokens`` counts: the JSON length of both (tools if any)."""
+    return _list_len(messages) + (_list_len(tools) if tools else 0)
 
 
 def _extends(sent: _Sent, messages: Messages, tools: list[dict[str, Any]]) -> bool:
@@ -79,22 +97,29 @@ class HistoryStore:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def take(self, request: Complete) -> Complete | None:
-        """The whole request ``request`` stands for, kept for the session's next one; None
-        when it builds on a history this store does not have (send it whole)."""
+    def take(self, request: Complete) -> tuple[Complete, int] | None:
+        """The whole request ``request`` stands for, kept for the session's next one, and
+        its JSON length (``request_chars``: counted only for what is new); None when it
+        builds on a history this store does not have (send it whole)."""
         if request.history_len == 0:
+            chars = request_chars(request.messages, request.tools)
             if request.history_id:
-                self._keep(request.session_id,
-                           _Sent(request.history_id, request.messages, request.tools))
-            return request
+                self._keep(request.session_id, _Sent(request.history_id, request.messages,
+                                                     request.tools, chars))
+            return request, chars
         kept = self._kept.get(request.session_id)
         if (kept is None or kept.history_id != request.history_id
                 or len(kept.messages) != request.history_len):
             return None
         messages = kept.messages + request.messages
-        self._keep(request.session_id, _Sent(kept.history_id, messages, kept.tools))
-        return request.model_copy(update={"messages": messages, "tools": kept.tools,
-                                          "history_len": 0})
+        added = sum(_json_len(m) for m in request.messages) + 2 * len(request.messages)
+        if not kept.messages:  # no ", " before the first
+            added -= 2 if request.messages else 0
+        chars = kept.chars + added
+        self._keep(request.session_id, _Sent(kept.history_id, messages, kept.tools, chars))
+        whole = request.model_copy(update={"messages": messages, "tools": kept.tools,
+                                           "history_len": 0})
+        return whole, chars
 
     def _keep(self, session_id: str, sent: _Sent) -> None:
         self._kept[session_id] = sent

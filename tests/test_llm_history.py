@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trouper.config import LLMConfig
+from trouper.llm.gate import estimate_tokens
 from trouper.llm.history import HistorySender, HistoryStore
 from trouper.messages.protocol import Complete
 
@@ -31,16 +32,18 @@ def test_each_request_after_the_first_carries_only_the_new_messages():
     history = grown(3)
     first = sender.prepare(request(history, "r1"))
     assert first.history_len == 0 and first.messages == history and first.tools == TOOLS
-    assert store.take(first) == first
+    assert store.take(first)[0] == first  # type: ignore[index]
     history = history + [{"role": "assistant", "content": "m3"}, {"role": "user", "content": "m4"}]
     second = sender.prepare(request(history, "r2"))
     assert second.history_len == 3 and len(second.messages) == 2 and second.tools == []
-    whole = store.take(second)
-    assert whole is not None
+    taken = store.take(second)
+    assert taken is not None
+    whole, chars = taken
     assert whole.messages == history and whole.tools == TOOLS and whole.history_len == 0
+    assert (chars + 3) // 4 == estimate_tokens(history, TOOLS)
     third = sender.prepare(request(history + [{"role": "assistant", "content": "m5"}], "r3"))
     assert third.history_len == 5 and [m["content"] for m in third.messages] == ["m5"]
-    assert store.take(third).messages[-1]["content"] == "m5"  # type: ignore[union-attr]
+    assert store.take(third)[0].messages[-1]["content"] == "m5"  # type: ignore[index]
 
 
 def test_a_change_before_the_end_is_sent_whole():
@@ -66,9 +69,9 @@ def test_a_store_without_that_history_asks_for_it_whole_and_then_goes_on():
     assert restarted.take(delta) is None
     sender.forget()  # what the Controller does on ResendHistory
     whole = sender.prepare(request(grown(5), "r2"))
-    assert restarted.take(whole) == whole
+    assert restarted.take(whole)[0] == whole  # type: ignore[index]
     nxt = sender.prepare(request(grown(6), "r3"))
-    assert restarted.take(nxt).messages == grown(6)  # type: ignore[union-attr]
+    assert restarted.take(nxt)[0].messages == grown(6)  # type: ignore[index]
 
 
 def test_requests_that_crossed_are_refused_rather_than_mixed():
@@ -92,3 +95,20 @@ def test_the_store_keeps_the_most_recent_sessions():
     assert len(store) == 2
     assert store.take(senders["a"].prepare(request(grown(3), "a2", "a"))) is None  # evicted
     assert store.take(senders["c"].prepare(request(grown(3), "c2", "c"))) is not None
+
+
+def test_the_token_estimate_is_kept_as_the_history_grows_and_equals_a_whole_count():
+    """The broker's admission counts a request's tokens; the store adds only what is new,
+    and its count is the one ``estimate_tokens`` makes of the whole request."""
+    sender, store = HistorySender("c1"), HistoryStore()
+    odd = {"role": "tool", "tool_call_id": "c", "content": "é\u00e9 \"quoted\" ✓ \n"}
+    sizes = []
+    for n, extra in ((1, []), (3, []), (3, [odd]), (6, [odd]), (9, [odd, odd])):
+        history = grown(n) + extra
+        taken = store.take(sender.prepare(request(history, f"r{n}-{len(extra)}")))
+        assert taken is not None
+        _, chars = taken
+        sizes.append(chars)
+        assert max(1, (chars + 3) // 4) == estimate_tokens(history, TOOLS)
+    no_tools = HistorySender("c2").prepare(request(grown(2), "t", sid="s-2", tools=[]))
+    assert (store.take(no_tools)[1] + 3) // 4 == estimate_tokens(grown(2), [])  # type: ignore[index]
