@@ -34,6 +34,10 @@ from .supervision import ChildSpec, Supervisor
 logger = logging.getLogger(__name__)
 
 
+BROKER = "broker"
+"""The role of the root's shared LLM broker."""
+
+
 def session_role(session_id: str) -> str:
     return f"session:{session_id}"
 
@@ -58,7 +62,6 @@ class HostedSessions(Supervisor):
 
     host_class: type = SessionHost
     """The hosted session's actor; a test puts a fake in its place."""
-    broker_role = "broker"
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,17 +74,17 @@ class HostedSessions(Supervisor):
         cooldown; not one whose downtime is being written), to stop its sandbox."""
         for kept in self.kept.values():
             role = session_role(kept.start.session_id)
-            if self.child(role) is None and kept.recording is None:
+            if self.child(role) is None and kept.recording is None and role not in self.closers:
                 self.closers[role] = self.start_helper(
                     self.host_class, CloseFor(start=kept.start, request_id=shutdown.request_id))
-        return dict(self.closers)
+        return dict(self.closers)  # one closer a session, whichever shutdown started it
 
     def start_hosted(self, start: StartSession) -> None:
         self.kept[start.session_id] = Kept(start)
 
         def boot(n: int) -> BootController:
             again = start if n == 1 else start.model_copy(update={"restore": True})
-            return BootController(start=again, broker=self.child(self.broker_role),
+            return BootController(start=again, broker=self.child(BROKER),
                                   runtime=None, policy=self.policy)
 
         self.supervise(ChildSpec(session_role(start.session_id), self.host_class, boot))

@@ -50,15 +50,12 @@ from ..messages.tree import (
 from ..paths import Home
 from ..settings import settings
 from .base import Timer
-from .hosted_sessions import HostedSessions, session_role
+from .hosted_sessions import BROKER, HostedSessions, session_role
 from .llm_broker import LLMBroker
 from .session_supervisor import SessionSupervisor
 from .supervision import ChildSpec
 
 logger = logging.getLogger(__name__)
-
-BROKER = "broker"
-
 
 @dataclass
 class _Closing:
@@ -217,16 +214,28 @@ class RootSupervisor(HostedSessions):
 
     def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
         closing = self.pending_shutdown.get(msg.request_id)
-        roles = [r for r in closing.waiting
-                 if sender is not None and sender in (self.child(r), self.closers.get(r))
+        roles = [r for r in closing.waiting if sender is not None and sender == self.child(r)
                  ] if closing else []
-        if closing is None or not roles:
+        if closing is not None and roles:
+            self._closed(msg.request_id, closing, roles, msg.sessions)
+            return
+        closed_by = [r for r, closer in self.closers.items() if sender == closer]
+        if not closed_by:
             self.drop(msg, "no shutdown under way waits for it from there")
             return
+        # a closing stand-in answers the shutdown that started it; every shutdown under
+        # way waits for its close alike
+        for request_id, other in list(self.pending_shutdown.items()):
+            waited = [r for r in closed_by if r in other.waiting]
+            if waited:
+                self._closed(request_id, other, waited, msg.sessions)
+
+    def _closed(self, request_id: str, closing: _Closing, roles: list[str],
+                sessions: list[str]) -> None:
         closing.waiting.difference_update(roles)
-        closing.done.extend(msg.sessions)
+        closing.done.extend(sessions)
         if not closing.waiting:
-            self._shutdown_over(msg.request_id)
+            self._shutdown_over(request_id)
 
     def on_timer_shutdown_deadline(self, request_id: str) -> None:
         if request_id not in self.pending_shutdown:

@@ -53,10 +53,6 @@ from .controller import Controller
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN = "shutdown"
-"""Who waits for a sandbox's close: ``(SHUTDOWN, the root)``, answered ``ShutdownDone``."""
-
-
 class SessionHost(Controller):
     # "controller": its pid is the one kill_actor(session, "controller") kills
     role = "controller"
@@ -161,8 +157,7 @@ class SessionHost(Controller):
         if not msg.stop_sandboxes or self.hosted is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id),
-                                               (SHUTDOWN, sender)))
+        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id), sender))
 
     def on_close_for(self, msg: CloseFor, sender: ActorAddress) -> None:
         """A stand-in's whole life: the tree closes while this session's host is down.
@@ -174,8 +169,7 @@ class SessionHost(Controller):
         self.closing_only = True
         self.hosted = HostedRuntime(msg.start.session_id, self._sandbox_maker(msg.start),
                                     RestartPolicy())
-        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id),
-                                               (SHUTDOWN, sender)))
+        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id), sender))
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
         if sender is None or sender != getattr(self, "_parent_address", None):
@@ -204,10 +198,10 @@ class SessionHost(Controller):
             elif isinstance(effect, ToParent):
                 self.send(self._parent_address, effect.msg)
             elif isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed):
-                _, reply_to = effect.to  # a shutdown waits for it
+                # only a shutdown closes the sandbox here: it is answered in its terms
                 closed = [effect.msg.session_id] if effect.msg.session_id else []
-                self.send(reply_to, ShutdownDone(request_id=effect.msg.request_id,
-                                                 sessions=closed))
+                self.send(effect.to, ShutdownDone(request_id=effect.msg.request_id,
+                                                  sessions=closed))
                 if self.closing_only:  # a stand-in that only closed: its work is done
                     self.send(self.myAddress, ActorExitRequest())
             elif isinstance(effect, Reply):

@@ -699,8 +699,12 @@ def test_hosted_a_session_whose_host_is_down_still_has_its_sandbox_closed(
     policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
     root, start = _hosted(system, tmp_path, policy, ClosingHostRoot)
     system.tell(RecordedController.booted[-1], ActorExitRequest())  # down for 600 s
-    done = root.ask(Shutdown(request_id="close", stop_sandboxes=True))
-    assert isinstance(done, ShutdownDone) and done.sessions == [start.session_id]
+    # two shutdowns under way at once: one stand-in closes, and both are answered by it
+    root.tell(Shutdown(request_id="close", stop_sandboxes=True),
+              Shutdown(request_id="again", stop_sandboxes=True), via=root.client)
+    done = [m for to, m in Courier.seen if to == root.client and isinstance(m, ShutdownDone)]
+    assert sorted((d.request_id, tuple(d.sessions)) for d in done) == [
+        ("again", (start.session_id,)), ("close", (start.session_id,))]
     assert ClosingHost.closed == [start.session_id]
     left = root.ask(Shutdown(request_id="leave", stop_sandboxes=False))  # nothing to stop
     assert isinstance(left, ShutdownDone) and ClosingHost.closed == [start.session_id]
