@@ -286,6 +286,14 @@ class TrouperActor(Actor):
         """Remember the supervisor, to tell it why before exiting on purpose."""
         self._parent_address = parent
 
+    def from_parent(self, msg: Any, sender: ActorAddress, why: str) -> bool:
+        """Whether ``sender`` is this actor's parent; if not, ``msg`` is dropped (``why``:
+        what only the parent may ask)."""
+        if sender is not None and sender == getattr(self, "_parent_address", None):
+            return True
+        self.drop(msg, f"not from its parent, {why}", logging.WARNING)
+        return False
+
     def publish_pid(self, path: Path) -> None:
         """Write this process's pid where tools can find the live incarnation."""
         try:

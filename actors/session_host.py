@@ -151,8 +151,7 @@ class SessionHost(Controller):
 
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
         """The tree closes: stop the sandbox if asked, then answer (``ShutdownDone``)."""
-        if sender is None or sender != getattr(self, "_parent_address", None):
-            self.drop(msg, "not from its parent, who closes the tree", logging.WARNING)
+        if not self.from_parent(msg, sender, "who closes the tree"):
             return
         if not msg.stop_sandboxes or self.hosted is None:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
@@ -172,8 +171,7 @@ class SessionHost(Controller):
         self.perform_runtime(self.hosted.close(CloseSandbox(request_id=msg.request_id), sender))
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
-        if sender is None or sender != getattr(self, "_parent_address", None):
-            self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
+        if not self.from_parent(msg, sender, "who owns the broker"):
             return
         self.broker = msg.broker
         self.history.forget()  # a new broker has nothing of it

@@ -270,8 +270,7 @@ class SessionSupervisor(Supervisor):
             self._to_controller(msg)
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
-        if sender is None or sender != getattr(self, "_parent_address", None):
-            self.drop(msg, "not from its parent, who owns the broker", logging.WARNING)
+        if not self.from_parent(msg, sender, "who owns the broker"):
             return
         self.broker = msg.broker
         self._to_controller(Rewire(broker=msg.broker, reason="the LLM broker restarted"))
