@@ -55,6 +55,8 @@ class Kept:
     recording: RecordDowntime | None = None
     stand_in: ActorAddress | None = None
     """The stand-in recording the downtime."""
+    close: CloseFor | None = None
+    """A shutdown came while the downtime was recorded: close the sandbox once it is."""
 
 
 class HostedSessions(Supervisor):
@@ -69,15 +71,22 @@ class HostedSessions(Supervisor):
         self.closers: dict[str, ActorAddress] = {}
         """Role -> the stand-in closing that session's sandbox while the tree closes."""
 
-    def start_closers(self, shutdown: Shutdown) -> dict[str, ActorAddress]:
+    def start_closers(self, shutdown: Shutdown) -> set[str]:
         """A stand-in host for each hosted session whose host is down (restarting, in a
-        cooldown; not one whose downtime is being written), to stop its sandbox."""
+        cooldown), to stop its sandbox; the roles a shutdown waits for to be closed. A
+        session whose downtime is being written gets its closer once it is written (one
+        writer at a time)."""
         for kept in self.kept.values():
             role = session_role(kept.start.session_id)
-            if self.child(role) is None and kept.recording is None and role not in self.closers:
-                self.closers[role] = self.start_helper(
-                    self.host_class, CloseFor(start=kept.start, request_id=shutdown.request_id))
-        return dict(self.closers)  # one closer a session, whichever shutdown started it
+            if self.child(role) is not None or role in self.closers:
+                continue  # one closer a session, whichever shutdown started it
+            close = CloseFor(start=kept.start, request_id=shutdown.request_id)
+            if kept.recording is None:
+                self.closers[role] = self.start_helper(self.host_class, close)
+            elif kept.close is None:
+                kept.close = close
+        return set(self.closers) | {session_role(kept.start.session_id)
+                                    for kept in self.kept.values() if kept.close is not None}
 
     def start_hosted(self, start: StartSession) -> None:
         self.kept[start.session_id] = Kept(start)
@@ -164,7 +173,13 @@ class HostedSessions(Supervisor):
             self._refuse(relay, text)
         session_id = kept.start.session_id
         role = session_role(session_id)
-        if kept.woken:  # answered by the host they start, as a resume in a cooldown is
+        if kept.close is not None:  # the tree is closing: stop the sandbox, start nothing
+            self.closers[role] = self.start_helper(self.host_class, kept.close)
+            kept.close = None
+            woken, kept.woken = kept.woken, []
+            for relay in woken:
+                self._refuse(relay, "the actor system is closing")
+        elif kept.woken:  # answered by the host they start, as a resume in a cooldown is
             kept.held, kept.woken = kept.woken, []
             command = getattr(kept.held[0].msg, "command", "command")
             self.restart_child(role, f"the user's {command} once the downtime was recorded")

@@ -203,11 +203,11 @@ class RootSupervisor(HostedSessions):
             return
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
         # a hosted session whose host is down has nobody to stop its sandbox: a stand-in
-        closers = self.start_closers(msg) if msg.stop_sandboxes else {}
+        closers = self.start_closers(msg) if msg.stop_sandboxes else set()
         if not sessions and not closers:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.pending_shutdown[msg.request_id] = _Closing([sender], sessions | set(closers))
+        self.pending_shutdown[msg.request_id] = _Closing([sender], sessions | closers)
         for role in sessions:
             self.send(self.child(role), msg)
         self.after(settings().shutdown_deadline_s, "shutdown_deadline", msg.request_id)

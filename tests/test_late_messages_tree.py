@@ -708,3 +708,34 @@ def test_hosted_a_session_whose_host_is_down_still_has_its_sandbox_closed(
     assert ClosingHost.closed == [start.session_id]
     left = root.ask(Shutdown(request_id="leave", stop_sandboxes=False))  # nothing to stop
     assert isinstance(left, ShutdownDone) and ClosingHost.closed == [start.session_id]
+
+
+class SlowClosingHost(SlowStandIn, ClosingHost):
+    """A stand-in that records the downtime only when told to, and closes at once."""
+
+
+class SlowClosingHostRoot(FakeRoot):
+    host_class = SlowClosingHost
+
+
+def test_hosted_a_shutdown_while_the_downtime_is_recorded_still_closes_the_sandbox(
+    system, drops, tmp_path
+):
+    """The tree closes just after the host gave up, before the stand-in has written the
+    downtime: no process runs for the session, and once the downtime is written a closing
+    stand-in stops its sandbox (the shutdown was once answered at once, the sandbox left
+    running: seen under load in test_recovery.py)."""
+    SlowStandIn.waiting, ClosingHost.closed = [], []
+    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
+    root, start = _hosted(system, tmp_path, policy, SlowClosingHostRoot)
+    system.tell(RecordedController.booted[-1], ActorExitRequest())
+    assert len(SlowStandIn.waiting) == 1  # the stand-in has not written the downtime yet
+    root.tell(Shutdown(request_id="close", stop_sandboxes=True), via=root.client)
+    assert not [m for to, m in Courier.seen if isinstance(m, ShutdownDone)]  # it waits
+    assert ClosingHost.closed == []  # never a closer beside the stand-in (one writer)
+    system.tell(SlowStandIn.waiting[0], "record now")
+    done = [m for to, m in Courier.seen if to == root.client and isinstance(m, ShutdownDone)]
+    assert [(d.request_id, d.sessions) for d in done] == [("close", [start.session_id])]
+    assert ClosingHost.closed == [start.session_id]
+    assert _states(root, start.session_id)[-1].cause == Why.LOOP_DOWN
+    assert len(RecordedController.booted) == 1  # the host is not started again
