@@ -85,6 +85,13 @@ class Settings(BaseModel):
     supervised by the root); ``split``, a SessionSupervisor, a Controller and a
     RuntimeProxy each in a process of its own. Read by the program when it opens."""
 
+    llm_route: Literal["direct", "litellm"] = "direct"
+    """How the broker calls an OpenAI-compatible endpoint named by ``base_url``:
+    ``direct``, through litellm's provider code without its dispatcher (``llm/direct.py``:
+    less than half the CPU a call); ``litellm``, every call through ``litellm.completion``.
+    Calls to other providers, and every call while a litellm callback is set, go through
+    ``litellm.completion`` either way."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The defaults, overridden by the ``TROUPER_<FIELD>`` variables that are set.

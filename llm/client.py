@@ -20,6 +20,7 @@ import litellm  # noqa: E402
 
 from ..config import LLMConfig  # noqa: E402
 from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
+from . import direct  # noqa: E402
 from .credentials import require_key  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def preload_first_call() -> None:
             importlib.import_module(name)
     with contextlib.suppress(Exception):  # another litellm may keep it elsewhere, or not
         litellm.main.encoding  # noqa: B018 - the module's lazy attribute loads it
-    if _warmed or _litellm_listening() or _internal_call is None:
+    if _warmed or direct.litellm_listening() or _internal_call is None:
         return
     _warmed = True
     tool = {"type": "function", "function": {"name": "warm_up", "parameters": {
@@ -67,12 +68,6 @@ def preload_first_call() -> None:
                            messages=[{"role": "user", "content": "-"}],  # the first call pays
                            tools=[tool], mock_response="-", num_retries=0,
                            **({"_skip_mcp_handler": True} if SKIP_MCP else {}))
-
-
-def _litellm_listening() -> bool:
-    """Whether the program set litellm callbacks (they hear of every call)."""
-    return bool(litellm.success_callback or litellm._async_success_callback
-                or litellm.callbacks or litellm.failure_callback or litellm.input_callback)
 
 
 try:  # litellm's own switch for calls made inside litellm (no success logging)
@@ -88,7 +83,7 @@ def _no_litellm_logging() -> Iterator[None]:
     every call (a walk of the whole history: a fifth to a third of a call's CPU at 200
     messages, measured). A program that sets litellm callbacks before ``Trouper()``
     keeps them."""
-    if _litellm_listening() or _internal_call is None:
+    if direct.litellm_listening() or _internal_call is None:
         yield
         return
     token = _internal_call.set(True)
@@ -102,6 +97,24 @@ SESSION_HEADER = "X-Trouper-Session"
 TURN_HEADER = "X-Trouper-Turn"
 
 
+def call_headers(request: Complete) -> dict[str, str]:
+    """The headers trouper adds to a call: whose it is, for a provider's logs."""
+    return {SESSION_HEADER: request.session_id, TURN_HEADER: str(request.turn)}
+
+
+def openai_params(request: Complete) -> dict[str, Any]:
+    """The call's OpenAI parameters that trouper sets (tools, temperature, max_tokens)."""
+    cfg = request.llm
+    params: dict[str, Any] = {}
+    if request.tools:
+        params["tools"] = request.tools
+    if cfg.temperature is not None:
+        params["temperature"] = cfg.temperature
+    if cfg.max_output_tokens is not None:
+        params["max_tokens"] = cfg.max_output_tokens
+    return params
+
+
 def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, Any]:
     """The keyword arguments for ``litellm.completion`` (no retries: the broker owns them)."""
     cfg = request.llm
@@ -111,20 +124,15 @@ def completion_kwargs(request: Complete, model: str | None = None) -> dict[str, 
         "timeout": cfg.timeout_s,
         "num_retries": 0,
         "max_retries": 0,
-        "extra_headers": {SESSION_HEADER: request.session_id, TURN_HEADER: str(request.turn)},
+        "extra_headers": call_headers(request),
+        **openai_params(request),
     }
-    if request.tools:
-        kwargs["tools"] = request.tools
-        if SKIP_MCP:
-            kwargs["_skip_mcp_handler"] = True
+    if request.tools and SKIP_MCP:
+        kwargs["_skip_mcp_handler"] = True
     if cfg.base_url:
         kwargs["api_base"] = cfg.base_url
     if cfg.api_key is not None:
         kwargs["api_key"] = cfg.api_key.get_secret_value()
-    if cfg.temperature is not None:
-        kwargs["temperature"] = cfg.temperature
-    if cfg.max_output_tokens is not None:
-        kwargs["max_tokens"] = cfg.max_output_tokens
     return kwargs
 
 
@@ -137,8 +145,13 @@ def complete(
     environment is the one the actor system started with)."""
     require_key(request.llm, model)
     started = time.monotonic()
-    with _no_litellm_logging():
-        response = litellm.completion(**completion_kwargs(request, model))
+    model = model or request.llm.model
+    if direct.takes(request.llm, model):
+        response = direct.complete(request.llm, model, request.messages,
+                                   openai_params(request), call_headers(request))
+    else:
+        with _no_litellm_logging():
+            response = litellm.completion(**completion_kwargs(request, model))
     latency_s = time.monotonic() - started
     headers = getattr(response, "_response_headers", None) or {}
     lowered = {str(k).lower(): str(v) for k, v in dict(headers).items()}
