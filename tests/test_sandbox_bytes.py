@@ -35,7 +35,8 @@ def assert_valid_everywhere(sandbox: LocalSandbox, outcome: Outcome) -> None:
     assert records
     for record in records:
         text = record.read_bytes().decode("utf-8")  # strict
-        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+        for line in text.splitlines():  # a journal record is JSON lines
+            json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
 
 
 def test_binary_output_is_valid_text_and_its_raw_bytes_are_kept(
