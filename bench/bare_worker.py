@@ -2,9 +2,11 @@
 
     python bench/bare_worker.py '{"url": ..., "model": ..., "workspace": ..., "steps": K}'
 
-Each step is one ``litellm.completion`` (the same route as trouper's, with the whole
-history; the system prompt and tool specs come in the config, so the bench sends
-trouper's own and the requests are the same size), then the tool call runs in one
+Each step is one ``litellm.completion`` with the whole history, the loop a user writes
+by hand (with ``"route": "direct"`` in the config, trouper's direct route instead,
+``llm/direct.py``: the same request for less CPU, the floor under trouper's own model
+calls); the system prompt and tool specs come in the config, so the bench sends
+trouper's own and the requests are the same size. Then the tool call runs in one
 persistent bash (cd and
 variables persist, as in trouper's shell). Nothing is written anywhere but the shell's
 own files. Prints one JSON line: start and end times, the lines of ``out.txt``, the
@@ -87,15 +89,23 @@ class Shell:
 
 def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
     """One model call and its tool calls; False once the model is done."""
-    response = litellm.completion(
-        model=cfg["model"],
-        api_base=cfg["url"],
-        api_key="x",
-        messages=messages,
-        tools=cfg.get("tools") or TOOLS,
-        num_retries=0,
-        timeout=60,
-    )
+    if cfg.get("route") == "direct":  # trouper's own route for this endpoint
+        from trouper.config import LLMConfig
+        from trouper.llm import direct
+
+        llm = LLMConfig(model=cfg["model"], base_url=cfg["url"], api_key="x", timeout_s=60)
+        response = direct.complete(llm, cfg["model"], messages,
+                                   {"tools": cfg.get("tools") or TOOLS}, {})
+    else:
+        response = litellm.completion(
+            model=cfg["model"],
+            api_base=cfg["url"],
+            api_key="x",
+            messages=messages,
+            tools=cfg.get("tools") or TOOLS,
+            num_retries=0,
+            timeout=60,
+        )
     message = response.choices[0].message
     calls = message.tool_calls or []
     messages.append(

@@ -85,9 +85,10 @@ def _worker(python: Path | str, script: str, cfg: dict[str, Any], timeout_s: flo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_bare(k: int, workdir: Path, latency_s: float = 0.0) -> Run:
-    """The bare loop, in a process of its own (this interpreter, litellm, one bash)."""
-    run = Run("bare", k)
+def run_bare(k: int, workdir: Path, latency_s: float = 0.0, route: str = "litellm") -> Run:
+    """The bare loop, in a process of its own (this interpreter, litellm, one bash); with
+    ``route="direct"``, its model calls by trouper's direct route."""
+    run = Run("bare" if route == "litellm" else f"bare-{route}", k)
     workspace = workdir / f"bare-{k}-{time.monotonic_ns()}"
     workspace.mkdir(parents=True)
     with FakeLLMServer(echo_script(k), latency_s=latency_s) as server:
@@ -98,6 +99,7 @@ def run_bare(k: int, workdir: Path, latency_s: float = 0.0) -> Run:
             "steps": k,
             "system": PromptBuilder().messages()[0]["content"],
             "tools": tool_specs(),
+            "route": route,
         }
         try:
             result = _worker(sys.executable, "bare_worker.py", cfg, 60 + k * 2.0)

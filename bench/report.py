@@ -21,7 +21,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [_line(header, widths), *(_line(r, widths) for r in rows)]
 
 
-CONTENDERS = ("bare", "trouper", "openhands", "openhands-subprocess")
+CONTENDERS = ("bare", "bare-direct", "trouper", "openhands", "openhands-subprocess")
 
 
 def step_lines(r: dict[str, Any]) -> list[str]:

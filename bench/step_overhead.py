@@ -90,6 +90,7 @@ def run(
     with Trouper(home=workdir / "step-home", admin_port=port) as t:
         contenders = {
             "bare": lambda k: run_bare(k, workdir, latency_s),
+            "bare-direct": lambda k: run_bare(k, workdir, latency_s, route="direct"),
             "trouper": lambda k: run_trouper(t, port, k, workdir, latency_s),
         }
         if openhands_python is not None:
@@ -111,6 +112,7 @@ def run(
             med = {name: s["median_ms"] for name, s in summary.items()}
             summary["ratios"] = {
                 "trouper/bare": ratio(med.get("trouper"), med.get("bare")),
+                "trouper/bare-direct": ratio(med.get("trouper"), med.get("bare-direct")),
                 "openhands/trouper": ratio(med.get("openhands"), med.get("trouper")),
                 "openhands-subprocess/trouper": ratio(
                     med.get("openhands-subprocess"), med.get("trouper")
