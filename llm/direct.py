@@ -129,7 +129,7 @@ def _call(cfg: LLMConfig, name: str, provider: str, messages: list[dict[str, Any
         api_base, api_key = config._get_openai_compatible_provider_info(api_base, api_key)
     litellm_params: dict[str, Any] = {"api_base": api_base}
     optional = config.map_openai_params(non_default_params=params, optional_params={},
-                                        model=name, drop_params=False)
+                                        model=name, drop_params=litellm.drop_params is True)
     sent = config.validate_environment(headers=dict(headers), model=name, messages=messages,
                                        optional_params=optional,
                                        litellm_params=litellm_params,

@@ -115,6 +115,24 @@ def test_both_routes_send_the_same_request_and_read_the_same_answer(route, model
         k: v for k, v in headers_l.items() if not k.startswith("llm_provider-")}
 
 
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("model", ["openai/o3", "openai/gpt-5-mini"])
+def test_both_routes_map_a_models_parameters_alike(route, monkeypatch, model, drop):
+    """Reasoning models take max_completion_tokens and refuse a temperature, unless the
+    program told litellm to drop what a model does not take."""
+    monkeypatch.setattr(litellm, "drop_params", drop)
+    with FakeLLMServer(load_script([{"say": "-"}] * 3)) as server:
+        request = request_for(server.url, model, temperature=0.25, max_output_tokens=50)
+        by_litellm, by_direct = both_ways(route, lambda: client.complete(request))
+        sent = [r.body for r in server.requests if r.method == "POST"]
+    if not drop:
+        assert isinstance(by_litellm, litellm.UnsupportedParamsError) and sent == []
+        assert type(by_direct) is type(by_litellm) and str(by_direct) == str(by_litellm)
+        return
+    assert len(sent) == 2 and sent[0] == sent[1]
+    assert "temperature" not in sent[1] and sent[1]["max_completion_tokens"] == 50
+
+
 FAILURES = [
     {"status": 429, "retry_after": 7},
     {"status": 429, "retry_after_ms": 1500, "headers": {"x-ratelimit-remaining-requests": "0"}},
