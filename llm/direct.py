@@ -54,12 +54,8 @@ _KEYLESS = frozenset({"hosted_vllm"})
 
 class _Unlogged:
     """Stands in for litellm's per-call logging object, which the provider config tells
-    of the raw response; with no callback set nobody reads it."""
-
-    model_call_details: dict[str, Any] = {}  # noqa: RUF012 - read-only, never filled
-
-    def pre_call(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing listens."""
+    of the raw response (``post_call``, the one use in the code this route runs); with no
+    callback set nobody reads it."""
 
     def post_call(self, *args: Any, **kwargs: Any) -> None:
         """Nothing listens."""
