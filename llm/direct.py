@@ -16,7 +16,8 @@ would miss the dispatcher (``takes``):
 - the provider is one of ``DIRECT_PROVIDERS``, and the config names the endpoint
   (``base_url``): a vLLM, an OpenAI-compatible gateway, the fake model;
 - the key is given, or the provider needs none (``hosted_vllm``);
-- no litellm callback is set (a program's callbacks hear of every call);
+- no litellm callback is set (a program's callbacks hear of every call), nor the
+  ``litellm.api_key`` or ``litellm.headers`` a program may set for every call;
 - the ``llm_route`` setting is ``direct`` (the default; ``TROUPER_LLM_ROUTE=litellm``
   sends every call through ``litellm.completion``).
 
@@ -84,6 +85,8 @@ def _config(name: str, provider: str) -> Any:
 def takes(cfg: LLMConfig, model: str) -> bool:
     """Whether a call to ``model`` under ``cfg`` goes the direct route."""
     if settings().llm_route != "direct" or not cfg.base_url or litellm_listening():
+        return False
+    if litellm.api_key or litellm.headers:  # the program's globals litellm.completion adds
         return False
     try:
         name, provider = _provider(model)

@@ -85,6 +85,11 @@ def test_the_route_is_taken_only_for_a_named_openai_compatible_endpoint(route, m
     monkeypatch.setattr(litellm, "success_callback", [lambda *a: None])
     assert not direct.takes(given, "hosted_vllm/m"), "a program's callback hears every call"
     monkeypatch.setattr(litellm, "success_callback", [])
+    for name, value in (("api_key", "global-key"), ("headers", {"X-Team": "a"})):
+        monkeypatch.setattr(litellm, name, value)
+        assert not direct.takes(given, "hosted_vllm/m"), f"litellm.{name} is set"
+        monkeypatch.setattr(litellm, name, None)
+    assert direct.takes(given, "hosted_vllm/m")
     route("litellm")
     assert not direct.takes(given, "hosted_vllm/m")
 
