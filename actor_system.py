@@ -1,8 +1,9 @@
 """The embedded Thespian actor system behind a ``Trouper``, and requests into it.
 
-Heavy modules (litellm, pydantic models, the actors) are imported *before* the system
-starts: actor processes are forked, so they share those pages instead of importing
-their own copies.
+Heavy modules (pydantic models, the actors) are imported *before* the system starts:
+actor processes are forked, so they share those pages instead of importing their own
+copies. litellm is not: only the broker needs it, and it imports it in its own process
+(``actors/lazy_broker.py``), so the root and the sessions it forks stay small.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from .actors.transport import seal  # noqa: E402
 from .agent.tools import tool_specs  # noqa: E402
 from .core.warm import warm_up  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
-from .llm import client as _llm_client  # noqa: E402 - share litellm's pages
 from .logfiles import log_definitions  # noqa: E402
 from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
 from .messages.tree import BootRoot, Layout, Shutdown, ShutdownDone  # noqa: E402
@@ -117,7 +117,6 @@ class ActorSystemHandle:
         if not self._zygote:  # its channel before the first fork: every actor inherits it
             sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")
             self._zygote = True
-        _llm_client.preload_first_call()  # once per program; its brokers share it
         tool_specs()  # the tools' JSON schemas, built once here for every Controller forked below
         try:
             warm_up()  # and what a session's first steps fill lazily (core/warm.py)
@@ -155,6 +154,9 @@ class ActorSystemHandle:
         self._root = self._asys.createActor(RootSupervisor)
         boot = BootRoot(home=str(self.home.root), policy=self.policy, layout=self.layout)
         self.request(boot, "boot")
+        # The program checks each session's model with litellm (``start_session``): it is
+        # imported now, after every fork from this process, while the broker imports its own.
+        from .llm import credentials  # noqa: F401
 
     def expect_sandboxes(self) -> None:
         """A session is about to start or restore: have the sandbox zygote running."""

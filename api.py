@@ -30,7 +30,6 @@ from .exceptions import (
     RequestTimeout,
     UnknownSession,
 )
-from .llm.credentials import check_llm
 from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maskers
 from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
@@ -311,6 +310,8 @@ def _session_config(
 ) -> SessionConfig:
     """The checked config (see ``config.session_config``, then the model's provider and
     key); every ConfigError leaves masked with the values it was given."""
+    from .llm.credentials import check_llm  # litellm, here: after the actors' fork
+
     try:
         config = session_config(task, llm, runtime, workspace, secrets or {}, options,
                                 named_workspace=named_workspace)

@@ -51,7 +51,7 @@ from ..paths import Home
 from ..settings import settings
 from .base import Timer
 from .hosted_sessions import BROKER, HostedSessions, session_role
-from .llm_broker import LLMBroker
+from .lazy_broker import LazyBroker
 from .session_supervisor import SessionSupervisor
 from .supervision import ChildSpec
 
@@ -68,8 +68,9 @@ class _Closing:
 
 class RootSupervisor(HostedSessions):
     role = "root"
-    broker_class: type = LLMBroker
-    """The shared LLM broker; a test puts a fake in its place."""
+    broker_class: type = LazyBroker
+    """The shared LLM broker (``LazyBroker``: the root never imports litellm); a test puts
+    a fake in its place."""
     session_class: type = SessionSupervisor
 
     def __init__(self) -> None:
