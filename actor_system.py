@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -117,6 +118,10 @@ class ActorSystemHandle:
         if not self._zygote:  # its channel before the first fork: every actor inherits it
             sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")
             self._zygote = True
+        if "litellm" in sys.modules:  # the program has it already: its actors inherit it,
+            from .llm import client  # and the broker shares the warm-up done here
+
+            client.preload_first_call()
         tool_specs()  # the tools' JSON schemas, built once here for every Controller forked below
         try:
             warm_up()  # and what a session's first steps fill lazily (core/warm.py)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .base import TrouperActor
+from ..processes import name_process
+from .base import PROCESS_NAMES, TrouperActor
 
 LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 
@@ -27,6 +28,7 @@ class LazyBroker(TrouperActor):
     role = "broker"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name_process(PROCESS_NAMES[self.role])  # its name while it imports (else the root's)
         from ..llm import client
         from .llm_broker import LLMBroker
 
