@@ -10,8 +10,8 @@ LLM server records each request's time and ``x-trouper-session`` header);
 
 CPU is utime + stime (and reaped children's) from ``/proc`` of every process of the
 trouper (the Thespian admin and all below it, the sandbox servers and their shells),
-from before the first session starts to after the last one settled, so starting the
-sessions is in it; per step = that / steps done. Memory is PSS and private memory
+from before the first session starts (once the system is ready: its broker has booted,
+which imports litellm) to after the last one settled, so starting the sessions is in it; per step = that / steps done. Memory is PSS and private memory
 (Private_Clean + Private_Dirty) from ``/proc/<pid>/smaps_rollup``, summed over the same
 processes: once with no session (the fixed part) and once after the run, with every
 session's processes still up. Taken after the run, the sample does not slow the run.
@@ -66,7 +66,7 @@ def _kind(role: str) -> str:
 def run_n(
     n: int, steps: int, latency_s: float, workdir: Path, port: int, timeout_s: float
 ) -> dict[str, Any]:
-    from contenders import TASK, llm_config
+    from contenders import TASK, llm_config, wait_until
 
     from trouper import AgentState, Trouper
     from trouper.testing import FakeLLMServer
@@ -78,6 +78,10 @@ def run_n(
         FakeLLMServer(echo_script(steps), latency_s=latency_s, keep_bodies=False) as server,
         Trouper(home=home, admin_port=port) as t,
     ):
+        # the system is ready once its broker has booted (imported litellm, warmed it up):
+        # a cost of opening, once, not of the sessions measured here
+        if not wait_until(lambda: t.home.actor_pid_path("broker").exists(), 120.0):
+            raise TimeoutError("the LLM broker did not boot within 120 s")
         idle_roles = roles(trouper_tree(port, home))
         idle_cpu = role_cpu_s(idle_roles)
         idle = role_memory(idle_roles)
