@@ -11,7 +11,8 @@ LLM server records each request's time and ``x-trouper-session`` header);
 CPU is utime + stime (and reaped children's) from ``/proc`` of every process of the
 trouper (the Thespian admin and all below it, the sandbox servers and their shells),
 from before the first session starts (once the system is ready: its broker has booted,
-which imports litellm) to after the last one settled, so starting the sessions is in it; per step = that / steps done. Memory is PSS and private memory
+which imports litellm) to after the last one settled, so starting the sessions is in
+it; per step = that / steps done. Memory is PSS and private memory
 (Private_Clean + Private_Dirty) from ``/proc/<pid>/smaps_rollup``, summed over the same
 processes: once with no session (the fixed part) and once after the run, with every
 session's processes still up. Taken after the run, the sample does not slow the run.
