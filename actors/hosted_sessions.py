@@ -42,6 +42,10 @@ def session_role(session_id: str) -> str:
     return f"session:{session_id}"
 
 
+CLOSING = "the actor system is closing"
+"""Why a command for a session whose host is down is refused once the tree closes."""
+
+
 @dataclass
 class Kept:
     """One hosted session, as its root keeps it."""
@@ -109,6 +113,8 @@ class HostedSessions(Supervisor):
             kept.woken.append(relay)
         elif host is not None:
             self.send(host, relay)
+        elif not self.may_restart(role):
+            self._refuse(relay, CLOSING)
         else:
             kept.held.append(relay)
             if self.gave_up_on(role):  # in its cooldown: a user's command wakes it now
@@ -178,7 +184,11 @@ class HostedSessions(Supervisor):
             kept.close = None
             woken, kept.woken = kept.woken, []
             for relay in woken:
-                self._refuse(relay, "the actor system is closing")
+                self._refuse(relay, CLOSING)
+        elif kept.woken and not self.may_restart(role):
+            woken, kept.woken = kept.woken, []
+            for relay in woken:
+                self._refuse(relay, CLOSING)
         elif kept.woken:  # answered by the host they start, as a resume in a cooldown is
             kept.held, kept.woken = kept.woken, []
             command = getattr(kept.held[0].msg, "command", "command")

@@ -78,6 +78,9 @@ class RootSupervisor(HostedSessions):
         self.home = ""
         self.layout: Layout = "hosted"  # set by the boot
         self.pending_shutdown: dict[str, _Closing] = {}
+        self.closing = False
+        """A shutdown came: the tree is going away, and no session is started again (its
+        sandbox may be closed already)."""
         self.faults: dict[str, StoreFault] = {}
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
 
@@ -197,7 +200,11 @@ class RootSupervisor(HostedSessions):
 
     # -- shutdown ------------------------------------------------------------------
 
+    def may_restart(self, role: str) -> bool:
+        return not (self.closing and role != BROKER)
+
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
+        self.closing = True
         under_way = self.pending_shutdown.get(msg.request_id)
         if under_way is not None:  # the same request again: answered with the first
             under_way.reply_to.append(sender)

@@ -179,11 +179,18 @@ class Supervisor(TrouperActor):
         self.on_child_down(role, reason)
         self.after(wait_s or 0.0, "restart", ((role,), reason))
 
+    def may_restart(self, role: str) -> bool:
+        """Whether a failed ``role`` may be started again now (a subclass's say)."""
+        return True
+
     def on_timer_cooldown_over(self, token: tuple[str, int]) -> None:
         role, incarnation = token
         child = self._children.get(role)
         if child is None or not child.given_up or child.incarnation != incarnation:
             self.drop(Timer("cooldown_over", token), f"{role} is back or gone already")
+            return
+        if not self.may_restart(role):
+            self.drop(Timer("cooldown_over", token), f"{role} is not to be started again now")
             return
         self.restart_child(role, f"cooldown over after give-up round {child.budget.rounds}; "
                            "trying again", by_user=False)
@@ -193,8 +200,9 @@ class Supervisor(TrouperActor):
         started = 0
         for role in roles:
             child = self._children.get(role)
-            if child is None or child.given_up or child.address is not None:
-                continue  # stopped, given up, or started again meanwhile
+            if child is None or child.given_up or child.address is not None \
+                    or not self.may_restart(role):
+                continue  # stopped, given up, started again meanwhile, or not to be
             address = self._start(child)
             self.on_child_restarted(role, address, child.incarnation, reason)
             started += 1

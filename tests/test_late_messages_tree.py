@@ -739,3 +739,25 @@ def test_hosted_a_shutdown_while_the_downtime_is_recorded_still_closes_the_sandb
     assert ClosingHost.closed == [start.session_id]
     assert _states(root, start.session_id)[-1].cause == Why.LOOP_DOWN
     assert len(RecordedController.booted) == 1  # the host is not started again
+
+
+def test_hosted_a_host_down_at_shutdown_is_not_started_again_after_its_sandbox_closed(
+    system, drops, tmp_path
+):
+    """The tree closes while a host waits out its give-up cooldown: a stand-in closes the
+    sandbox, and the cooldown's end must not start the host again (it would bring the
+    sandbox back up after its close, a server left running until its idle timeout)."""
+    ClosingHost.closed = []
+    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=0.3)
+    root, start = _hosted(system, tmp_path, policy, ClosingHostRoot)
+    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down for 0.3 s
+    done = root.ask(Shutdown(request_id="close", stop_sandboxes=True))
+    assert isinstance(done, ShutdownDone) and done.sessions == [start.session_id]
+    assert ClosingHost.closed == [start.session_id]
+
+    def cooldown_over() -> bool:
+        system.listen(0.05)  # lets the simple system deliver due timers
+        return any("cooldown_over" in r.getMessage() for r in drops())
+
+    wait_until(cooldown_over, 10, "the cooldown's end to be dropped")
+    assert len(RecordedController.booted) == 1  # never started again
