@@ -12,6 +12,10 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+# litellm in every worker from the start, so each Trouper a test opens here forks its
+# broker with it (as a program that imported litellm first): no second import per worker.
+# test_lean_processes runs a lean program.
+import trouper.llm.client  # noqa: E402, F401
 from trouper.testing import FakeLLMServer, forkserver, load_script  # noqa: E402
 from trouper.testing.daemon import TestDaemon  # noqa: E402
 
