@@ -55,6 +55,7 @@ def test_a_start_the_disk_refuses_never_runs_and_the_next_one_runs_once(
         journal.start("a2", 1, RUN)
     assert refused.value.errno == errno.ENOSPC
     assert journal.read("a2")["state"] == "absent"  # not durable, so never started
+    assert not list(tmp_path.glob("*.tmp.*")), "the half-written record was left behind"
     monkeypatch.undo()
 
     assert journal.start("a2", 1, RUN)  # room again: it runs, once

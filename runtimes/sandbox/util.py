@@ -3,6 +3,7 @@ atomic JSON files."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,21 +26,32 @@ def safe_name(action_id: str) -> str:
     return "h-" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()[:40]
 
 
-def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = True) -> None:
-    """Write ``data`` as JSON to ``path`` atomically, with exactly ``mode``: tmp file,
-    rename; with ``durable``, fsync the file before the rename and the folder after it
-    (survives a host crash)."""
+def _written_tmp(path: str, data: Any, mode: int, durable: bool) -> str:
+    """A temporary file beside ``path`` holding ``data`` as JSON, with exactly ``mode``
+    (fsynced with ``durable``); its name. Removed again if it cannot be written whole."""
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, mode)
     try:
-        os.fchmod(fd, mode)  # a leftover tmp file keeps its old mode; the umask masks a new one
-        os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.fchmod(fd, mode)  # a leftover tmp keeps its old mode; the umask masks a new one
+            os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, with exactly ``mode``: tmp file,
+    rename; with ``durable``, fsync the file before the rename and the folder after it
+    (survives a host crash)."""
+    os.replace(_written_tmp(path, data, mode, durable), path)
     if durable:
         fsync_dir(os.path.dirname(path) or ".")
 
@@ -51,16 +63,8 @@ def create_json_durable(path: str, data: Any, mode: int = 0o600) -> None:
     appears whole or not at all, and no inode is freed on the way. Freeing one per write
     (a rename over the old record) made every later file creation on ext4 scan past the
     recently deleted inodes: 2.3 ms of kernel time a step, growing with the session."""
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, mode)
+    tmp = _written_tmp(path, data, mode, durable=True)
     try:
-        try:
-            os.fchmod(fd, mode)  # a leftover tmp file keeps its old mode; the umask masks a new one
-            os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         os.link(tmp, path)
     finally:
         os.unlink(tmp)  # the inode lives on under ``path`` once linked
