@@ -179,13 +179,10 @@ class HostedSessions(Supervisor):
             self._refuse(relay, text)
         session_id = kept.start.session_id
         role = session_role(session_id)
-        if kept.close is not None:  # the tree is closing: stop the sandbox, start nothing
+        if kept.close is not None:  # a shutdown waits for this session's sandbox to stop
             self.closers[role] = self.start_helper(self.host_class, kept.close)
             kept.close = None
-            woken, kept.woken = kept.woken, []
-            for relay in woken:
-                self._refuse(relay, CLOSING)
-        elif kept.woken and not self.may_restart(role):
+        if kept.woken and not self.may_restart(role):  # closing: no host starts again
             woken, kept.woken = kept.woken, []
             for relay in woken:
                 self._refuse(relay, CLOSING)

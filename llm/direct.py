@@ -7,9 +7,10 @@ Why: ``litellm.completion`` wraps the one HTTP request in work trouper does not 
 optional-parameter validation, two walks of the messages to check and strip them, the
 price computed twice); the same request built by the same ``transform_request``, sent by
 the same handler, read by the same ``transform_response`` and its errors mapped by the
-same ``exception_type`` cost 1.5 ms (``bench/profile_step.py``; a micro-benchmark against
-the fake server in one process). trouper still calls the model through litellm: only the
-dispatcher around the provider's code is skipped.
+same ``exception_type`` cost 1.6 ms (a micro-benchmark against the fake server in one
+process; the broker's CPU a step in ``bench/profile_step.py`` went from 6.4 to 4.4 ms).
+trouper still calls the model through litellm: only the dispatcher around the provider's
+code is skipped.
 
 The route is taken only where litellm itself makes the call as one JSON POST and nothing
 would miss the dispatcher (``takes``):
