@@ -127,3 +127,18 @@ def test_the_first_call_is_warmed_once_and_never_where_callbacks_listen(monkeypa
     client.preload_first_call()
     client.preload_first_call()
     assert len(made) == 1 and made[0]["mock_response"]  # nothing sent anywhere
+
+
+def test_importing_any_model_module_keeps_litellm_off_the_network():
+    """litellm fetches its price list from the internet on import unless told not to,
+    whichever of trouper's model modules imports it first (a program now imports the
+    credentials check on its own, after its actors' fork)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    done = subprocess.run([sys.executable, "-c", "import trouper.llm.credentials"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "model cost map" not in done.stderr, done.stderr
