@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
@@ -211,14 +212,25 @@ def process_group(pid: int) -> int | None:
         return None
 
 
+@functools.cache
+def libc() -> Any:
+    """The C library through ctypes (``errno`` kept), or None where it cannot be loaded.
+    Loaded once: called before the first fork, every actor shares it rather than each
+    building ctypes' classes for its own."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        return None
+
+
 def name_process(name: str) -> None:
     """Set this process's name as ``ps``, ``top`` and ``/proc/<pid>/comm`` show it (Linux,
     at most 15 bytes; elsewhere nothing): a forked actor otherwise shows its program's."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
+        libc().prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except AttributeError:  # no libc, or no prctl in it
         pass
 
 

@@ -17,7 +17,6 @@ never one of the hooks (``on_child_*``, ``on_timer_*``...), whatever a message c
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import os
@@ -45,7 +44,7 @@ from ..exceptions import StoreUnavailable
 from ..messages.base import Frozen
 from ..messages.tree import Failing
 from ..paths import write_private
-from ..processes import name_process, start_time
+from ..processes import libc, name_process, start_time
 from .background import Background
 
 logger = logging.getLogger(__name__)
@@ -74,9 +73,8 @@ def die_with_parent() -> None:
     supervisor takes its subtree with it and the restart starts from clean.
     """
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
+        libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except AttributeError:  # no libc, or no prctl in it
         logger.debug("prctl(PR_SET_PDEATHSIG) unavailable; children may outlive parents")
         return
     if os.getppid() == 1:  # the parent died before the prctl took effect

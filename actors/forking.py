@@ -20,12 +20,14 @@ ends the group of an admin whose program is dead.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import multiprocessing
 import os
 import select
 import signal
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from typing import Any
 from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
-from ..processes import exit_watch, name_process, pid_alive, start_time
+from ..processes import exit_watch, libc, name_process, pid_alive, start_time
 from ..runtimes import sandbox_zygote
 from ..settings import settings
 from . import reaping
@@ -53,6 +55,8 @@ def install() -> None:
     """Wrap Thespian's fork entries and make it report every dead child (``reaping``);
     idempotent. Raises RuntimeError if they are gone."""
     reaping.install()
+    libc()  # loaded once, here: the actors share it
+    _has_setproctitle[0] = importlib.util.find_spec("setproctitle") is not None
     for name in ("startAdmin", "startChild"):
         entry = getattr(multiprocCommon, name, None)
         if entry is None:
@@ -67,10 +71,17 @@ def prepare_admin(home: Path, owner_pid: int) -> None:
     _next_admin["home"], _next_admin["owner_pid"] = home, owner_pid
 
 
+_has_setproctitle = [True]
+"""Whether the optional ``setproctitle`` is installed (found once, before any fork)."""
+
+
 def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
     def entry(*args: Any, **kwargs: Any) -> Any:
         release_inherited_descriptors()
         enter_private_process()
+        if not _has_setproctitle[0]:
+            # Thespian tries to import it in every actor; a miss searches all of sys.path
+            sys.modules.setdefault("setproctitle", None)  # type: ignore[arg-type]
         if admin:
             _become_admin()
             try:

@@ -310,3 +310,24 @@ def test_a_connection_idle_past_the_keepalive_is_not_reused(
         assert client._idle[0][0] is not old
     finally:
         client.close()
+
+
+def test_binding_a_server_makes_no_name_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTPServer.server_bind`` asks DNS for the loopback address's name (``getfqdn``)
+    in every new server; a sandbox server never reads that name, so it must not ask."""
+    from trouper.runtimes.sandbox.server import SandboxServer
+    from trouper.runtimes.sandbox.service import Service
+
+    def no_lookup(*args: object) -> str:
+        raise AssertionError("a name lookup while binding")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    service = Service(str(tmp_path / "state"), str(tmp_path / "ws"), {}, "boot")
+    server = SandboxServer(("127.0.0.1", 0), service, "t" * 64, idle_timeout_s=60.0)
+    try:
+        assert server.server_name == "127.0.0.1"
+        assert server.server_port == server.port > 0
+    finally:
+        server.server_close()

@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -40,6 +41,10 @@ SHELL_ENV = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "HISTFILE": "/d
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line of the server."""
+    return PARSER.parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
     parser.add_argument("--state-dir", required=True, help="journal, server.json, lock, log")
     parser.add_argument("--workspace", required=True, help="the folder the shell starts in")
@@ -75,14 +80,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--read-timeout-s", type=float, default=READ_TIMEOUT_S)
     parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     parser.add_argument("--file-timeout-s", type=float, default=files.FILE_TIMEOUT_S)
-    return parser.parse_args(argv)
+    return parser
+
+
+PARSER = _parser()
+"""Built at import, so once in the zygote: a forked server only parses (building it was
+a quarter of a forked server's start, most of it compiling argparse's regexes)."""
+
+
+@functools.lru_cache(maxsize=None)  # Python 3.8 (a container's) has no functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """Loaded once (by the zygote, which names itself first): servers share it."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
 
 
 def _name_process(name: bytes) -> None:
     """``ps`` shows the server by its role (Linux ``prctl(PR_SET_NAME)``; else nothing)."""
     try:
-        ctypes.CDLL(None).prctl(15, name[:15], 0, 0, 0)
-    except (OSError, AttributeError):
+        _libc().prctl(15, name[:15], 0, 0, 0)  # type: ignore[union-attr]
+    except AttributeError:  # no libc, or no prctl in it
         pass
 
 

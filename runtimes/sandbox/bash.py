@@ -62,6 +62,10 @@ Prompt = Tuple[int, Optional[int]]
 """``(exit status, line id)`` of one prompt; the id is None before the first line."""
 
 
+_PARTIAL_MARKER = re.compile(r"\d{0,10}(?::\d{0,20}_?)?")
+"""What may follow a marker's prefix before the marker is whole (compiled in the zygote)."""
+
+
 class PromptParser:
     """Splits the text read from the pty into output and prompts."""
 
@@ -69,7 +73,7 @@ class PromptParser:
         self._prefix = prefix
         marker = re.escape(prefix) + r"(\d+):(\d*)" + re.escape(MARKER_SUFFIX)
         self._marker = re.compile(marker)
-        self._partial = re.compile(r"\d{0,10}(?::\d{0,20}_?)?")
+        self._partial = _PARTIAL_MARKER
         self._held = ""
 
     def feed(self, text: str) -> list[tuple[str, Prompt | None]]:

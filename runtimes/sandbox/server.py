@@ -33,6 +33,7 @@ import logging
 import os
 import selectors
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -131,6 +132,14 @@ class SandboxServer(ThreadingHTTPServer):
         more = f" (and {skipped} more since the last such line)" if skipped else ""
         logger.warning("%s from %s: %s%s; logged at most once per %.0f s per address",
                        kind, host, detail, more, LOG_PERIOD_S)
+
+    def server_bind(self) -> None:
+        """Bind without ``HTTPServer``'s ``getfqdn``: a reverse DNS lookup of the loopback
+        address (and an import of the ``idna`` codec) in every new server, for a name
+        nothing here reads (a third of a forked server's start)."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name = str(self.server_address[0])
+        self.server_port = int(self.server_address[1])
 
     @property
     def port(self) -> int:
