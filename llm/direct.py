@@ -80,7 +80,31 @@ def _provider(model: str) -> tuple[str, str]:
 
 @functools.cache
 def _config(name: str, provider: str) -> Any:
-    return ProviderConfigManager.get_provider_chat_config(name, LlmProviders(provider))
+    config = ProviderConfigManager.get_provider_chat_config(name, LlmProviders(provider))
+    strip = getattr(config, "remove_cache_control_flag_from_messages_and_tools", None)
+    if strip is not None:  # set once, before the config's first use (it is cached)
+        config.remove_cache_control_flag_from_messages_and_tools = functools.partial(
+            _strip_cache_control, strip)
+    return config
+
+
+_CACHE_CONTROL = '"cache_control"'
+"""The key as JSON writes it; a string holding it is written with its quotes escaped."""
+
+
+def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[Any],
+                         tools: list[Any] | None = None) -> tuple[list[Any], list[Any] | None]:
+    """litellm's stripping of ``cache_control`` keys, only where there is one: it walks
+    every dict of the history, 0.8 ms at 200 steps, and trouper's own messages and tools
+    never carry the key. One C-speed encoding (0.3 ms there) finds it; a value that is
+    the bare word, or anything JSON cannot encode, goes the whole walk."""
+    try:
+        absent = _CACHE_CONTROL not in json.dumps([messages, tools], check_circular=False)
+    except (TypeError, ValueError):
+        absent = False
+    if absent:
+        return messages, tools
+    return strip(model=model, messages=messages, tools=tools)
 
 
 def takes(cfg: LLMConfig, model: str) -> bool:
@@ -127,7 +151,7 @@ def _call(cfg: LLMConfig, name: str, provider: str, messages: list[dict[str, Any
     api_key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
     if provider in _KEYLESS:
         api_base, api_key = config._get_openai_compatible_provider_info(api_base, api_key)
-    litellm_params: dict[str, Any] = {"api_base": api_base}
+    litellm_params: dict[str, Any] = {"api_base": api_base, "custom_llm_provider": provider}
     optional = config.map_openai_params(non_default_params=params, optional_params={},
                                         model=name, drop_params=litellm.drop_params is True)
     sent = config.validate_environment(headers=dict(headers), model=name, messages=messages,

@@ -120,6 +120,46 @@ def test_both_routes_send_the_same_request_and_read_the_same_answer(route, model
         k: v for k, v in headers_l.items() if not k.startswith("llm_provider-")}
 
 
+@pytest.mark.parametrize("model", ["hosted_vllm/scripted", "openai/gpt-4o-mini"])
+def test_both_routes_strip_cache_control_alike(route, model):
+    """The direct route skips litellm's walk for ``cache_control`` keys when the history
+    has none; where there is one (a block's, a message's, a tool's) both routes send the
+    same body, and text that only names the key is sent as it is."""
+    said = 'keep "cache_control" and cache_control in this text'
+    history = [
+        {"role": "system", "content": [{"type": "text", "text": "You are a coding agent.",
+                                        "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": said, "cache_control": {"type": "ephemeral"}},
+    ]
+    tools = [{**TOOLS[0], "cache_control": {"type": "ephemeral"}}]
+    for messages, tool_specs in ((history, tools), ([history[1] | {"content": said}], TOOLS)):
+        with FakeLLMServer(load_script([{"say": "ok"}] * 2)) as server:
+            request = Complete(request_id="r", session_id="s-1", turn=1,
+                               llm=LLMConfig(model=model, base_url=server.url, api_key="k"),
+                               messages=messages, tools=tool_specs)
+            both_ways(route, lambda request=request: client.complete(request))
+            sent = [r.body for r in server.requests if r.method == "POST"]
+        assert len(sent) == 2 and sent[0] == sent[1]
+        assert said in str(sent[1]["messages"])
+
+
+@pytest.mark.parametrize("model", ["hosted_vllm/scripted", "openai/gpt-4o-mini"])
+def test_both_routes_send_a_tools_schema_alike(route, model):
+    """litellm rewrites tool schemas OpenAI's validator refuses (a top-level ``anyOf``, a
+    ``pattern``) by the provider and endpoint: the direct route tells it both."""
+    odd = {"type": "function", "function": {"name": "pick", "description": "pick one",
+           "parameters": {"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+                          "properties": {"a": {"type": "string", "pattern": "(?<x>y)"},
+                                         "b": {"type": "integer", "enum": [1, 2]}}}}}
+    with FakeLLMServer(load_script([{"say": "ok"}] * 2)) as server:
+        request = Complete(request_id="r", session_id="s-1", turn=1,
+                           llm=LLMConfig(model=model, base_url=server.url, api_key="k"),
+                           messages=HISTORY[:2], tools=[odd])
+        both_ways(route, lambda: client.complete(request))
+        sent = [r.body for r in server.requests if r.method == "POST"]
+    assert len(sent) == 2 and sent[0]["tools"] == sent[1]["tools"]
+
+
 @pytest.mark.parametrize("drop", [False, True])
 @pytest.mark.parametrize("model", ["openai/o3", "openai/gpt-5-mini"])
 def test_both_routes_map_a_models_parameters_alike(route, monkeypatch, model, drop):
