@@ -87,7 +87,17 @@ class Shell:
         self.proc.wait()
 
 
-def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
+def _headers(cfg: dict) -> dict[str, str]:
+    """Names the loop to the fake model when several run at once (``bare_fleet.py``)."""
+    return {"x-trouper-session": cfg["session"]} if cfg.get("session") else {}
+
+
+def warm_up(cfg: dict) -> None:
+    """One model call, so that litellm's lazy setup is done before forking loops."""
+    step(cfg, _first_messages(cfg), None)
+
+
+def step(cfg: dict, messages: list[dict], shell: Shell | None) -> bool:
     """One model call and its tool calls; False once the model is done."""
     if cfg.get("route") == "direct":  # trouper's own route for this endpoint
         from trouper.config import LLMConfig
@@ -95,7 +105,7 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
 
         llm = LLMConfig(model=cfg["model"], base_url=cfg["url"], api_key="x", timeout_s=60)
         response = direct.complete(llm, cfg["model"], messages,
-                                   {"tools": cfg.get("tools") or TOOLS}, {})
+                                   {"tools": cfg.get("tools") or TOOLS}, _headers(cfg))
     else:
         response = litellm.completion(
             model=cfg["model"],
@@ -105,6 +115,7 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
             tools=cfg.get("tools") or TOOLS,
             num_retries=0,
             timeout=60,
+            extra_headers=_headers(cfg),
         )
     message = response.choices[0].message
     calls = message.tool_calls or []
@@ -128,6 +139,8 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
         args = json.loads(call.function.arguments or "{}")
         if call.function.name == "finish":
             content, more = "ok", False
+        elif shell is None:  # a warm-up call: nothing runs
+            content = ""
         else:
             output, code = shell.run(args["command"])
             content = f"{output}\n[exit code {code}]"
@@ -135,12 +148,16 @@ def step(cfg: dict, messages: list[dict], shell: Shell) -> bool:
     return more
 
 
-def run(cfg: dict) -> dict:
-    shell = Shell(cfg["workspace"])
-    messages = [
+def _first_messages(cfg: dict) -> list[dict]:
+    return [
         {"role": "system", "content": cfg.get("system") or "You are a coding agent."},
         {"role": "user", "content": "bench: append the numbers to out.txt"},
     ]
+
+
+def run(cfg: dict) -> dict:
+    shell = Shell(cfg["workspace"])
+    messages = _first_messages(cfg)
     started, before, calls = time.time(), os.times(), 0
     try:
         while calls < cfg["steps"] + 5:

@@ -29,6 +29,8 @@ the other Ns go on.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +60,9 @@ from procs import (
 
 MEM_FLOOR_MB = 1536.0
 """End a run when ``MemAvailable`` falls below this (the machine is shared)."""
+BARE_MAX_N = 100
+"""The largest N the bare loop is also run at (``bare_fleet.py``): each of its loops holds
+litellm's whole client privately once it calls, so 1,000 of them would not fit here."""
 
 
 def _kind(role: str) -> str:
@@ -259,7 +264,7 @@ def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float) -> str | N
 
 def run(
     ns: list[int], steps: int, latency_s: float, workdir: Path,
-    mem_floor_mb: float = MEM_FLOOR_MB,
+    mem_floor_mb: float = MEM_FLOOR_MB, bare_max_n: int = BARE_MAX_N,
 ) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     for n in ns:
@@ -275,8 +280,32 @@ def run(
             results.append(run_isolated(n, steps, latency_s, workdir, mem_floor_mb))
         except Exception as exc:  # noqa: BLE001 - one failed N must not hide the others
             results.append({"n": n, "steps": steps, "error": f"{type(exc).__name__}: {exc}"})
+        if n <= bare_max_n:
+            print(f"  concurrency: the bare loop, N={n} at once", flush=True)
+            results[-1]["bare_loop"] = bare_fleet_isolated(n, steps, latency_s, workdir)
     return {"steps": steps, "latency_ms": latency_s * 1000, "mem_floor_mb": mem_floor_mb,
-            "by_n": results}
+            "bare_max_n": bare_max_n, "by_n": results}
+
+
+def bare_fleet_isolated(n: int, steps: int, latency_s: float, workdir: Path) -> dict[str, Any]:
+    """``bare_fleet.run_fleet`` in a child process; its figures, or the error."""
+    out = workdir / f"bare-fleet-{n}.json"
+    cfg = {"n": n, "steps": steps, "latency_s": latency_s, "workdir": str(workdir / "bare"),
+           "out": str(out)}
+    script = Path(__file__).with_name("bare_fleet.py")
+    child = spawn("popen")([sys.executable, str(script), json.dumps(cfg)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        child.wait(timeout=120 + n * steps * 0.2)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the fleet, its loops and their shells
+        child.wait()
+        return {"n": n, "error": "timeout"}
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError) as exc:
+        return {"n": n, "error": f"the fleet exited {child.returncode}: {exc}"}
 
 
 def _child(cfg: dict[str, Any]) -> int:

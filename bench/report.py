@@ -157,7 +157,29 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
         )
     lines += _table(head, rows)
     lines += [f"  N={n['n']}: {n['error']}" for n in r["by_n"] if "error" in n and "finished" in n]
-    return lines + role_lines(r["by_n"])
+    return lines + bare_fleet_lines(r["by_n"]) + role_lines(r["by_n"])
+
+
+def bare_fleet_lines(by_n: list[dict[str, Any]]) -> list[str]:
+    """The floor at each N: N bare loops at once (``bare_fleet.py``), beside trouper's."""
+    lines = []
+    for n in by_n:
+        bare = n.get("bare_loop")
+        if not bare:
+            continue
+        if "error" in bare:
+            lines.append(f"  the bare loop, N={n['n']} at once: {bare['error']}")
+            continue
+        mine = "" if "finished" not in n else (
+            f" (trouper: {fmt(n['steps_per_s'])} steps/s, p50 {fmt(n['step_p50_ms'])} ms, "
+            f"all started {fmt(n.get('first_request_all_s'), 2)} s, "
+            f"{fmt(n.get('cpu_ms_per_step_total'))} ms CPU/step)")
+        lines.append(
+            f"  the bare loop, N={n['n']} at once: {bare['finished']}/{bare['n']} finished, "
+            f"{fmt(bare['steps_per_s'])} steps/s, p50 {fmt(bare['step_p50_ms'])} ms, "
+            f"all started {fmt(bare.get('first_request_all_s'), 2)} s, "
+            f"{fmt(bare['cpu_ms_per_step'])} ms CPU/step{mine}")
+    return lines
 
 
 def role_lines(by_n: list[dict[str, Any]]) -> list[str]:

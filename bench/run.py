@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--conc-steps", type=int, help="steps per session (concurrency)")
     parser.add_argument(
+        "--bare-max-n", type=int, default=concurrency.BARE_MAX_N,
+        help="also run N bare loops at once for each N up to this (the floor at N; "
+        f"default {concurrency.BARE_MAX_N}, 0: never)",
+    )
+    parser.add_argument(
         "--conc-latency-ms",
         type=float,
         default=50.0,
@@ -182,6 +187,7 @@ def run_workloads(
                 cfg["concurrency_latency_s"],
                 workdir,
                 cfg["mem_floor_mb"],
+                args.bare_max_n,
             ),
         ),
         "idle": (
