@@ -120,6 +120,24 @@ def test_both_routes_send_the_same_request_and_read_the_same_answer(route, model
         k: v for k, v in headers_l.items() if not k.startswith("llm_provider-")}
 
 
+def test_a_growing_history_is_sent_as_litellm_sends_it_each_time(route):
+    """The direct route checks each plain message once and keeps the result for the
+    next request, which carries the same dicts (the broker's history): each request
+    still goes out as litellm sends it, and a message whose content was replaced in
+    place is checked again, not sent as it was."""
+    history = [dict(m) for m in HISTORY]
+    with FakeLLMServer(load_script([{"say": "ok"}] * 12)) as server:
+        for upto in (2, 4, 6, 6):
+            if upto == 6 and len([r for r in server.requests if r.method == "POST"]) == 6:
+                history[1]["content"] = "a new task, in the same dict"
+            request = request_for(server.url).model_copy(update={"messages": history[:upto]})
+            both_ways(route, lambda request=request: client.complete(request))
+            by_litellm, by_direct = [r.body for r in server.requests if r.method == "POST"][-2:]
+            assert by_direct == by_litellm
+        assert by_direct["messages"][1]["content"] == "a new task, in the same dict"
+        assert "content" not in by_direct["messages"][2]  # litellm drops None fields
+
+
 @pytest.mark.parametrize("model", ["hosted_vllm/scripted", "openai/gpt-4o-mini"])
 def test_both_routes_strip_cache_control_alike(route, model):
     """The direct route skips litellm's walk for ``cache_control`` keys when the history
