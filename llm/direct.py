@@ -101,9 +101,13 @@ class _Validated:
     which carries the same dicts plus a few new ones, copies only the new ones. A history
     with any other message goes through litellm whole, as before."""
 
-    def __init__(self, capacity: int = 65536) -> None:
+    def __init__(self, capacity: int = 65536, max_chars: int = 32 * 1024 * 1024) -> None:
         self.capacity = capacity
+        self.max_chars = max_chars
+        """Content kept at most (messages of sessions the broker no longer holds would
+        otherwise stay alive here)."""
         self._kept: OrderedDict[int, tuple[dict[str, Any], Any, dict[str, Any]]] = OrderedDict()
+        self._chars = 0
         self._lock = threading.Lock()
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -117,15 +121,24 @@ class _Validated:
                         or kept[1] is not message.get("content")):
                     kept = (message, message.get("content"),
                             validate_and_fix_openai_messages([message])[0])
+                    self._forget(self._kept.pop(id(message), None))
                     self._kept[id(message)] = kept
-                    if len(self._kept) > self.capacity:
-                        self._kept.popitem(last=False)
+                    self._chars += len(kept[1] or "")
+                    while len(self._kept) > self.capacity or self._chars > self.max_chars:
+                        self._forget(self._kept.popitem(last=False)[1])
+                else:
+                    self._kept.move_to_end(id(message))
                 out.append(kept[2])
         return out
+
+    def _forget(self, kept: tuple[dict[str, Any], Any, dict[str, Any]] | None) -> None:
+        if kept is not None:
+            self._chars -= len(kept[1] or "")
 
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
+            self._chars = 0
 
 
 def _plain(message: Any) -> bool:
