@@ -108,6 +108,8 @@ class _Validated:
         otherwise stay alive here)."""
         self._kept: OrderedDict[int, tuple[dict[str, Any], Any, dict[str, Any]]] = OrderedDict()
         self._chars = 0
+        self._clean: dict[int, dict[str, Any]] = {}
+        """The kept copies with no ``cache_control`` key (found once, when made)."""
         self._lock = threading.Lock()
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,6 +126,8 @@ class _Validated:
                     self._forget(self._kept.pop(id(message), None))
                     self._kept[id(message)] = kept
                     self._chars += len(kept[1] or "")
+                    if not _mentions_cache_control(kept[2]):
+                        self._clean[id(kept[2])] = kept[2]
                     while len(self._kept) > self.capacity or self._chars > self.max_chars:
                         self._forget(self._kept.popitem(last=False)[1])
                 else:
@@ -134,10 +138,18 @@ class _Validated:
     def _forget(self, kept: tuple[dict[str, Any], Any, dict[str, Any]] | None) -> None:
         if kept is not None:
             self._chars -= len(kept[1] or "")
+            self._clean.pop(id(kept[2]), None)
+
+    def known_clean(self, messages: list[Any]) -> bool:
+        """Whether every one of ``messages`` is a kept copy known to hold no
+        ``cache_control`` key."""
+        with self._lock:
+            return all(self._clean.get(id(m)) is m for m in messages)
 
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
+            self._clean.clear()
             self._chars = 0
 
 
@@ -157,15 +169,24 @@ def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[A
                          tools: list[Any] | None = None) -> tuple[list[Any], list[Any] | None]:
     """litellm's stripping of ``cache_control`` keys, only where there is one: it walks
     every dict of the history, 0.8 ms at 200 steps, and trouper's own messages and tools
-    never carry the key. One C-speed encoding (0.3 ms there) finds it; a value that is
-    the bare word, or anything JSON cannot encode, goes the whole walk."""
-    try:
-        absent = _CACHE_CONTROL not in json.dumps([messages, tools], check_circular=False)
-    except (TypeError, ValueError):
-        absent = False
+    never carry the key. One C-speed encoding (0.3 ms there) finds it, of each message
+    once (``_Validated``); a value that is the bare word, or anything JSON cannot encode,
+    goes the whole walk."""
+    if _validated.known_clean(messages):  # checked once each, when first seen
+        absent = not _mentions_cache_control(tools)
+    else:
+        absent = not _mentions_cache_control([messages, tools])
     if absent:
         return messages, tools
     return strip(model=model, messages=messages, tools=tools)
+
+
+def _mentions_cache_control(value: Any) -> bool:
+    """Whether ``value`` may hold a ``cache_control`` key (True when unsure)."""
+    try:
+        return _CACHE_CONTROL in json.dumps(value, check_circular=False)
+    except (TypeError, ValueError):
+        return True
 
 
 def takes(cfg: LLMConfig, model: str) -> bool:
