@@ -83,3 +83,19 @@ def test_secrets_are_masked_in_the_raw_bytes_next_to_bad_ones(
                     + b"y" * 3000)
     journal = b"".join(p.read_bytes() for p in sandbox.state_dir.rglob("*") if p.is_file())
     assert TOKEN.encode() not in journal and b"<secret:TOKEN>" in journal
+
+
+def test_only_a_command_that_prints_gets_an_output_file(
+    make_sandbox: Callable[..., LocalSandbox],
+) -> None:
+    """The output file is made at the first byte: a silent command costs no file (a new
+    inode per action is dear on some filesystems), and one that prints keeps it whole."""
+    sandbox = make_sandbox(max_output_chars=100)
+    before = set(sandbox.state_dir.rglob("*.out"))
+    assert run(sandbox, "true > /dev/null").content == "(no output)"
+    assert set(sandbox.state_dir.rglob("*.out")) == before
+    outcome = run(sandbox, "seq 1 500")
+    (made,) = set(sandbox.state_dir.rglob("*.out")) - before
+    assert made.read_text().split() == [str(i) for i in range(1, 501)]
+    full = (sandbox.workspace / outcome.full_output_path).read_text()
+    assert full.split() == [str(i) for i in range(1, 501)]

@@ -63,9 +63,14 @@ class OutputBuffer:
         self.path = path
         self._keep_chars = max(1, keep_chars)
         self._stream = StreamMasker(masker or TextMasker({}))
-        fd = open_private(path, os.O_WRONLY | os.O_APPEND)
-        self._file = os.fdopen(fd, "ab")
-        self._bytes = self._file.seek(0, os.SEEK_END)
+        self._file: BinaryIO | None = None
+        """Opened (and the file made) at the first output: a command that prints nothing
+        costs no file (a new inode per command is dear on some filesystems)."""
+        self._closed = False
+        try:
+            self._bytes = os.lstat(path).st_size  # an action run again appends after it
+        except FileNotFoundError:
+            self._bytes = 0
         self.write_error: str | None = None
         """Why the file stopped taking output (a full disk), or None."""
         self._reset(self._bytes)
@@ -85,8 +90,11 @@ class OutputBuffer:
             return
         data = _raw(text)
         text = data.decode("utf-8", "replace") if _SURROGATE.search(text) else text
-        if self._bytes < MAX_FILE_BYTES and self.write_error is None:
+        if self._bytes < MAX_FILE_BYTES and self.write_error is None and not self._closed:
             try:
+                if self._file is None:
+                    self._file = os.fdopen(open_private(self.path, os.O_WRONLY | os.O_APPEND),
+                                           "ab")
                 self._file.write(data[: MAX_FILE_BYTES - self._bytes])
                 self._file.flush()
             except OSError as e:  # a full disk: the command goes on, its ends are in memory
@@ -113,8 +121,11 @@ class OutputBuffer:
 
     def close(self) -> None:
         """Add what the masker held back, then close the file (idempotent)."""
-        if not self._file.closed:
-            self._add(self._stream.flush())
+        if self._closed:
+            return
+        self._add(self._stream.flush())
+        self._closed = True
+        if self._file is not None:
             try:
                 self._file.close()
             except OSError as e:
