@@ -19,7 +19,6 @@ import pytest
 from trouper.messages.actions import ReadFile, RunCommand, WriteFile
 from trouper.messages.outcomes import Outcome
 from trouper.runtimes.local import LocalSandbox
-from trouper.runtimes.sandbox.util import read_json_lines
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -86,7 +85,8 @@ def test_secrets_in_output_commands_and_errors_are_masked(sandbox: LocalSandbox)
     missing = act(sandbox, ReadFile(path=f"missing-{SECRET}"))
     assert missing.content == f"No such file: missing-{PLACEHOLDER}."
     assert leaks(sandbox) == []
-    records = [read_json_lines(str(p)) for p in (sandbox.state_dir / "journal").glob("*.json")]
+    records = [json.loads(line) for p in (sandbox.state_dir / "journal").glob("*.log")
+               for line in p.read_text().splitlines() if line]
     commands = [r["action"].get("command") for r in records]
     assert f"echo '{PLACEHOLDER}' revealed" in commands
     assert (sandbox.workspace / "creds.txt").read_text() == f"token={SECRET}\n", "as written"

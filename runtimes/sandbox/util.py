@@ -56,34 +56,6 @@ def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = T
         fsync_dir(os.path.dirname(path) or ".")
 
 
-def create_json_durable(path: str, data: Any, mode: int = 0o600) -> None:
-    """Create ``path`` holding ``data`` as one JSON line, durably, or raise
-    FileExistsError and change nothing. Written to a temporary file, fsynced, then linked
-    to ``path`` (which fails if it exists) and the temporary name removed: the file
-    appears whole or not at all, and no inode is freed on the way. Freeing one per write
-    (a rename over the old record) made every later file creation on ext4 scan past the
-    recently deleted inodes: 2.3 ms of kernel time a step, growing with the session."""
-    tmp = _written_tmp(path, data, mode, durable=True)
-    try:
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)  # the inode lives on under ``path`` once linked
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def append_json_line(path: str, data: Any) -> None:
-    """Append ``data`` as a JSON line to an existing file (not fsynced). The line is
-    written after a newline, so a line a full disk or a crash cut short stays a line of
-    its own, which ``read_json_lines`` skips."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        line = b"\n" + json.dumps(data, sort_keys=True).encode("utf-8")
-        while line:
-            line = line[os.write(fd, line):]
-    finally:
-        os.close(fd)
-
-
 def read_json_lines(path: str) -> dict[str, Any] | None:
     """The JSON objects of ``path``'s lines merged in order (a later line's keys win),
     skipping lines that do not parse; None when the file is missing or holds none."""
