@@ -27,6 +27,7 @@ from .mask import TextMasker
 from .output import fit_pending, fit_text
 from .shell import Shell, ShellResult
 from .util import read_json, write_json_atomic
+from .workers import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Service:
         stored = read_json(self._epoch_path) or {}
         self.epoch = max(epoch, int(stored.get("epoch", 0)))
         self._lock = threading.Lock()
-        self._workers: set[threading.Thread] = set()
+        self._workers = Workers()
         """Threads performing an action, until its outcome is journaled."""
 
     def start(self) -> None:
@@ -133,8 +134,8 @@ class Service:
         up to ``journal_wait_s`` to journal their outcome (killed: an error, not unknown)."""
         self.shell.close()
         deadline = time.monotonic() + journal_wait_s
-        for worker in list(self._workers):
-            worker.join(max(0.0, deadline - time.monotonic()))
+        for done in self._workers.running():
+            done.wait(max(0.0, deadline - time.monotonic()))
 
     # ---- epochs ----
 
@@ -178,23 +179,8 @@ class Service:
                 f"the disk holding the sandbox's journal is {_STORAGE_ERRNOS[e.errno]} "
                 f"({e.strerror}); the action was not run") from e
         if started:
-            worker = threading.Thread(
-                target=self._perform_and_journal,
-                args=(action_id, action, timeout_s, soft_s),
-                name=f"action-{action_id}",
-                daemon=True,
-            )
-            self._workers.add(worker)
-            worker.start()
+            self._workers.submit(self._journal_outcome, action_id, action, timeout_s, soft_s)
         return self.journal.read(action_id)
-
-    def _perform_and_journal(
-        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
-    ) -> None:
-        try:
-            self._journal_outcome(action_id, action, timeout_s, soft_s)
-        finally:
-            self._workers.discard(threading.current_thread())
 
     def _journal_outcome(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
