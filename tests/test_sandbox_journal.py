@@ -148,3 +148,23 @@ def test_a_start_cut_short_by_a_crash_never_ran_and_runs_on_the_next_boot(
     assert second.start("a2", 2, RUN) is True
     assert second.start("a2", 2, RUN) is False
     assert Journal(str(tmp_path), "boot-c").read("a2")["state"] == "unknown"
+
+
+def test_a_journal_lets_go_of_its_log(tmp_path: Path) -> None:
+    """Each boot's journal holds its log open; one closed or dropped lets it go (a runtime
+    server boots a journal per session start, for as long as it runs)."""
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    for i in range(20):
+        Journal(str(tmp_path), f"boot-{i}").start(f"a{i}", 1, RUN)
+    gc.collect()
+    closed = Journal(str(tmp_path), "boot-x")
+    closed.close()
+    assert open_fds() == before
+    with pytest.raises(OSError):
+        closed.start("a99", 1, RUN)
+    assert Journal(str(tmp_path), "boot-y").read("a19")["state"] == "unknown"

@@ -279,9 +279,9 @@ class Sessions:
         service = Service(
             str(state), str(workspace), shell_env, boot_id, 0,
             max_output_chars or self.max_output_chars, masker=TextMasker(masked),
-            shell_umask=self.shell_umask)
-        journal = FencedJournal(os.path.join(str(state), "journal"), boot_id)
-        service.journal = journal
+            shell_umask=self.shell_umask, journal_class=FencedJournal)
+        journal = service.journal
+        assert isinstance(journal, FencedJournal)
         service.start()
         _remember_shell(state, service.shell.pid)
         hosted = Hosted(session_id, service, journal)

@@ -226,11 +226,19 @@ class Journal:
         return False
 
     def close(self) -> None:
-        """Let go of this boot's log (its lines stay on disk)."""
+        """Let go of this boot's log (its lines stay on disk); a later write raises."""
         with self._cond:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+    def __del__(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _lines(path: str) -> list[tuple[str, Place]]:

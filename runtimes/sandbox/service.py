@@ -91,13 +91,14 @@ class Service:
         shell_umask: int | None = None,
         file_timeout_s: float = files.FILE_TIMEOUT_S,
         container: ContainerShell | None = None,
+        journal_class: type[Journal] = Journal,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
         self.container = container
         """Where the shell runs when it runs in a container (None: here, as bash)."""
         self.on_gone: Callable[[], None] | None = None
         """Called once the container is found gone (the server then shuts down)."""
-        self.journal = Journal(os.path.join(state_dir, "journal"), boot_id)
+        self.journal = journal_class(os.path.join(state_dir, "journal"), boot_id)
         self.masker = masker or TextMasker({})
         """Masks the session's secret values in everything the server writes."""
         self.shell_umask = shell_umask
