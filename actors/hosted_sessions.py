@@ -28,6 +28,7 @@ from ..messages.tree import (
     Shutdown,
 )
 from ..restarts import give_up_text
+from . import reaping
 from .session_host import SessionHost
 from .supervision import ChildSpec, Supervisor
 
@@ -166,9 +167,16 @@ class HostedSessions(Supervisor):
                 del self.closers[role]
         for kept in list(self.kept.values()):
             if kept.recording is not None and kept.stand_in == address:
+                failed = reaping.start_failure(address)
                 logger.error("session %s: the stand-in exited before it recorded the "
-                             "downtime", kept.start.session_id)
+                             "downtime%s", kept.start.session_id,
+                             f" (its process could not be started: {failed})" if failed else "")
+                self.downtime_unrecorded(kept.start.session_id, kept.recording.reason)
                 self._downtime_settled(kept)
+
+    def downtime_unrecorded(self, session_id: str, text: str) -> None:
+        """The session is down and its log cannot say so (no process to write it could be
+        started): the root tells its clients instead, until the session starts again."""
 
     def _downtime_settled(self, kept: Kept) -> None:
         assert kept.recording is not None

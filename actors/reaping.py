@@ -16,6 +16,12 @@ the sandbox's news to a dead process and never restarted it (the chaos test in
 exactly as ``childDied`` would have. A child whose exit is reported twice (its own
 goodbye and the SIGCHLD, which Thespian already does for an actor that exits on purpose)
 is dropped by the supervisors as "not a live child".
+
+A child whose process could not be made (``fork`` failing: a pids limit, no memory) is
+also reported as an exit by Thespian, which logs the error only to its own log; the
+parent would say "exited unexpectedly". ``install`` also keeps why
+(``MultiProcReplicator._startChildActor`` raising), for the supervisor to say it
+(``start_failure``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,41 @@ def install() -> None:
                            "_childExited is missing")
     if not getattr(original, "_trouper_reaping", False):
         replicator._childExited = _child_exited  # type: ignore[attr-defined]
+    start = getattr(replicator, "_startChildActor", None)
+    if start is None:
+        raise RuntimeError("thespian.system.multiprocCommon.MultiProcReplicator."
+                           "_startChildActor is missing")
+    if not getattr(start, "_trouper_reaping", False):
+        replicator._startChildActor = _kept_failure(start)  # type: ignore[attr-defined]
+
+
+MAX_FAILURES = 64
+"""Start failures kept (the oldest let go first): each is read once, at the exit."""
+_failures: list[tuple[Any, str]] = []
+"""(child address, why its process could not be started), in this process."""
+
+
+def start_failure(address: Any) -> str | None:
+    """Why the process of the child at ``address`` could not be started, once; None if it
+    was (or nothing is known)."""
+    for i, (failed, why) in enumerate(_failures):
+        if failed == address:
+            del _failures[i]
+            return why
+    return None
+
+
+def _kept_failure(start: Any) -> Any:
+    def start_child_actor(self: Any, child_address: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return start(self, child_address, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - kept, then Thespian's own handling
+            _failures.append((child_address, f"{type(exc).__name__}: {exc}"))
+            del _failures[:-MAX_FAILURES]
+            raise
+
+    start_child_actor._trouper_reaping = True  # type: ignore[attr-defined]
+    return start_child_actor
 
 
 def _child_exited(self: Any, child_address: Any) -> None:

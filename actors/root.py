@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from thespian.actors import ActorAddress
 
@@ -82,6 +83,8 @@ class RootSupervisor(HostedSessions):
         """A shutdown came: the tree is going away, and no session is started again (its
         sandbox may be closed already)."""
         self.faults: dict[str, StoreFault] = {}
+        self.unrecorded: set[str] = set()
+        """Sessions whose fault is a downtime no process could record (``faults``)."""
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
@@ -116,12 +119,14 @@ class RootSupervisor(HostedSessions):
                                              session_id=start.session_id))
             return
         # answered first, not once the session's process is up: the session is in the
-        # store, and its start below cannot be refused (a fork that fails fails the root,
-        # whose program then reopens and restores it); a caller starting many goes on with
-        # the next while this one forks, and what goes wrong later is in the session's log
+        # store, and its start below cannot be refused (a fork that fails is the child's
+        # exit, restarted under the policy: ``reaping.start_failure`` names the cause); a
+        # caller starting many goes on with the next while this one forks, and what goes
+        # wrong later is in the session's log, or its fault while no process can write it
         if reply_to is not None:
             self.send(reply_to, Accepted(request_id=start.request_id,
                                          session_id=start.session_id))
+        self._recorded_again(start.session_id)
         if self.layout == "hosted":
             self.start_hosted(start)
         else:
@@ -177,11 +182,24 @@ class RootSupervisor(HostedSessions):
 
     # -- supervision hooks ---------------------------------------------------------
 
+    def downtime_unrecorded(self, session_id: str, text: str) -> None:
+        self.faults[session_id] = StoreFault(session_id=session_id, cause=text,
+                                             since=datetime.now(UTC))
+        self.unrecorded.add(session_id)
+
+    def _recorded_again(self, session_id: str) -> None:
+        """The session starts again: its log speaks for it (a store fault its Controller
+        reported stays until the Controller says it is over)."""
+        if session_id in self.unrecorded:
+            self.unrecorded.discard(session_id)
+            self.faults.pop(session_id, None)
+
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
         kept = self.hosted_of(role)
         if kept is not None:
+            self._recorded_again(kept.start.session_id)
             self.hosted_restarted(kept, address)
         if role != BROKER:
             return

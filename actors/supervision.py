@@ -17,6 +17,7 @@ from typing import Any
 from thespian.actors import ActorAddress, ActorExitRequest, ChildActorExited
 
 from ..restarts import RestartBudget, RestartPolicy
+from . import reaping
 from .base import Failing, Timer, TrouperActor
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,10 @@ class Supervisor(TrouperActor):
             return
         for role, child in list(self._children.items()):
             if child.address is not None and child.address == child_address:
-                reason = child.last_words or "exited unexpectedly (killed or crashed)"
+                failed = reaping.start_failure(child_address)
+                reason = child.last_words or (
+                    f"its process could not be started ({failed})" if failed
+                    else "exited unexpectedly (killed or crashed)")
                 child.last_words = ""
                 self._child_died(role, reason)
                 return
