@@ -28,21 +28,31 @@ QUICK = RestartPolicy(giveup_cooldown_s=1.0, giveup_cooldown_max_s=2.0)
 """Retry after a second, not thirty: the test waits for it."""
 
 
+def _pids_cgroup_of(pid: int, hierarchy: Path) -> Path:
+    """The pids cgroup ``pid`` is in (v1's ``pids`` line, or v2's ``0::`` one)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(",") or controllers == "":
+            return hierarchy / path.lstrip("/")
+    return hierarchy
+
+
 @pytest.fixture
 def pids_group() -> Iterator[Path]:
-    """A pids cgroup, emptied back into its parent and removed at the end."""
+    """A pids cgroup; what was moved in goes back where this process is, at the end."""
     group = new_cgroup(f"trouper-fork-failure-{os.getpid()}")
     if group is None or not (group / "pids.max").exists():
         if group is not None:
             group.rmdir()
         pytest.skip("no pids cgroup can be made here (needs root and a pids controller)")
+    home = _pids_cgroup_of(os.getpid(), group.parent)
     try:
         yield group
     finally:
         (group / "pids.max").write_text("max")
         for pid in (group / "cgroup.procs").read_text().split():
             try:
-                (group.parent / "cgroup.procs").write_text(pid)
+                (home / "cgroup.procs").write_text(pid)
             except OSError:
                 pass  # gone meanwhile
         wait_until(lambda: not (group / "cgroup.procs").read_text().split(), 10.0,
