@@ -17,6 +17,7 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network on import
 
 import litellm  # noqa: E402
+from litellm.exceptions import ModelNotMappedError  # noqa: E402
 
 from ..config import LLMConfig  # noqa: E402
 from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
@@ -194,10 +195,23 @@ def cost_of(cfg: LLMConfig, response: Any, prompt_tokens: int, completion_tokens
         return prompt_tokens * (cfg.input_cost_per_token or 0.0) + completion_tokens * (
             cfg.output_cost_per_token or 0.0
         )
-    known = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+    hidden = getattr(response, "_hidden_params", None) or {}
+    known = hidden.get("response_cost")
     if isinstance(known, int | float):  # litellm priced it while building the response
         return float(known)
+    unpriced = (str(getattr(response, "model", "")), str(hidden.get("custom_llm_provider")))
+    if _UNPRICED.get(unpriced) == len(litellm.model_cost):
+        return 0.0
     try:
         return float(litellm.completion_cost(completion_response=response) or 0.0)
-    except Exception:  # noqa: BLE001 - litellm raises for models it has no price for
+    except ModelNotMappedError:
+        _UNPRICED[unpriced] = len(litellm.model_cost)
         return 0.0
+    except Exception:  # noqa: BLE001 - litellm raises for models it cannot price
+        return 0.0
+
+
+_UNPRICED: dict[tuple[str, str], int] = {}
+"""(model, provider) litellm has no price for -> the size of its price list then. Finding
+that out looks the model up four ways, a sixth of a call's CPU at 20 steps; a price the
+program registers later (``litellm.register_model``) grows the list, and is asked for."""

@@ -4,6 +4,7 @@ price of a call is the one litellm computed while building the response."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 import litellm
 import litellm.utils
@@ -142,3 +143,19 @@ def test_importing_any_model_module_keeps_litellm_off_the_network():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "model cost map" not in done.stderr, done.stderr
+
+
+def test_a_model_priced_after_a_call_is_priced_from_then_on(request_to, monkeypatch):
+    """An unknown model's missing price is remembered (finding it out is a sixth of a
+    call's CPU), until the program registers prices: then it is asked again."""
+    monkeypatch.setattr(litellm, "model_cost", dict(litellm.model_cost))  # undone after
+    model = f"hosted_vllm/priced-later-{uuid.uuid4().hex[:8]}"  # no other test's model
+    first, _ = client.complete(request_to(model))
+    assert first.cost_usd == 0.0
+    litellm.register_model({model: {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+        "litellm_provider": "hosted_vllm", "mode": "chat"}})
+    later, _ = client.complete(request_to(model))
+    assert later.cost_usd > 0
+    assert later.cost_usd == pytest.approx(later.prompt_tokens * 1e-6
+                                           + later.completion_tokens * 2e-6)
