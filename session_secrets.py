@@ -7,6 +7,7 @@ masked). Light on purpose: no actor system, no litellm, so ``trouper events`` st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -19,18 +20,34 @@ from .paths import Home, private_dir
 
 def write_session_secrets(home: Home, session_id: str, secrets: dict[str, str],
                           llm: LLMConfig, runtime_token: str | None = None) -> None:
-    """Write the file, owner-only whatever the umask (an existing file with looser modes is
-    tightened before it is written; a symlink in its place is refused)."""
+    """Write the file, owner-only whatever the umask, whole and durably: a temporary file
+    (0600, never through a symlink) fsynced, renamed into place, the folder fsynced. The
+    session can only be restored with it (its secrets, its key), so a host crash just
+    after the start must leave it whole or absent, never empty or cut short."""
     path = home.secrets_path(session_id)
     private_dir(path.parent)
     data = {"secrets": secrets,
             "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None,
             "runtime_token": runtime_token}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover temporary keeps its old mode
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:

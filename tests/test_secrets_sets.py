@@ -154,3 +154,38 @@ def test_a_backend_failure_keeps_its_typed_cause():
         RuntimeFailure.UNAUTHORIZED)
     assert _cause(RuntimeUnavailable("gone")) == RuntimeFailure.UNREACHABLE
     assert _cause(ValueError("x")) == RuntimeFailure.FAILED
+
+
+def test_the_secrets_file_is_written_whole_and_durably(tmp_path: Path, monkeypatch) -> None:
+    """The one file a restore needs (the session's secrets and key): fsynced, renamed into
+    place, its folder fsynced, so a host crash leaves it whole or absent; a write that
+    fails leaves neither a file nor a temporary."""
+    import os
+
+    from trouper.paths import Home
+    from trouper.session_secrets import read_secrets, write_session_secrets
+
+    home = Home(tmp_path / "home")
+    llm = LLMConfig(model="hosted_vllm/x", api_key="sk-durable-1")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_session_secrets(home, "s-1", {"TOKEN": "t0k3n-value"}, llm)
+    path = home.secrets_path("s-1")
+    assert read_secrets(home, "s-1") == ({"TOKEN": "t0k3n-value"}, "sk-durable-1")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [Path(p).name.startswith(".secrets.json.") for p in synced] == [True, False]
+    assert synced[1] == str(path.parent)  # the rename made durable with its folder
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("trouper.session_secrets.json.dump", broken)
+    with pytest.raises(OSError):
+        write_session_secrets(home, "s-2", {"TOKEN": "x" * 12}, llm)
+    assert sorted(p.name for p in home.secrets_path("s-2").parent.iterdir()) == []
