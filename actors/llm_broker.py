@@ -28,7 +28,7 @@ from ..llm.backoff import Backoff
 from ..llm.client import complete
 from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
-from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, estimate_tokens
+from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, tokens_of
 from ..llm.history import HistoryStore
 from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
@@ -54,6 +54,9 @@ ANSWERED_KEPT = 1024
 class _Call:
     request: Complete
     reply_to: ActorAddress
+    tokens: int
+    """The request's estimated tokens (``llm.gate.tokens_of`` the JSON length the history
+    store keeps as the history grows)."""
     attempt: int = 1
     """Attempts so far, over every model (numbers the LLMRetry events)."""
     tries_on_model: int = 1
@@ -61,9 +64,6 @@ class _Call:
     """0 for the configured model, then its ``fallbacks`` in order."""
     waited_s: float = 0.0
     gate: AdmissionGate | None = None
-    tokens: int = 0
-    """The request's estimated tokens (``llm.gate.estimate_tokens``, kept incrementally
-    by the history store); 0: not known, estimated when it is admitted."""
 
     @property
     def models(self) -> list[str]:
@@ -116,7 +116,7 @@ class LLMBroker(TrouperActor):
         whole, chars = taken
         if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
             remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
-        call = _Call(request=whole, reply_to=sender, tokens=max(1, (chars + 3) // 4))
+        call = _Call(request=whole, reply_to=sender, tokens=tokens_of(chars))
         self._calls[msg.request_id] = call
         self._enqueue(call)
 
@@ -136,9 +136,8 @@ class LLMBroker(TrouperActor):
         call.gate = self._gates.gate(call.key, limits)
         if call.request.lift_cooldown and call.attempt == 1:
             call.gate.lift_cooldown()
-        tokens = call.tokens or estimate_tokens(call.request.messages, call.request.tools)
         call.gate.request(call.request.request_id, call.request.session_id,
-                          tokens + (cfg.max_output_tokens or 0))
+                          call.tokens + (cfg.max_output_tokens or 0))
         self._pump(call.key)
 
     def _pump(self, key: GateKey) -> None:

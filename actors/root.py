@@ -83,9 +83,9 @@ class RootSupervisor(HostedSessions):
         """A shutdown came: the tree is going away, and no session is started again (its
         sandbox may be closed already)."""
         self.faults: dict[str, StoreFault] = {}
-        self.unrecorded: set[str] = set()
-        """Sessions whose fault is a downtime no process could record (``faults``)."""
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
+        self.unrecorded: set[str] = set()
+        """Those of ``faults`` that are a downtime no process could record."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
         self.home, self.policy, self.layout = msg.home, msg.policy, msg.layout

@@ -9,20 +9,17 @@ import contextlib
 import importlib
 import inspect
 import logging
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network on import
+import litellm
+from litellm.exceptions import ModelNotMappedError
 
-import litellm  # noqa: E402
-from litellm.exceptions import ModelNotMappedError  # noqa: E402
-
-from ..config import LLMConfig  # noqa: E402
-from ..messages.protocol import Complete, Completed, ToolCall  # noqa: E402
-from . import direct  # noqa: E402
-from .credentials import require_key  # noqa: E402
+from ..config import LLMConfig
+from ..messages.protocol import Complete, Completed, ToolCall
+from . import direct
+from .credentials import require_key
 
 logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True
@@ -213,5 +210,6 @@ def cost_of(cfg: LLMConfig, response: Any, prompt_tokens: int, completion_tokens
 
 _UNPRICED: dict[tuple[str, str], int] = {}
 """(model, provider) litellm has no price for -> the size of its price list then. Finding
-that out looks the model up four ways, a sixth of a call's CPU at 20 steps; a price the
-program registers later (``litellm.register_model``) grows the list, and is asked for."""
+that out looks the model up four ways on every call (0.05 ms of a 1 ms call at 20 steps);
+a price the program registers later (``litellm.register_model``) grows the list, and is
+asked for."""

@@ -389,4 +389,10 @@ def estimate_tokens(messages: list[dict], tools: list[dict] | None = None) -> in
     chars = len(json.dumps(messages, default=str, ensure_ascii=False))
     if tools:
         chars += len(json.dumps(tools, default=str, ensure_ascii=False))
+    return tokens_of(chars)
+
+
+def tokens_of(chars: int) -> int:
+    """``estimate_tokens`` of a request whose JSON is ``chars`` long (``llm.history`` keeps
+    that length as the history grows)."""
     return max(1, (chars + 3) // 4)

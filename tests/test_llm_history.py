@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trouper.config import LLMConfig
-from trouper.llm.gate import estimate_tokens
+from trouper.llm.gate import estimate_tokens, tokens_of
 from trouper.llm.history import HistorySender, HistoryStore
 from trouper.messages.protocol import Complete
 
@@ -40,7 +40,7 @@ def test_each_request_after_the_first_carries_only_the_new_messages():
     assert taken is not None
     whole, chars = taken
     assert whole.messages == history and whole.tools == TOOLS and whole.history_len == 0
-    assert (chars + 3) // 4 == estimate_tokens(history, TOOLS)
+    assert tokens_of(chars) == estimate_tokens(history, TOOLS)
     third = sender.prepare(request(history + [{"role": "assistant", "content": "m5"}], "r3"))
     assert third.history_len == 5 and [m["content"] for m in third.messages] == ["m5"]
     assert store.take(third)[0].messages[-1]["content"] == "m5"  # type: ignore[index]
@@ -109,6 +109,6 @@ def test_the_token_estimate_is_kept_as_the_history_grows_and_equals_a_whole_coun
         assert taken is not None
         _, chars = taken
         sizes.append(chars)
-        assert max(1, (chars + 3) // 4) == estimate_tokens(history, TOOLS)
+        assert tokens_of(chars) == estimate_tokens(history, TOOLS)
     no_tools = HistorySender("c2").prepare(request(grown(2), "t", sid="s-2", tools=[]))
-    assert (store.take(no_tools)[1] + 3) // 4 == estimate_tokens(grown(2), [])  # type: ignore[index]
+    assert tokens_of(store.take(no_tools)[1]) == estimate_tokens(grown(2), [])  # type: ignore[index]
