@@ -17,6 +17,7 @@ back (``creator_umask``), so the agent's files in a workspace keep their usual m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -121,14 +122,32 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, text: str) -> None:
-    """Replace ``path`` atomically with ``text``, owner-only."""
+def write_private(path: Path, text: str, durable: bool = False) -> None:
+    """Replace ``path`` atomically with ``text``, owner-only (never through a symlink);
+    with ``durable``, the file is fsynced before the rename and its folder after, so a
+    host crash leaves it whole or absent. A temporary that cannot be written is removed."""
     private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # a leftover temporary keeps its old mode
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def enter_private_process() -> None:

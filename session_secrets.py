@@ -7,47 +7,25 @@ masked). Light on purpose: no actor system, no litellm, so ``trouper events`` st
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 
 from pydantic import SecretStr
 
 from .config import LLMConfig, RemoteRuntime, SessionConfig
 from .masking import LLM_KEY_NAME, RUNTIME_TOKEN_NAME, remember_secrets
-from .paths import Home, private_dir
+from .paths import Home, write_private
 
 
 def write_session_secrets(home: Home, session_id: str, secrets: dict[str, str],
                           llm: LLMConfig, runtime_token: str | None = None) -> None:
-    """Write the file, owner-only whatever the umask, whole and durably: a temporary file
-    (0600, never through a symlink) fsynced, renamed into place, the folder fsynced. The
-    session can only be restored with it (its secrets, its key), so a host crash just
-    after the start must leave it whole or absent, never empty or cut short."""
+    """Write the file, owner-only whatever the umask, whole and durably
+    (``paths.write_private``): the session can only be restored with it (its secrets, its
+    key), so a host crash just after the start must leave it whole or absent."""
     path = home.secrets_path(session_id)
-    private_dir(path.parent)
     data = {"secrets": secrets,
             "llm_api_key": llm.api_key.get_secret_value() if llm.api_key else None,
             "runtime_token": runtime_token}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a leftover temporary keeps its old mode
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_private(path, json.dumps(data), durable=True)
 
 
 def read_secrets(home: Home, session_id: str) -> tuple[dict[str, str], str | None]:

@@ -155,16 +155,24 @@ def test_a_journal_lets_go_of_its_log(tmp_path: Path) -> None:
     server boots a journal per session start, for as long as it runs)."""
     import gc
 
-    def open_fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    def holds(fd: int, path: Path) -> bool:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            return False
 
-    before = open_fds()
+    held = []
     for i in range(20):
-        Journal(str(tmp_path), f"boot-{i}").start(f"a{i}", 1, RUN)
+        journal = Journal(str(tmp_path), f"boot-{i}")
+        journal.start(f"a{i}", 1, RUN)
+        held.append((journal._fd, tmp_path / f"boot-{i}.log"))
+    del journal
     gc.collect()
+    assert not [path for fd, path in held if holds(fd, path)]
     closed = Journal(str(tmp_path), "boot-x")
+    fd = closed._fd
     closed.close()
-    assert open_fds() == before
+    assert not holds(fd, tmp_path / "boot-x.log")
     with pytest.raises(OSError):
         closed.start("a99", 1, RUN)
     assert Journal(str(tmp_path), "boot-y").read("a19")["state"] == "unknown"

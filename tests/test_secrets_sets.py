@@ -182,10 +182,10 @@ def test_the_secrets_file_is_written_whole_and_durably(tmp_path: Path, monkeypat
     assert [Path(p).name.startswith(".secrets.json.") for p in synced] == [True, False]
     assert synced[1] == str(path.parent)  # the rename made durable with its folder
 
-    def broken(*args: object, **kwargs: object) -> None:
+    def full(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("trouper.session_secrets.json.dump", broken)
+    monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError):
         write_session_secrets(home, "s-2", {"TOKEN": "x" * 12}, llm)
     assert sorted(p.name for p in home.secrets_path("s-2").parent.iterdir()) == []

@@ -36,6 +36,7 @@ from typing import Any, Tuple
 
 from .util import (
     fsync_dir,
+    merge_json_lines,
     open_private,
     private_dir,
     read_json_lines,
@@ -263,14 +264,12 @@ def _lines(path: str) -> list[tuple[str, Place]]:
 
 def _merged(places: list[Place]) -> dict[str, Any] | None:
     """The record whose lines are at ``places``, merged in order (later keys win)."""
-    merged: dict[str, Any] | None = None
+    lines = []
     for path, offset, length in places:
         try:
             with open(path, "rb") as f:
                 f.seek(offset)
-                value = json.loads(f.read(length))
-        except (OSError, ValueError):
+                lines.append(f.read(length))
+        except OSError:
             continue
-        if isinstance(value, dict):
-            merged = {**(merged or {}), **value}
-    return merged
+    return merge_json_lines(lines)

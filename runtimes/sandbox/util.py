@@ -10,7 +10,7 @@ import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 PRIVATE_DIR_MODE = 0o700
 """Folders of the state folder (and it): the owner only."""
@@ -26,9 +26,10 @@ def safe_name(action_id: str) -> str:
     return "h-" + hashlib.sha256(action_id.encode("utf-8")).hexdigest()[:40]
 
 
-def _written_tmp(path: str, data: Any, mode: int, durable: bool) -> str:
-    """A temporary file beside ``path`` holding ``data`` as JSON, with exactly ``mode``
-    (fsynced with ``durable``); its name. Removed again if it cannot be written whole."""
+def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` atomically, with exactly ``mode``: tmp file,
+    rename; with ``durable``, fsync the file before the rename and the folder after it
+    (survives a host crash). A temporary that cannot be written whole is removed."""
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(tmp, flags, mode)
@@ -44,14 +45,7 @@ def _written_tmp(path: str, data: Any, mode: int, durable: bool) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return tmp
-
-
-def write_json_atomic(path: str, data: Any, mode: int = 0o600, durable: bool = True) -> None:
-    """Write ``data`` as JSON to ``path`` atomically, with exactly ``mode``: tmp file,
-    rename; with ``durable``, fsync the file before the rename and the folder after it
-    (survives a host crash)."""
-    os.replace(_written_tmp(path, data, mode, durable), path)
+    os.replace(tmp, path)
     if durable:
         fsync_dir(os.path.dirname(path) or ".")
 
@@ -61,13 +55,18 @@ def read_json_lines(path: str) -> dict[str, Any] | None:
     skipping lines that do not parse; None when the file is missing or holds none."""
     try:
         with open(path, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
+            return merge_json_lines(f.read().split(b"\n"))
     except OSError:
         return None
+
+
+def merge_json_lines(lines: Iterable[bytes]) -> dict[str, Any] | None:
+    """The JSON objects among ``lines`` merged in order (a later one's keys win); a line
+    that is not one (cut short by a crash or a full disk) is skipped. None: there is none."""
     merged: dict[str, Any] | None = None
-    for line in text.split("\n"):
+    for line in lines:
         try:
-            value = json.loads(line)
+            value = json.loads(line.decode("utf-8", "replace"))
         except ValueError:
             continue
         if isinstance(value, dict):
