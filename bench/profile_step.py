@@ -133,6 +133,12 @@ WAITS = frozenset(
     }
 )
 """Leaf frames of a thread waiting in C: py-spy's idle filter misses these, so they go."""
+WAIT_FUNCTIONS = frozenset({"LoopSelector.select"})
+"""The same, by function name alone: trouper's own frames, whose path depends on the clone."""
+
+
+def _waiting(leaf: str) -> bool:
+    return leaf in WAITS or leaf.partition(" (")[0] in WAIT_FUNCTIONS
 PLUMBING = frozenset(
     {
         "Thread._bootstrap (threading.py)",
@@ -166,7 +172,7 @@ def summarize(
         lines[1:1] = [f"WARNING: only {steps} steps after py-spy attached: the per-step "
                       f"figures mean little; use a larger --k (200 takes a few seconds)"]
     for pid, (role, cpu) in sorted(roles.items(), key=lambda kv: -kv[1][1]):
-        busy = [(f, c) for f, c in stacks.get(pid, []) if f and f[-1] not in WAITS]
+        busy = [(f, c) for f, c in stacks.get(pid, []) if f and not _waiting(f[-1])]
         total = sum(c for _, c in busy)
         lines.append(
             f"== {role} (pid {pid}): {cpu / max(1, steps) * 1000:.2f} ms CPU per step, "
