@@ -16,10 +16,13 @@ from typing import Any
 import litellm
 from litellm.exceptions import ModelNotMappedError
 
+from .. import http_pool
 from ..config import LLMConfig
 from ..messages.protocol import Complete, Completed, ToolCall
 from . import direct
 from .credentials import require_key
+
+http_pool.install()  # the broker's threads share one pool (encode/httpcore#1110)
 
 logger = logging.getLogger(__name__)
 litellm.suppress_debug_info = True

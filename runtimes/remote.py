@@ -319,6 +319,9 @@ class RemoteSandbox:
             if self._http is None:
                 import httpx
 
+                from .. import http_pool
+
+                http_pool.install()  # its threads share the pool (encode/httpcore#1110)
                 verify: Any = self.config.verify
                 if isinstance(verify, str):
                     verify = ssl.create_default_context(cafile=verify)
