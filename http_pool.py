@@ -71,9 +71,24 @@ def _assign_requests_to_connections(self: Any) -> list[Any]:
     return closing
 
 
+KEPT_CONNECTIONS = 512
+"""Connections a pool may hold, and keep alive between calls: the broker's worker threads
+(``LLMBroker.max_workers``), so its pool neither queues a call the admission gates let
+through nor closes a connection only to open another for the next call."""
+
+_original_init = ConnectionPool.__init__
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _original_init(self, *args, **kwargs)
+    self._max_connections = max(self._max_connections, KEPT_CONNECTIONS)
+    self._max_keepalive_connections = max(self._max_keepalive_connections, KEPT_CONNECTIONS)
+
+
 def install() -> bool:
-    """Patch httpcore's pool in this process (idempotent). False, changing nothing, when
-    the installed httpcore's housekeeping is not the one this replaces."""
+    """Patch httpcore's pools in this process (idempotent): spare the connections requests
+    hold, and keep up to ``KEPT_CONNECTIONS`` alive. False, changing nothing, when the
+    installed httpcore's housekeeping is not the one this replaces."""
     current = ConnectionPool._assign_requests_to_connections
     if current is _assign_requests_to_connections:
         return True
@@ -82,4 +97,5 @@ def install() -> bool:
         logger.info("httpcore's pool housekeeping changed; it is kept as it is")
         return False
     ConnectionPool._assign_requests_to_connections = _assign_requests_to_connections  # type: ignore[method-assign]
+    ConnectionPool.__init__ = _init  # type: ignore[method-assign]
     return True

@@ -46,10 +46,18 @@ def _request(url: str = "http://127.0.0.1:9/v1") -> PoolRequest:
     return PoolRequest(httpcore.Request("POST", url))
 
 
+def _limited(max_connections: int, max_keepalive_connections: int) -> httpcore.ConnectionPool:
+    """A pool with these limits (set after ``install`` raised the defaults)."""
+    http_pool.install()
+    pool = httpcore.ConnectionPool()
+    pool._max_connections = max_connections
+    pool._max_keepalive_connections = max_keepalive_connections
+    return pool
+
+
 def _pool(**limits: int) -> tuple[httpcore.ConnectionPool, FakeConnection, PoolRequest]:
     """A pool holding one idle connection already handed to a request not yet started."""
-    http_pool.install()
-    pool = httpcore.ConnectionPool(**limits)
+    pool = _limited(**limits)
     held = _request()
     connection = FakeConnection(held.request.url.origin)
     pool._connections.append(connection)
@@ -76,8 +84,7 @@ def test_a_held_connection_is_not_closed_to_make_room_for_another_request():
 
 
 def test_an_idle_connection_nobody_holds_is_still_closed_as_before():
-    http_pool.install()
-    pool = httpcore.ConnectionPool(max_connections=10, max_keepalive_connections=0)
+    pool = _limited(max_connections=10, max_keepalive_connections=0)
     free = FakeConnection(_request().request.url.origin)
     pool._connections.append(free)
     assert pool._assign_requests_to_connections() == [free]
@@ -95,3 +102,19 @@ def test_the_broker_s_model_client_installs_it():
 
     assert ConnectionPool._assign_requests_to_connections is (
         http_pool._assign_requests_to_connections)
+
+
+def test_a_pool_keeps_as_many_connections_alive_as_the_broker_has_threads():
+    """httpx's default keeps 20 of at most 100: with more calls in flight than 20, each
+    connection a call freed was closed and the next call opened one (a TLS handshake
+    against a provider); past 100 a call the gates admitted waited for a connection."""
+    import httpx
+
+    from trouper.actors.llm_broker import LLMBroker
+
+    http_pool.install()
+    pool = httpx.Client()._transport._pool  # type: ignore[attr-defined]
+    assert pool._max_keepalive_connections >= LLMBroker.max_workers
+    assert pool._max_connections >= LLMBroker.max_workers
+    wider = httpcore.ConnectionPool(max_connections=4096, max_keepalive_connections=4096)
+    assert wider._max_connections == 4096  # a larger limit is kept as it is
