@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -258,3 +259,22 @@ def signal_handlers(signums: Iterable[int], handler: Callable[[int, Any], None]
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+OPEN_FILES_CEILING = 1 << 20
+"""The soft limit ``raise_open_file_limit`` sets when the hard one is unlimited."""
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (inherited by what
+    it forks); the soft limit now. A stock machine's soft limit (1,024) is far below
+    what a process supervising hundreds of sessions holds."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):  # a platform that refuses: keep the limit it gave
+            pass
+    return soft

@@ -9,6 +9,13 @@ when Thespian forks) so that each forked process, before Thespian runs:
   listening socket of the program, a pipe it reads to EOF;
 - creates files owner-only from then on (umask 077, ``paths.enter_private_process``).
 
+The admin also raises its soft limit on open files to the hard one
+(``processes.raise_open_file_limit``), so every actor it forks has it: the root holds
+descriptors for each session process it supervises, the broker a socket for each
+session and its model connections, and a stock soft limit (1,024) made the root's forks
+fail with EMFILE past a few hundred sessions. The sandboxes are forked by their own
+zygote, from the program, and keep the program's limit, as the commands in them do.
+
 The admin also publishes ``<home>/actors/admin.pid`` (its pid, start time, and the
 embedding program's) and, in an embedded system, watches that program from its first
 instant: when it is gone, the admin kills its process group (itself, the logger and every
@@ -37,7 +44,14 @@ from typing import Any
 from thespian.system import multiprocCommon
 
 from ..paths import enter_private_process, write_private
-from ..processes import exit_watch, libc, name_process, pid_alive, start_time
+from ..processes import (
+    exit_watch,
+    libc,
+    name_process,
+    pid_alive,
+    raise_open_file_limit,
+    start_time,
+)
 from ..runtimes import sandbox_zygote
 from ..settings import settings
 from . import reaping
@@ -83,6 +97,7 @@ def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
             # Thespian tries to import it in every actor; a miss searches all of sys.path
             sys.modules.setdefault("setproctitle", None)  # type: ignore[arg-type]
         if admin:
+            raise_open_file_limit()
             _become_admin()
             try:
                 return target(*args, **kwargs)
