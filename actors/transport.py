@@ -49,6 +49,11 @@ MAC_BYTES = hashlib.sha256().digest_size
 MAX_FRAME_BYTES = 512 * 1024 * 1024
 """Largest frame an actor accepts; a prompt history of several MB fits many times over."""
 LOOPBACK = "127.0.0.1"
+LISTEN_DEPTH = 4096
+"""Each actor's accept queue (Thespian's is 100; the kernel caps it at ``somaxconn``).
+Every session process connects to the root and to the broker: at 100 sessions the root's
+queue of 100 overflowed 14-21 times a run, each a dropped SYN its sender sends again
+after a second."""
 REJECT_LOG_PERIOD_S = 10.0
 """A flood of forged frames is logged once per this period, with the count."""
 
@@ -152,6 +157,7 @@ def seal(key_file: str | os.PathLike[str] | None = None) -> AuthenticatedCodec:
     os.environ["THESPIAN_BASE_IPADDR"] = LOOPBACK
     TCPTransport.serializer = codec
     TCPTransport.ReceiveBuffer = CappedReceiveBuffer
+    TCPTransport.LISTEN_DEPTH = max(TCPTransport.LISTEN_DEPTH, LISTEN_DEPTH)
     if not transport_loop.install():  # a speed-up only: the old loop works, slower
         logging.getLogger(__name__).info("Thespian's loop changed: its selector is kept")
     IPBase.IPActorAddress.bindArgs = property(_bind_advertised)
