@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +38,11 @@ from litellm.litellm_core_utils.exception_mapping_utils import exception_type
 from litellm.llms.custom_httpx.http_handler import HTTPHandler, get_httpx_client
 from litellm.main import base_llm_http_handler
 from litellm.types.utils import LlmProviders, ModelResponse
-from litellm.utils import ProviderConfigManager, validate_and_fix_openai_messages
+from litellm.utils import ProviderConfigManager
 
 from ..config import LLMConfig
 from ..settings import settings
+from .checked import CheckedHistories, mentions_cache_control
 
 DIRECT_PROVIDERS = frozenset({"hosted_vllm", "openai"})
 """Providers whose chat call litellm makes as one OpenAI-style JSON POST."""
@@ -90,79 +89,8 @@ def _config(name: str, provider: str) -> Any:
     return config
 
 
-class _Validated:
-    """litellm's check and clean-up of each message, done once per message of a history.
-
-    ``validate_and_fix_openai_messages`` copies every message of the history on every
-    call (a third of the direct route's CPU at 200 steps). For a plain message (a role,
-    text or no content) what it makes depends on that message alone and it cannot
-    refuse it, so its copy is kept (by the dict's identity, the dict itself held so the
-    identity is not reused, its content checked unchanged) and the broker's next request,
-    which carries the same dicts plus a few new ones, copies only the new ones. A history
-    with any other message goes through litellm whole, as before."""
-
-    def __init__(self, capacity: int = 65536, max_chars: int = 32 * 1024 * 1024) -> None:
-        self.capacity = capacity
-        self.max_chars = max_chars
-        """Content kept at most (messages of sessions the broker no longer holds would
-        otherwise stay alive here)."""
-        self._kept: OrderedDict[int, tuple[dict[str, Any], Any, dict[str, Any]]] = OrderedDict()
-        self._chars = 0
-        self._clean: dict[int, dict[str, Any]] = {}
-        """The kept copies with no ``cache_control`` key (found once, when made)."""
-        self._lock = threading.Lock()
-
-    def __call__(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not all(_plain(m) for m in messages):
-            return validate_and_fix_openai_messages(messages)
-        out = []
-        with self._lock:
-            for message in messages:
-                kept = self._kept.get(id(message))
-                if (kept is None or kept[0] is not message
-                        or kept[1] is not message.get("content")):
-                    kept = (message, message.get("content"),
-                            validate_and_fix_openai_messages([message])[0])
-                    self._forget(self._kept.pop(id(message), None))
-                    self._kept[id(message)] = kept
-                    self._chars += len(kept[1] or "")
-                    if not _mentions_cache_control(kept[2]):
-                        self._clean[id(kept[2])] = kept[2]
-                    while len(self._kept) > self.capacity or self._chars > self.max_chars:
-                        self._forget(self._kept.popitem(last=False)[1])
-                else:
-                    self._kept.move_to_end(id(message))
-                out.append(kept[2])
-        return out
-
-    def _forget(self, kept: tuple[dict[str, Any], Any, dict[str, Any]] | None) -> None:
-        if kept is not None:
-            self._chars -= len(kept[1] or "")
-            self._clean.pop(id(kept[2]), None)
-
-    def known_clean(self, messages: list[Any]) -> bool:
-        """Whether every one of ``messages`` is a kept copy known to hold no
-        ``cache_control`` key."""
-        with self._lock:
-            return all(self._clean.get(id(m)) is m for m in messages)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kept.clear()
-            self._clean.clear()
-            self._chars = 0
-
-
-def _plain(message: Any) -> bool:
-    return (isinstance(message, dict) and bool(message.get("role"))
-            and isinstance(message.get("content"), str | None))
-
-
-_validated = _Validated()
-
-
-_CACHE_CONTROL = '"cache_control"'
-"""The key as JSON writes it; a string holding it is written with its quotes escaped."""
+_validated = CheckedHistories()
+"""litellm's check of each message, done once per message of a history (``llm/checked``)."""
 
 
 def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[Any],
@@ -170,23 +98,15 @@ def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[A
     """litellm's stripping of ``cache_control`` keys, only where there is one: it walks
     every dict of the history, 0.8 ms at 200 steps, and trouper's own messages and tools
     never carry the key. One C-speed encoding (0.3 ms there) finds it, of each message
-    once (``_Validated``); a value that is the bare word, or anything JSON cannot encode,
+    once (``llm/checked``); a value that is the bare word, or anything JSON cannot encode,
     goes the whole walk."""
     if _validated.known_clean(messages):  # checked once each, when first seen
-        absent = not _mentions_cache_control(tools)
+        absent = not mentions_cache_control(tools)
     else:
-        absent = not _mentions_cache_control([messages, tools])
+        absent = not mentions_cache_control([messages, tools])
     if absent:
         return messages, tools
     return strip(model=model, messages=messages, tools=tools)
-
-
-def _mentions_cache_control(value: Any) -> bool:
-    """Whether ``value`` may hold a ``cache_control`` key (True when unsure)."""
-    try:
-        return _CACHE_CONTROL in json.dumps(value, check_circular=False)
-    except (TypeError, ValueError):
-        return True
 
 
 def takes(cfg: LLMConfig, model: str) -> bool:

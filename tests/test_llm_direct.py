@@ -283,18 +283,3 @@ def test_both_routes_refuse_a_body_that_is_no_completion_alike(route, body):
     assert isinstance(by_litellm, Exception)
     assert type(by_direct) is type(by_litellm)
     assert classify(by_direct) == classify(by_litellm)
-
-
-def test_the_kept_checks_stay_within_their_bounds():
-    """What the direct route keeps of each history is bounded in messages and in text,
-    the oldest let go first; a message let go is checked again when it comes back."""
-    kept = direct._Validated(capacity=3, max_chars=10)
-    one, two = {"role": "user", "content": "12345"}, {"role": "user", "content": "67890"}
-    assert kept([one, two]) == [one, two]
-    three = {"role": "user", "content": "x"}
-    assert kept([three]) == [three]  # 11 chars: ``one`` is let go
-    assert len(kept._kept) == 2 and kept._chars == 6
-    many = [{"role": "user", "content": ""} for _ in range(5)]
-    assert kept(many) == many
-    assert len(kept._kept) == 3 and kept._chars == 0
-    assert kept([one]) == [one] and kept._chars == 5
