@@ -226,16 +226,21 @@ class Trouper:
 
     def command(self, session_id: str, command: str, text: str = "", *,
                 action_id: str = "") -> int:
-        """Send a user command; start the session's actors first if they are not running."""
+        """Send a user command; start the session's actors first if they are not running
+        (a settled session stands down after ``settled_stand_down_s``; should it stand
+        down again before the command reaches it, it is started again)."""
         msg = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
                           command=command, text=text,  # type: ignore[arg-type]
                           action_id=action_id)
-        try:
-            return self._system.request(msg).seq
-        except UnknownSession:
-            self.restore(session_id)
-            return self._system.request(msg.model_copy(update={"request_id": uuid.uuid4().hex}))\
-                .seq
+        for attempt in range(_COMMAND_RESTORES + 1):
+            try:
+                return self._system.request(msg).seq
+            except UnknownSession:
+                if attempt == _COMMAND_RESTORES:
+                    raise
+                self.restore(session_id)
+                msg = msg.model_copy(update={"request_id": uuid.uuid4().hex})
+        raise AssertionError("unreachable")
 
     def restore(self, session_id: str) -> None:
         """Start the actors of a stored session; they carry on from its log."""
@@ -273,6 +278,10 @@ class Trouper:
             if record.state in _RESTORE_STATES:
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)
+
+
+_COMMAND_RESTORES = 3
+"""Restores a command tries before it reports the session unknown."""
 
 
 def _free_id(trouper: Trouper, session_id: str) -> str:

@@ -79,6 +79,12 @@ class Settings(BaseModel):
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
 
+    settled_stand_down_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    """A hosted session settled this long (finished, waiting for the user, stopped,
+    paused), with nothing pending, closes its sandbox and its process goes; the next
+    command restores it from its log (``docs/operations.md``). A sweep that runs many
+    sessions in one program then holds only the live ones."""
+
     session_layout: Literal["split", "hosted"] = "hosted"
     """How a session's actors are laid out in processes (``docs/architecture.md``,
     "Layouts"): ``hosted``, one process per session (the Controller, driving its sandbox,

@@ -26,6 +26,9 @@ from ..messages.tree import (
     RecordDowntime,
     Relay,
     Shutdown,
+    StandDown,
+    StandingDown,
+    SteppedDown,
 )
 from ..restarts import give_up_text
 from . import reaping
@@ -62,6 +65,12 @@ class Kept:
     """The stand-in recording the downtime."""
     close: CloseFor | None = None
     """A shutdown came while the downtime was recorded: close the sandbox once it is."""
+    relays_sent: int = 0
+    """Relays handed to the live host (it says how many it had when it asks to stand down)."""
+    standing_down: bool = False
+    """The host closes its sandbox to go: commands are held meanwhile."""
+    restore_asked: bool = False
+    """The program asked to start it while it stood down: start it again once it is gone."""
 
 
 class HostedSessions(Supervisor):
@@ -108,12 +117,15 @@ class HostedSessions(Supervisor):
         cmd = relay.msg
         role = session_role(kept.start.session_id)
         host = self.child(role)
-        if isinstance(cmd, FailRuntime) and (host is None or kept.recording is not None):
+        if isinstance(cmd, FailRuntime) and (host is None or kept.recording is not None
+                                             or kept.standing_down):
             self._refuse(relay, "the session's host is restarting; no driver runs now")
         elif kept.recording is not None:  # never a host beside the stand-in (one writer)
             kept.woken.append(relay)
+        elif kept.standing_down:  # its successor, or the host if it stays, takes it
+            kept.held.append(relay)
         elif host is not None:
-            self.send(host, relay)
+            self._hand(kept, host, [relay])
         elif not self.may_restart(role):
             self._refuse(relay, CLOSING)
         else:
@@ -139,9 +151,57 @@ class HostedSessions(Supervisor):
     # -- the supervisor's hooks, for a hosted session ------------------------------
 
     def hosted_restarted(self, kept: Kept, address: ActorAddress) -> None:
+        kept.relays_sent, kept.standing_down = 0, False  # a new host counts afresh
         held, kept.held = kept.held, []
-        for relay in held:
-            self.send(address, relay)
+        self._hand(kept, address, held)
+
+    def _hand(self, kept: Kept, host: ActorAddress, relays: list[Relay]) -> None:
+        for relay in relays:
+            kept.relays_sent += 1
+            self.send(host, relay)
+
+    # -- a settled session stands down --------------------------------------------
+
+    def on_standing_down(self, msg: StandingDown, sender: ActorAddress) -> None:
+        kept = self.kept.get(msg.session_id)
+        role = session_role(msg.session_id)
+        if kept is None or sender is None or sender != self.child(role):
+            self.drop(msg, "not from the session's live host")
+            return
+        go = (kept.recording is None and not kept.held and not kept.woken
+              and not kept.standing_down and kept.relays_sent == msg.relays
+              and self.may_restart(role))
+        kept.standing_down = go
+        self.send(sender, StandDown(session_id=msg.session_id, go=go))
+
+    def on_stepped_down(self, msg: SteppedDown, sender: ActorAddress) -> None:
+        session_id = msg.session_id
+        kept = self.kept.get(session_id)
+        role = session_role(session_id)
+        if kept is None or not kept.standing_down or sender is None \
+                or sender != self.child(role):
+            self.drop(msg, "not from a host standing down")
+            return
+        kept.standing_down = False
+        held, kept.held = kept.held, []
+        if msg.stayed:  # it has work after all: the commands held meanwhile are its
+            self._hand(kept, sender, held)
+            return
+        self.stop_child(role)  # its exit is expected; it starts nothing more
+        self.forget_hosted(session_id)
+        if not (held or kept.restore_asked):
+            logger.info("session %s: stood down, settled; the next command restores it",
+                        session_id)
+        elif not self.may_restart(role):
+            for relay in held:
+                self._refuse(relay, CLOSING)
+        else:  # a command came while it stood down: its successor takes it
+            logger.info("session %s: stood down; %d command(s) that came meanwhile start "
+                        "it again", session_id, len(held))
+            self.start_hosted(kept.start.model_copy(update={"restore": True}))
+            host = self.child(role)
+            if host is not None:
+                self._hand(self.kept[session_id], host, held)
 
     def hosted_gave_up(self, kept: Kept, reason: str, retry_in_s: float | None) -> None:
         """Nobody drives the session now: a stand-in host records ERROR (the log's one

@@ -114,6 +114,9 @@ class RootSupervisor(HostedSessions):
     def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
         role = session_role(start.session_id)
         if self.child(role) is not None or start.session_id in self.kept:
+            kept = self.kept.get(start.session_id)
+            if kept is not None and kept.standing_down:
+                kept.restore_asked = True  # started again once its host is gone
             if reply_to is not None:  # running (or, hosted, restarting) already
                 self.send(reply_to, Accepted(request_id=start.request_id,
                                              session_id=start.session_id))

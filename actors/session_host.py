@@ -12,11 +12,19 @@ the sandbox, which outlives both, and asks the journal what the last one left (I
 What the runtime says for the core (``RuntimeReady``, ``Executed`` ...) is queued and fed
 to the core once the handler that produced it is done, as a message from a proxy would
 be: the core never gets an input while its adapter still performs the last one's effects.
+
+A session settled for ``settled_stand_down_s`` with nothing pending stands down, so that
+a program running many sessions holds only the live ones: it tells the root
+(``StandingDown``, with the number of relays it has had), and the root, if no command is
+on its way to it, holds the session's commands and says go (``StandDown``); the host
+closes its sandbox and says so (``SteppedDown``), and the root stops it. The next command
+restores the session from its log; one that came meanwhile does at once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +50,9 @@ from ..messages.tree import (
     Relay,
     Shutdown,
     ShutdownDone,
+    StandDown,
+    StandingDown,
+    SteppedDown,
 )
 from ..paths import Home
 from ..restarts import RestartPolicy
@@ -49,9 +60,16 @@ from ..runtimes import Sandbox
 from ..runtimes.driver import After, Drop, Reply, ToParent, Work
 from ..runtimes.hosted import TIMER, HostedEffect, HostedRuntime, ToCore
 from ..runtimes.session_sandbox import session_sandbox
+from ..settings import settings
 from .controller import Controller
 
 logger = logging.getLogger(__name__)
+
+STAND_DOWN = "stand-down"
+"""The request id of the sandbox close a stand-down makes."""
+RESTORED_GRACE_S = 5.0
+"""A restored host stands down no sooner than this after its start: one restored for a
+command is settled at once, and the command is on its way."""
 
 class SessionHost(Controller):
     # "controller": its pid is the one kill_actor(session, "controller") kills
@@ -65,9 +83,19 @@ class SessionHost(Controller):
         """What the runtime said for the core, fed once the current handler is done."""
         self.closing_only = False
         """A stand-in that only closes the sandbox of a session whose host is down."""
+        self.relays_seen = 0
+        """Relays (user commands) received: the root stands it down only when it has
+        sent no more than this."""
+        self.standing_down = False
+        self._stand_down_seq: int | None = None
+        """The settled log position a stand-down timer waits on."""
+        self._grace_until = 0.0
+        """No stand-down before this (``time.monotonic()``): set for a restored host."""
 
     def on_boot_controller(self, msg: BootController, sender: ActorAddress) -> None:
         start = msg.start
+        if start.restore:
+            self._grace_until = time.monotonic() + RESTORED_GRACE_S
         home = Home.at(start.home)
         self.hosted = HostedRuntime(start.session_id, self._sandbox_maker(start),
                                     msg.policy or RestartPolicy())
@@ -117,6 +145,7 @@ class SessionHost(Controller):
     # -- the runtime's inputs ---------------------------------------------------
 
     def on_relay(self, msg: Relay, sender: ActorAddress) -> None:
+        self.relays_seen += 1
         inner = msg.msg
         if not isinstance(inner, FailRuntime):
             super().on_relay(msg, sender)
@@ -136,6 +165,52 @@ class SessionHost(Controller):
         super()._dispatch(msg, sender)
         while self.for_core and not self._stopping:
             self.feed(self.for_core.popleft())
+        self._consider_standing_down()
+
+    # -- standing down once settled -----------------------------------------------
+
+    def _idle_settled(self) -> bool:
+        view = self.view
+        return (self.core is not None and self.hosted is not None and not self.closing_only
+                and not self._stopping and self.store_fault is None and view.settled
+                and not view.pending and not self.for_core and not self.hosted.closing)
+
+    def _consider_standing_down(self) -> None:
+        """Set the stand-down timer for this settled position of the log (once)."""
+        if self.standing_down or not self._idle_settled():
+            return
+        seq = self.view.last_seq
+        if self._stand_down_seq != seq:
+            self._stand_down_seq = seq
+            grace_s = self._grace_until - time.monotonic()
+            self.after(max(settings().settled_stand_down_s, grace_s), "stand_down", seq)
+
+    def on_timer_stand_down(self, seq: int) -> None:
+        if self.standing_down or seq != self.view.last_seq or not self._idle_settled():
+            return  # it moved meanwhile: a later settled position sets its own timer
+        self.standing_down = True
+        self.send(self._parent_address, StandingDown(session_id=self.session_id,
+                                                     relays=self.relays_seen))
+
+    def on_stand_down(self, msg: StandDown, sender: ActorAddress) -> None:
+        if not self.from_parent(msg, sender, "who supervises the session"):
+            return
+        if not self.standing_down:
+            self.drop(msg, "it asked for no stand-down")
+            return
+        if not msg.go:  # a command is on its way: it comes, or the timer is set again
+            self.standing_down, self._stand_down_seq = False, None
+            return
+        assert self.hosted is not None
+        if not self._idle_settled():  # work came from the sandbox's side meanwhile
+            self.standing_down, self._stand_down_seq = False, None
+            self.send(sender, SteppedDown(session_id=self.session_id, stayed=True))
+            return
+        logger.info("session %s: settled for %g s: closing its sandbox and standing down "
+                    "(the next command restores it)", self.session_id,
+                    settings().settled_stand_down_s)
+        self.perform_runtime(self.hosted.close(CloseSandbox(request_id=STAND_DOWN),
+                                               self.myAddress))
 
     def on_timer_runtime(self, token: tuple[int, str, Any]) -> None:
         if self.hosted is not None:
@@ -195,6 +270,9 @@ class SessionHost(Controller):
                 self.for_core.append(effect.msg)
             elif isinstance(effect, ToParent):
                 self.send(self._parent_address, effect.msg)
+            elif (isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed)
+                  and effect.msg.request_id == STAND_DOWN and self.standing_down):
+                self.send(self._parent_address, SteppedDown(session_id=self.session_id))
             elif isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed):
                 # only a shutdown closes the sandbox here: it is answered in its terms
                 closed = [effect.msg.session_id] if effect.msg.session_id else []

@@ -138,6 +138,34 @@ class CloseFor(Frozen):
     request_id: str
 
 
+class StandingDown(Frozen):
+    """SessionHost -> root: the session is settled and has been idle for
+    ``settled_stand_down_s``; it would close its sandbox and go. ``relays`` counts the
+    relays it has received, so the root can tell none is on its way to it."""
+
+    kind: Literal["standing_down"] = "standing_down"
+    session_id: str
+    relays: int
+
+
+class StandDown(Frozen):
+    """Root -> SessionHost: go (``go``; the root holds the session's commands meanwhile),
+    or stay (a command is on its way, or the tree closes)."""
+
+    kind: Literal["stand_down"] = "stand_down"
+    session_id: str
+    go: bool
+
+
+class SteppedDown(Frozen):
+    """SessionHost -> root: its sandbox is closed and it may be stopped; or (``stayed``)
+    it has work after all, and the commands held meanwhile are its to take."""
+
+    kind: Literal["stepped_down"] = "stepped_down"
+    session_id: str
+    stayed: bool = False
+
+
 class DowntimeRecorded(Frozen):
     """A stand-in Controller -> its SessionSupervisor: the downtime is in the log (or
     ``error`` says why it is not)."""
