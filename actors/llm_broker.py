@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
+from ..llm import direct
 from ..llm.backoff import Backoff
 from ..llm.client import complete
 from ..llm.credentials import auth_message, key_vars_in_use
@@ -39,7 +40,7 @@ from ..messages.protocol import (
     ResendHistory,
     RetryScheduled,
 )
-from ..messages.tree import BootBroker
+from ..messages.tree import BootBroker, ForgetHistory
 from ..paths import Home
 from ..settings import settings
 from .base import Timer, TrouperActor
@@ -119,6 +120,10 @@ class LLMBroker(TrouperActor):
         call = _Call(request=whole, reply_to=sender, tokens=tokens_of(chars))
         self._calls[msg.request_id] = call
         self._enqueue(call)
+
+    def on_forget_history(self, msg: ForgetHistory, sender: ActorAddress) -> None:
+        """A session stood down: its history (and litellm's checks of it) go."""
+        direct.forget_checks(self._histories.forget(msg.session_id))
 
     def on_cancel_completion(self, msg: CancelCompletion, sender: ActorAddress) -> None:
         call = self._calls.pop(msg.request_id, None)

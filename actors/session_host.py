@@ -47,6 +47,7 @@ from ..messages.tree import (
     BrokerMoved,
     CloseFor,
     FailRuntime,
+    ForgetHistory,
     Relay,
     Shutdown,
     ShutdownDone,
@@ -272,6 +273,8 @@ class SessionHost(Controller):
                 self.send(self._parent_address, effect.msg)
             elif (isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed)
                   and effect.msg.request_id == STAND_DOWN and self.standing_down):
+                if self.broker is not None:  # its history, kept for the next request
+                    self.send(self.broker, ForgetHistory(session_id=self.session_id))
                 self.send(self._parent_address, SteppedDown(session_id=self.session_id))
             elif isinstance(effect, Reply) and isinstance(effect.msg, SandboxClosed):
                 # only a shutdown closes the sandbox here: it is answered in its terms

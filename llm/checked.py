@@ -131,6 +131,14 @@ class CheckedHistories:
         with self._lock:
             return all(self._clean.get(id(m)) is m for m in messages)
 
+    def forget(self, messages: list[Message]) -> None:
+        """Let go of the checks kept for the history ``messages`` begins."""
+        if messages:
+            with self._lock:
+                history = self._histories.get(id(messages[0]))
+                if history is not None and history.sources[0] is messages[0]:
+                    self._drop(id(messages[0]))
+
     def clear(self) -> None:
         with self._lock:
             self._histories.clear()

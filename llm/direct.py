@@ -93,6 +93,11 @@ _validated = CheckedHistories()
 """litellm's check of each message, done once per message of a history (``llm/checked``)."""
 
 
+def forget_checks(messages: list[dict[str, Any]]) -> None:
+    """Let go of the checks kept for a history the broker no longer holds."""
+    _validated.forget(messages)
+
+
 def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[Any],
                          tools: list[Any] | None = None) -> tuple[list[Any], list[Any] | None]:
     """litellm's stripping of ``cache_control`` keys, only where there is one: it walks

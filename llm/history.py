@@ -121,6 +121,11 @@ class HistoryStore:
                                            "history_len": 0})
         return whole, chars
 
+    def forget(self, session_id: str) -> Messages:
+        """Let go of the session's history; the messages it held (none if none)."""
+        sent = self._kept.pop(session_id, None)
+        return sent.messages if sent is not None else []
+
     def _keep(self, session_id: str, sent: _Sent) -> None:
         self._kept[session_id] = sent
         self._kept.move_to_end(session_id)

@@ -166,6 +166,14 @@ class SteppedDown(Frozen):
     stayed: bool = False
 
 
+class ForgetHistory(Frozen):
+    """SessionHost -> broker: the session stood down; let go of its history (a restored
+    session sends its first request whole)."""
+
+    kind: Literal["forget_history"] = "forget_history"
+    session_id: str
+
+
 class DowntimeRecorded(Frozen):
     """A stand-in Controller -> its SessionSupervisor: the downtime is in the log (or
     ``error`` says why it is not)."""

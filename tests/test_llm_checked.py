@@ -80,3 +80,23 @@ def test_histories_beyond_the_bounds_are_checked_whole_not_one_message_at_a_time
     assert len(one_by_one) == 2 * 3, calls  # each kept history's new message, each round
     assert sorted(n for n in calls if n > 1) == [61, 61, 62, 62]  # the two not kept
     assert len(kept) == 3
+
+
+def test_a_history_forgotten_is_checked_afresh():
+    calls: list[int] = []
+    real = validate_and_fix_openai_messages
+
+    def counted(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        calls.append(len(messages))
+        return real(messages)
+
+    kept = CheckedHistories(check=counted)
+    history = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    copies = kept(history)
+    assert kept.known_clean(copies) and len(kept) == 1
+    kept.forget([{"role": "system", "content": "s"}])  # another dict: not this history
+    assert len(kept) == 1
+    kept.forget(history)
+    assert len(kept) == 0 and not kept.known_clean(copies)
+    calls.clear()
+    assert kept(history) == real(history) and calls == [1, 1]

@@ -112,3 +112,15 @@ def test_the_token_estimate_is_kept_as_the_history_grows_and_equals_a_whole_coun
         assert tokens_of(chars) == estimate_tokens(history, TOOLS)
     no_tools = HistorySender("c2").prepare(request(grown(2), "t", sid="s-2", tools=[]))
     assert tokens_of(store.take(no_tools)[1]) == estimate_tokens(grown(2), [])  # type: ignore[index]
+
+
+def test_a_forgotten_session_is_asked_for_its_history_whole_again():
+    """A session that stood down: the broker lets go of its history; the restored
+    session's first request is whole, and one built on the old history is refused."""
+    sender, store = HistorySender("c1"), HistoryStore()
+    history = grown(3)
+    assert store.take(sender.prepare(request(history, "r1"))) is not None
+    assert store.forget("s-1") == history and len(store) == 0
+    assert store.forget("s-1") == []
+    stale = sender.prepare(request(history + [{"role": "user", "content": "m3"}], "r2"))
+    assert stale.history_len == 3 and store.take(stale) is None  # -> ResendHistory
