@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from litellm.utils import validate_and_fix_openai_messages
 
 from trouper.llm.checked import STALE_S, CheckedHistories
 
+Check = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
-def test_each_history_is_checked_once_per_message_and_a_change_is_checked_again():
+
+def _counting() -> tuple[list[int], Check]:
+    """litellm's check, counting the messages of each call it gets."""
     calls: list[int] = []
-    real = validate_and_fix_openai_messages
 
     def counted(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         calls.append(len(messages))
-        return real(messages)
+        return validate_and_fix_openai_messages(messages)
 
+    return calls, counted
+
+
+def test_each_history_is_checked_once_per_message_and_a_change_is_checked_again():
+    calls, counted = _counting()
+    real = validate_and_fix_openai_messages
     kept = CheckedHistories(check=counted)
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "do it"}]
     assert kept(history) == real(history) and calls == [1, 1]
@@ -59,13 +68,8 @@ def test_histories_beyond_the_bounds_are_checked_whole_not_one_message_at_a_time
     one message at a time (1.25 ms a call at 300 sessions of 300 messages, against 0.24
     for litellm's check of the whole list). The histories kept stay kept; the others
     are checked whole."""
-    calls: list[int] = []
+    calls, counted = _counting()
     real = validate_and_fix_openai_messages
-
-    def counted(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        calls.append(len(messages))
-        return real(messages)
-
     kept = CheckedHistories(capacity=3, check=counted)
     histories = [[{"role": "user", "content": f"{h}-{i}"} for i in range(60)]
                  for h in range(5)]
@@ -83,13 +87,8 @@ def test_histories_beyond_the_bounds_are_checked_whole_not_one_message_at_a_time
 
 
 def test_a_history_forgotten_is_checked_afresh():
-    calls: list[int] = []
+    calls, counted = _counting()
     real = validate_and_fix_openai_messages
-
-    def counted(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        calls.append(len(messages))
-        return real(messages)
-
     kept = CheckedHistories(check=counted)
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     copies = kept(history)
