@@ -94,13 +94,13 @@ def test_the_route_is_taken_only_for_a_named_openai_compatible_endpoint(route, m
     assert not direct.takes(given, "hosted_vllm/m")
 
 
-@pytest.mark.parametrize("model", ["hosted_vllm/scripted", "openai/gpt-4o-mini"])
 def _own(headers: dict[str, str]) -> dict[str, str]:
     """The server's headers as the gate reads them, less its clock (two calls may fall in
     two seconds) and litellm's copies (``llm_provider-``)."""
     return {k: v for k, v in headers.items() if not k.startswith("llm_provider-") and k != "date"}
 
 
+@pytest.mark.parametrize("model", ["hosted_vllm/scripted", "openai/gpt-4o-mini"])
 def test_both_routes_send_the_same_request_and_read_the_same_answer(route, model):
     script = load_script([{"tools": [{"tool": "run", "args": {"command": "ls"}},
                                      {"tool": "think", "raw_args": "{not json"}],
