@@ -33,6 +33,7 @@ from thespian.actors import ActorAddress, ActorExitRequest
 
 from ..core.effects import AskJournal, BrokerBack, Effect, RestartRuntime, RunAction
 from ..masking import remember_secrets, session_maskers
+from ..messages.events import SETTLED_STATES
 from ..messages.protocol import (
     Accepted,
     CloseSandbox,
@@ -171,9 +172,10 @@ class SessionHost(Controller):
     # -- standing down once settled -----------------------------------------------
 
     def _idle_settled(self) -> bool:
-        view = self.view
+        view = self.view  # (``view.settled`` builds an event: too dear for every message)
         return (self.core is not None and self.hosted is not None and not self.closing_only
-                and not self._stopping and self.store_fault is None and view.settled
+                and not self._stopping and self.store_fault is None
+                and view.state in SETTLED_STATES and view.resumes_at is None
                 and not view.pending and not self.for_core and not self.hosted.closing)
 
     def _consider_standing_down(self) -> None:
@@ -187,8 +189,11 @@ class SessionHost(Controller):
             self.after(max(settings().settled_stand_down_s, grace_s), "stand_down", seq)
 
     def on_timer_stand_down(self, seq: int) -> None:
-        if self.standing_down or seq != self.view.last_seq or not self._idle_settled():
+        if self.standing_down or seq != self.view.last_seq:
             return  # it moved meanwhile: a later settled position sets its own timer
+        if not self._idle_settled():  # busy for now at this position: set again once idle
+            self._stand_down_seq = None
+            return
         self.standing_down = True
         self.send(self._parent_address, StandingDown(session_id=self.session_id,
                                                      relays=self.relays_seen))
