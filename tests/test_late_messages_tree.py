@@ -68,6 +68,9 @@ from trouper.messages.tree import (
     RestartRuntime,
     Shutdown,
     ShutdownDone,
+    StandDown,
+    StandingDown,
+    SteppedDown,
     Superseded,
 )
 from trouper.paths import Home
@@ -761,3 +764,121 @@ def test_hosted_a_host_down_at_shutdown_is_not_started_again_after_its_sandbox_c
 
     wait_until(cooldown_over, 10, "the cooldown's end to be dropped")
     assert len(RecordedController.booted) == 1  # never started again
+
+
+# ---- a settled hosted session stands down (the root's side; the hosts' own words are
+# in test_stand_down.py, with real processes) ------------------------------------
+
+
+class StandingHost(RecordedController):
+    """A real Controller that asks to stand down, and says it has, when the test says."""
+
+    answers: ClassVar[list[StandDown]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> Any:  # noqa: N802
+        if isinstance(msg, tuple) and msg[0] == "ask":
+            self.send(self._parent_address, StandingDown(session_id=msg[1], relays=msg[2]))
+        elif isinstance(msg, tuple) and msg[0] == "stepped":
+            self.send(self._parent_address, SteppedDown(session_id=msg[1], stayed=msg[2]))
+        elif isinstance(msg, StandDown):
+            StandingHost.answers.append(msg)
+        else:
+            return super().receiveMessage(msg, sender)
+        return None
+
+
+class StandingHostRoot(FakeRoot):
+    host_class = StandingHost
+
+
+def _root(system: Any, tmp_path: Any) -> tuple[Root, str]:
+    StandingHost.answers = []
+    root, start = _hosted(system, tmp_path, RestartPolicy(), StandingHostRoot)
+    return root, start.session_id
+
+
+def _answered(root: Root, request_id: str) -> list[Any]:
+    return [m for to, m in Courier.seen
+            if to == root.client and getattr(m, "request_id", None) == request_id]
+
+
+def _held(root: Root, session_id: str) -> str:
+    """Send a pause that the root holds (no answer yet); its request id."""
+    cmd = UserCommand(request_id="held-pause", session_id=session_id, command="pause")
+    assert root.ask(cmd) is None
+    return cmd.request_id
+
+
+def test_a_host_with_a_command_on_its_way_is_told_to_stay(system, drops, tmp_path):
+    root, sid = _root(system, tmp_path)
+    host = RecordedController.booted[-1]
+    assert isinstance(root.command(sid), Accepted)  # one relay handed to the host
+    system.tell(host, ("ask", sid, 0))  # it counts none: the relay is still on its way
+    assert [a.go for a in StandingHost.answers] == [False]
+    system.tell(host, ("ask", sid, 1))
+    assert [a.go for a in StandingHost.answers] == [False, True]
+    assert drops() == []
+
+
+def test_stood_down_the_session_is_forgotten_and_a_command_restores_it(
+        system, drops, tmp_path):
+    root, sid = _root(system, tmp_path)
+    host = RecordedController.booted[-1]
+    system.tell(host, ("ask", sid, 0))
+    system.tell(host, ("stepped", sid, False))
+    assert len(RecordedController.booted) == 1  # nothing started again
+    refused = root.command(sid)  # the program restores it on this (Trouper.command)
+    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
+    assert drops() == []
+
+
+def test_a_command_while_it_stands_down_is_handed_to_its_successor(system, drops, tmp_path):
+    root, sid = _root(system, tmp_path)
+    host = RecordedController.booted[-1]
+    system.tell(host, ("ask", sid, 0))
+    request_id = _held(root, sid)
+    system.tell(host, ("stepped", sid, False))
+    assert len(RecordedController.booted) == 2  # restored at once, the command handed over
+    assert [type(a) for a in _answered(root, request_id)] == [Accepted]
+    assert drops() == []
+
+
+def test_a_host_that_stays_after_all_takes_the_commands_held(system, drops, tmp_path):
+    root, sid = _root(system, tmp_path)
+    host = RecordedController.booted[-1]
+    system.tell(host, ("ask", sid, 0))
+    request_id = _held(root, sid)
+    system.tell(host, ("stepped", sid, True))
+    assert len(RecordedController.booted) == 1
+    assert [type(a) for a in _answered(root, request_id)] == [Accepted]
+    assert isinstance(root.command(sid, "resume"), Accepted)  # no longer held
+    assert drops() == []
+
+
+def test_a_host_killed_while_it_stands_down_loses_no_command(system, drops, tmp_path):
+    """The host dies after the root said go, before it said it had closed its sandbox:
+    it is restarted as any dead host is, takes the command held meanwhile, and may
+    stand down again later (the root forgot the first attempt)."""
+    root, sid = _root(system, tmp_path)
+    first = RecordedController.booted[-1]
+    system.tell(first, ("ask", sid, 0))
+    request_id = _held(root, sid)
+    system.tell(first, ActorExitRequest())  # as a SIGKILL would, to its supervisor
+    assert len(RecordedController.booted) == 2
+    assert [type(a) for a in _answered(root, request_id)] == [Accepted]
+    second = RecordedController.booted[-1]
+    system.tell(second, ("ask", sid, 1))  # it had the held command: one relay
+    assert [a.go for a in StandingHost.answers] == [True, True]
+
+
+def test_stand_down_words_from_anyone_but_the_live_host_are_dropped(system, drops, tmp_path):
+    root, sid = _root(system, tmp_path)
+    forged = [StandingDown(session_id=sid, relays=0), SteppedDown(session_id=sid),
+              StandingDown(session_id="s-another", relays=0)]
+    root.tell(*forged)
+    _one_line_each(drops(), forged)
+    host = RecordedController.booted[-1]
+    system.tell(host, ("stepped", sid, False))  # it never asked: not standing down
+    assert len(drops()) == 1
+    assert StandingHost.answers == []
+    assert isinstance(root.command(sid), Accepted)  # still its host's
