@@ -265,16 +265,14 @@ OPEN_FILES_CEILING = 1 << 20
 """The soft limit ``raise_open_file_limit`` sets when the hard one is unlimited."""
 
 
-def raise_open_file_limit() -> int:
+def raise_open_file_limit() -> None:
     """Raise this process's soft limit on open files to its hard limit (inherited by what
-    it forks); the soft limit now. A stock machine's soft limit (1,024) is far below
-    what a process supervising hundreds of sessions holds."""
+    it forks). A stock machine's soft limit (1,024) is far below what a process
+    supervising hundreds of sessions holds."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and soft < wanted:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
         except (ValueError, OSError):  # a platform that refuses: keep the limit it gave
             pass
-    return soft

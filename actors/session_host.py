@@ -207,8 +207,7 @@ class SessionHost(Controller):
         if not msg.go:  # a command is on its way: it comes, or the timer is set again
             self.standing_down, self._stand_down_seq = False, None
             return
-        assert self.hosted is not None
-        if not self._idle_settled():  # work came from the sandbox's side meanwhile
+        if self.hosted is None or not self._idle_settled():  # work came meanwhile
             self.standing_down, self._stand_down_seq = False, None
             self.send(sender, SteppedDown(session_id=self.session_id, stayed=True))
             return

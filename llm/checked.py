@@ -61,7 +61,6 @@ class _History:
     """Each one's content when checked: a message whose content changed is checked again."""
     checked: list[Message] = field(default_factory=list)
     """litellm's copy of each."""
-    chars: int = 0
     used_at: float = 0.0
 
     def common_prefix(self, messages: list[Message]) -> int:
@@ -85,8 +84,8 @@ class CheckedHistories:
                  check: Callable[[list[Message]], list[Message]] | None = None) -> None:
         self.capacity = capacity
         self.max_chars = max_chars
-        """Content the kept histories may hold (a history the broker dropped stays alive
-        here until it goes)."""
+        """Content past which no new history is kept (a history the broker dropped stays
+        alive here until it goes; one kept may grow past it)."""
         self._clock = clock
         self._check = check or validate_and_fix_openai_messages
         self._histories: OrderedDict[int, _History] = OrderedDict()
@@ -101,11 +100,9 @@ class CheckedHistories:
         if not messages or not all(plain(m) for m in messages):
             return self._check(messages)
         with self._lock:
-            key = id(messages[0])
+            key = id(messages[0])  # a kept history holds its first dict: the id is its
             history = self._histories.get(key)
-            if history is None or history.sources[0] is not messages[0]:
-                if history is not None:
-                    self._drop(key)
+            if history is None:
                 if not self._room_for(sum(len(m.get("content") or "") for m in messages)):
                     return self._check(messages)  # every kept history is in use
                 history = self._histories[key] = _History()
@@ -116,9 +113,7 @@ class CheckedHistories:
                 history.sources.append(message)
                 history.contents.append(message.get("content"))
                 history.checked.append(copy)
-                size = len(message.get("content") or "")
-                history.chars += size
-                self._chars += size
+                self._chars += len(message.get("content") or "")
                 if not mentions_cache_control(copy):
                     self._clean[id(copy)] = copy
             history.used_at = self._clock()
@@ -135,8 +130,7 @@ class CheckedHistories:
         """Let go of the checks kept for the history ``messages`` begins."""
         if messages:
             with self._lock:
-                history = self._histories.get(id(messages[0]))
-                if history is not None and history.sources[0] is messages[0]:
+                if id(messages[0]) in self._histories:
                     self._drop(id(messages[0]))
 
     def clear(self) -> None:
@@ -164,9 +158,7 @@ class CheckedHistories:
         for copy, content in zip(history.checked[keep:], history.contents[keep:],
                                  strict=True):
             self._clean.pop(id(copy), None)
-            size = len(content or "")
-            history.chars -= size
-            self._chars -= size
+            self._chars -= len(content or "")
         del history.sources[keep:], history.contents[keep:], history.checked[keep:]
 
     def _drop(self, key: int) -> None:

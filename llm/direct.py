@@ -89,13 +89,13 @@ def _config(name: str, provider: str) -> Any:
     return config
 
 
-_validated = CheckedHistories()
+_checked = CheckedHistories()
 """litellm's check of each message, done once per message of a history (``llm/checked``)."""
 
 
 def forget_checks(messages: list[dict[str, Any]]) -> None:
     """Let go of the checks kept for a history the broker no longer holds."""
-    _validated.forget(messages)
+    _checked.forget(messages)
 
 
 def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[Any],
@@ -105,7 +105,7 @@ def _strip_cache_control(strip: Callable[..., Any], model: str, messages: list[A
     never carry the key. One C-speed encoding (0.3 ms there) finds it, of each message
     once (``llm/checked``); a value that is the bare word, or anything JSON cannot encode,
     goes the whole walk."""
-    if _validated.known_clean(messages):  # checked once each, when first seen
+    if _checked.known_clean(messages):  # checked once each, when first seen
         absent = not mentions_cache_control(tools)
     else:
         absent = not mentions_cache_control([messages, tools])
@@ -153,7 +153,7 @@ def complete(cfg: LLMConfig, model: str, messages: list[dict[str, Any]],
 def _call(cfg: LLMConfig, name: str, provider: str, messages: list[dict[str, Any]],
           params: dict[str, Any], headers: dict[str, str]) -> ModelResponse:
     config = _config(name, provider)
-    messages = _validated(messages)  # as litellm.completion does first
+    messages = _checked(messages)  # as litellm.completion does first
     api_base: str | None = cfg.base_url
     api_key = cfg.api_key.get_secret_value() if cfg.api_key is not None else None
     if provider in _KEYLESS:

@@ -9,6 +9,7 @@ goes; a command restores it, one racing the stand-down included, and nothing is 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from trouper import AgentState, Trouper
@@ -56,12 +57,19 @@ def test_commands_racing_the_stand_down_are_all_carried_out(scripted, tmp_path: 
     with Trouper(home=tmp_path / "home") as t:
         sessions = [t.start_session("write 0", llm=llm, workspace=tmp_path / f"w{i}")
                     for i in range(count)]
+        assert all(s.wait(timeout=60) == AgentState.FINISHED for s in sessions)
+        first_hosts = [actor_pid(s, "controller") for s in sessions]
         for r in range(1, rounds):
-            for session in sessions:
+            for i, session in enumerate(sessions):
                 assert session.wait(timeout=60) == AgentState.FINISHED
+                # the test's input, not a wait: the i-th user answers 50 x i ms after the
+                # last, so some answer before the stand-down, some during, some after it
+                time.sleep(0.05 if r == 1 and i else 0)
                 session.send(f"write {r}")
         for i, session in enumerate(sessions):
             assert session.wait(timeout=60) == AgentState.FINISHED
             lines = (tmp_path / f"w{i}" / "out.txt").read_text().split()
             assert lines == [str(r) for r in range(rounds)], (i, lines)
             assert check_log(list(session.events())) == []
+        # a session whose process changed stood down and was restored (nothing is killed)
+        assert [actor_pid(s, "controller") for s in sessions] != first_hosts
