@@ -16,6 +16,7 @@ import pytest
 
 from trouper.actors.transport import LISTEN_DEPTH
 from trouper.processes import listening_sockets, socket_inodes
+from trouper.testing import wait_until
 
 
 def _backlog(port: int) -> int:
@@ -29,9 +30,17 @@ def test_the_root_and_the_broker_listen_with_a_deep_queue(trouper):
     if shutil.which("ss") is None:
         pytest.skip("no ss (iproute2) here to read a listen queue's length")
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
-    listeners = listening_sockets()
-    for role in ("root", "broker"):
-        pid = int(trouper.home.actor_pid_path(role).read_text().split()[0])
-        ports = [listeners[inode][1] for inode in socket_inodes(pid) if inode in listeners]
-        assert ports, f"the {role} ({pid}) listens on no port"
+    for role in ("root", "broker"):  # the broker boots after Trouper() returns
+        ports = wait_until(lambda role=role: _ports(trouper.home.actor_pid_path(role)), 60,
+                           f"the {role} to listen")
         assert all(_backlog(port) >= min(LISTEN_DEPTH, somaxconn) for port in ports), role
+
+
+def _ports(pid_path: Path) -> list[int]:
+    """The ports the actor whose pid ``pid_path`` holds listens on (none yet: [])."""
+    try:
+        pid = int(pid_path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    listeners = listening_sockets()
+    return [listeners[inode][1] for inode in socket_inodes(pid) if inode in listeners]
