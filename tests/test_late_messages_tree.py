@@ -832,24 +832,16 @@ def test_stood_down_the_session_is_forgotten_and_a_command_restores_it(
     assert drops() == []
 
 
-def test_a_command_while_it_stands_down_is_handed_to_its_successor(system, drops, tmp_path):
+@pytest.mark.parametrize("stayed", [False, True], ids=["stood-down", "stayed"])
+def test_a_command_while_it_stands_down_is_carried_out(system, drops, tmp_path, stayed):
+    """Held by the root, then handed to the host that stayed, or to its successor, started
+    at once."""
     root, sid = _root(system, tmp_path)
     host = RecordedController.booted[-1]
     system.tell(host, ("ask", sid, 0))
     request_id = _held(root, sid)
-    system.tell(host, ("stepped", sid, False))
-    assert len(RecordedController.booted) == 2  # restored at once, the command handed over
-    assert [type(a) for a in _answered(root, request_id)] == [Accepted]
-    assert drops() == []
-
-
-def test_a_host_that_stays_after_all_takes_the_commands_held(system, drops, tmp_path):
-    root, sid = _root(system, tmp_path)
-    host = RecordedController.booted[-1]
-    system.tell(host, ("ask", sid, 0))
-    request_id = _held(root, sid)
-    system.tell(host, ("stepped", sid, True))
-    assert len(RecordedController.booted) == 1
+    system.tell(host, ("stepped", sid, stayed))
+    assert len(RecordedController.booted) == (1 if stayed else 2)
     assert [type(a) for a in _answered(root, request_id)] == [Accepted]
     assert isinstance(root.command(sid, "resume"), Accepted)  # no longer held
     assert drops() == []
