@@ -74,6 +74,7 @@ from ..messages.protocol import (
 )
 from ..messages.tree import (
     BootController,
+    CommandAnswered,
     DowntimeRecorded,
     RecordDowntime,
     Relay,
@@ -313,7 +314,10 @@ class Controller(TrouperActor):
             self.core = self.fresh_core()
 
     def _answer(self, effect: Answer) -> None:
-        reply_to = self.replies.pop(effect.request_id, None)
+        if effect.request_id not in self.replies:
+            return
+        reply_to = self.replies.pop(effect.request_id)
+        self._answered(effect.request_id)
         if reply_to is None:
             return
         if effect.error is None:
@@ -341,9 +345,18 @@ class Controller(TrouperActor):
         first = settings().store_probe_first_s
         self.after(first, "store_probe", first)
 
+    def _answered(self, request_id: str) -> None:
+        """Tell the parent, which holds the command for a successor until it is answered
+        (``actors/in_flight.py``)."""
+        parent = getattr(self, "_parent_address", None)
+        if parent is not None:
+            self.send(parent, CommandAnswered(session_id=self.session_id,
+                                              request_id=request_id))
+
     def _refuse_while_faulted(self, msg: Any, fault: StoreUnavailable) -> None:
         if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
             self.replies.pop(msg.msg.request_id, None)
+            self._answered(msg.msg.request_id)
             if msg.reply_to is not None:
                 self.send(msg.reply_to, Refused(
                     request_id=msg.msg.request_id, session_id=self.session_id,

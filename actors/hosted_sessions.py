@@ -21,6 +21,7 @@ from ..messages.protocol import Refusal, Refused, StartSession
 from ..messages.tree import (
     BootController,
     CloseFor,
+    CommandAnswered,
     DowntimeRecorded,
     FailRuntime,
     RecordDowntime,
@@ -32,6 +33,7 @@ from ..messages.tree import (
 )
 from ..restarts import give_up_text
 from . import reaping
+from .in_flight import CommandsInFlight, taken_text
 from .session_host import SessionHost
 from .supervision import ChildSpec, Supervisor
 
@@ -71,6 +73,8 @@ class Kept:
     """The host closes its sandbox to go: commands are held meanwhile."""
     restore_asked: bool = False
     """The program asked to start it while it stood down: start it again once it is gone."""
+    in_flight: CommandsInFlight = field(default_factory=CommandsInFlight)
+    """User commands handed to the host and not answered yet: its successor gets them."""
 
 
 class HostedSessions(Supervisor):
@@ -152,13 +156,28 @@ class HostedSessions(Supervisor):
 
     def hosted_restarted(self, kept: Kept, address: ActorAddress) -> None:
         kept.relays_sent, kept.standing_down = 0, False  # a new host counts afresh
-        held, kept.held = kept.held, []
+        # what its predecessor died holding goes before what came since
+        held, kept.held = kept.in_flight.again() + kept.held, []
         self._hand(kept, address, held)
 
     def _hand(self, kept: Kept, host: ActorAddress, relays: list[Relay]) -> None:
         for relay in relays:
             kept.relays_sent += 1
+            kept.in_flight.handed(relay)
             self.send(host, relay)
+
+    def refuse_spent(self, in_flight: CommandsInFlight, reason: str) -> None:
+        """A child died holding commands: refuse those it may not be handed again."""
+        for relay in in_flight.spent():
+            self._refuse(relay, taken_text(reason))
+
+    def hosted_answered(self, msg: CommandAnswered, sender: ActorAddress) -> bool:
+        """A host answered a command (``CommandAnswered``); whether it was one of ours."""
+        kept = self.kept.get(msg.session_id)
+        if kept is None or sender is None or sender != self.child(session_role(msg.session_id)):
+            return False
+        kept.in_flight.answered(msg.request_id)
+        return True
 
     # -- a settled session stands down --------------------------------------------
 
@@ -183,7 +202,9 @@ class HostedSessions(Supervisor):
             self.drop(msg, "not from a host standing down")
             return
         kept.standing_down = False
-        held, kept.held = kept.held, []
+        # none unanswered is expected (the host answers before it asks to go): if one is,
+        # its successor takes it, as those held meanwhile
+        held, kept.held = kept.in_flight.take_all() + kept.held, []
         if msg.stayed:  # it has work after all: the commands held meanwhile are its
             self._hand(kept, sender, held)
             return
@@ -208,6 +229,8 @@ class HostedSessions(Supervisor):
         writer); who waits is answered once it is recorded."""
         text, resumes_at = give_up_text("the agent loop", self.policy, reason, retry_in_s)
         logger.error("session %s: %s", kept.start.session_id, text)
+        for relay in kept.in_flight.take_all():  # no host takes them: the stand-in records
+            self._refuse(relay, taken_text(reason))
         kept.recording = RecordDowntime(start=kept.start, reason=text, resumes_at=resumes_at)
         kept.stand_in = self.start_helper(self.host_class, kept.recording)
 

@@ -41,6 +41,7 @@ from ..messages.tree import (
     BootRoot,
     BootSession,
     BrokerMoved,
+    CommandAnswered,
     FailRuntime,
     Layout,
     Relay,
@@ -52,6 +53,7 @@ from ..paths import Home
 from ..settings import settings
 from .base import Timer
 from .hosted_sessions import BROKER, HostedSessions, session_role
+from .in_flight import CommandsInFlight, taken_text
 from .lazy_broker import LazyBroker
 from .session_supervisor import SessionSupervisor
 from .supervision import ChildSpec
@@ -86,6 +88,8 @@ class RootSupervisor(HostedSessions):
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
         self.unrecorded: set[str] = set()
         """Those of ``faults`` that are a downtime no process could record."""
+        self.split_in_flight: dict[str, CommandsInFlight] = {}
+        """Split layout: each session's user commands its supervisor has not answered."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
         self.home, self.policy, self.layout = msg.home, msg.policy, msg.layout
@@ -153,7 +157,17 @@ class RootSupervisor(HostedSessions):
                     error=Refusal.UNKNOWN_SESSION,
                     message=f"no live session {cmd.session_id!r} in this actor system"))
             return
+        self.split_in_flight.setdefault(cmd.session_id, CommandsInFlight()).handed(msg)
         self.send(session, msg)
+
+    def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
+        if self.hosted_answered(msg, sender):
+            return
+        in_flight = self.split_in_flight.get(msg.session_id)
+        if in_flight is None:
+            self.drop(msg, "not from the live host of a session whose commands it holds")
+        elif self._from_session(msg.session_id, sender, msg):
+            in_flight.answered(msg.request_id)
 
     def _from_session(self, session_id: str, sender: ActorAddress, msg: object) -> bool:
         """Whether ``sender`` is the live supervisor of ``session_id``; else drop ``msg``."""
@@ -167,6 +181,7 @@ class RootSupervisor(HostedSessions):
             return
         self.faults.pop(msg.session_id, None)
         self.forget_hosted(msg.session_id)
+        self.split_in_flight.pop(msg.session_id, None)
         self.stop_child(session_role(msg.session_id))
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
@@ -204,6 +219,8 @@ class RootSupervisor(HostedSessions):
         if kept is not None:
             self._recorded_again(kept.start.session_id)
             self.hosted_restarted(kept, address)
+        elif role.startswith("session:"):
+            self._split_restarted(role.removeprefix("session:"), address)
         if role != BROKER:
             return
         for other in list(self._children):
@@ -211,11 +228,29 @@ class RootSupervisor(HostedSessions):
             if other != BROKER and session is not None:
                 self.send(session, BrokerMoved(broker=address))
 
+    def _split_restarted(self, session_id: str, address: ActorAddress) -> None:
+        """A split session's supervisor was restarted: it takes the commands its
+        predecessor died holding (its new Controller answers those already in the log)."""
+        in_flight = self.split_in_flight.get(session_id)
+        for relay in in_flight.again() if in_flight is not None else []:
+            in_flight.handed(relay)  # type: ignore[union-attr]
+            self.send(address, relay)
+
+    def on_child_down(self, role: str, reason: str) -> None:
+        kept = self.hosted_of(role)
+        in_flight = kept.in_flight if kept is not None else self.split_in_flight.get(
+            role.removeprefix("session:"))
+        if in_flight is not None:
+            self.refuse_spent(in_flight, reason)
+
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
         kept = self.hosted_of(role)
         if kept is not None:
             self.hosted_gave_up(kept, reason, retry_in_s)
             return
+        in_flight = self.split_in_flight.pop(role.removeprefix("session:"), None)
+        for relay in in_flight.take_all() if in_flight is not None else []:
+            self._refuse(relay, taken_text(reason))
         later = f"trying again in {retry_in_s:g} s" if retry_in_s else "down until restarted"
         logger.error("root: %s gave up (%s): %s", role, later, reason)
 

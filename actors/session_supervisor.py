@@ -36,6 +36,7 @@ from ..messages.tree import (
     BootRuntime,
     BootSession,
     BrokerMoved,
+    CommandAnswered,
     DowntimeRecorded,
     FailRuntime,
     RecordDowntime,
@@ -50,6 +51,7 @@ from ..messages.tree import (
 from ..paths import Home
 from ..restarts import give_up_text
 from .controller import Controller
+from .in_flight import CommandsInFlight, taken_text
 from .runtime_proxy import RuntimeProxy
 from .supervision import ChildSpec, Supervisor
 
@@ -75,6 +77,8 @@ class SessionSupervisor(Supervisor):
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
         self.recording: RecordDowntime | None = None
         """The agent loop's downtime, while a stand-in Controller records it."""
+        self.in_flight = CommandsInFlight()
+        """User commands handed to the Controller and not answered yet."""
         self.woken: list[Relay] = []
         """User commands that came while the downtime was recorded: the user saw ERROR
         in the log and answered it, so they carry the session on once it is recorded."""
@@ -132,6 +136,9 @@ class SessionSupervisor(Supervisor):
             self._to_controller(msg)
 
     def on_child_down(self, role: str, reason: str) -> None:
+        if role == CONTROLLER:  # what it may not be handed again is refused now
+            for relay in self.in_flight.spent():
+                self._refuse(relay, relay.msg, Refusal.INVALID_REQUEST, taken_text(reason))
         # A proxy that reported its failure first already told the Controller; one killed
         # outright (or before it was ready) did not.
         if role == RUNTIME and self.start is not None and self.ready is not None:
@@ -157,6 +164,8 @@ class SessionSupervisor(Supervisor):
             self.ready = None  # else a restarted Controller would be told it is ready
             self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
         else:
+            for relay in self.in_flight.take_all():  # no Controller takes them now
+                self._refuse(relay, relay.msg, Refusal.INVALID_REQUEST, taken_text(reason))
             self._controller_gave_up(text, resumes_at)
 
     def _controller_gave_up(self, text: str, resumes_at: datetime | None) -> None:
@@ -249,7 +258,7 @@ class SessionSupervisor(Supervisor):
             if self.gave_up_on(CONTROLLER):  # in its cooldown: a user's command wakes it now
                 self.restart_child(CONTROLLER, f"the user's {cmd.command} during the cooldown")
         else:
-            self._to_controller(msg)
+            self._hand(msg)
 
     def _fail_runtime(self, msg: Relay, cmd: FailRuntime) -> None:
         """The fault harness asks for what only the hosted layout has (this is split)."""
@@ -265,9 +274,22 @@ class SessionSupervisor(Supervisor):
                                         error=error, message=text))
 
     def _release_held(self) -> None:
-        held, self.held = self.held, []
+        """A Controller is up again: the commands its predecessor died holding (in their
+        order; it answers those already in the log), then those held meanwhile."""
+        held, self.held = self.in_flight.again() + self.held, []
         for msg in held:
-            self._to_controller(msg)
+            self._hand(msg)
+
+    def _hand(self, relay: Relay) -> None:
+        controller = self.child(CONTROLLER)
+        if controller is not None:
+            self.in_flight.handed(relay)
+            self.send(controller, relay)
+
+    def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
+        if self._from(sender, CONTROLLER, msg):
+            self.in_flight.answered(msg.request_id)
+            self.send(self._parent_address, msg)  # the root holds it too
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
         if not self.from_parent(msg, sender, "who owns the broker"):

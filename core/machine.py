@@ -45,6 +45,11 @@ def random_id() -> str:
     return uuid.uuid4().hex
 
 
+TAKEN_KEPT = 256
+"""User commands a core remembers having carried out (a command is handed again within
+moments of its taker's death, never hundreds of commands later)."""
+
+
 class SessionMachine:
     """The state of one session and the means to change it.
 
@@ -83,6 +88,11 @@ class SessionMachine:
         self.resolve_first: set[str] = set()
         self.condensed_retry = False
         self.lift_token = 0
+        self.taken: dict[str, None] = {}
+        """The latest user commands carried out (their ``command_id`` in the log), oldest
+        first: one handed again after its taker died is answered, not carried out twice."""
+        self.command_id: str | None = None
+        """The user command being carried out, until its first event is appended."""
         self.lift_cooldown = False
         self.back_reason = BACK_AFTER_SANDBOX
         self._out: list[Effect] = []
@@ -119,6 +129,7 @@ class SessionMachine:
     def _append(self, *events: Event) -> None:
         """Mask, stamp (seq and time) and fold in; the adapter makes it durable."""
         stamped = []
+        events = self._marked(events)
         for i, event in enumerate(events, 1):
             masked = self.masker.mask_event(event)
             stamped.append(masked.model_copy(update={"seq": self.view.last_seq + i,
@@ -127,8 +138,25 @@ class SessionMachine:
             self._fold(event)
         self._out.append(Append(tuple(stamped)))
 
+    def _marked(self, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        """``events`` with the command being carried out named on the first that can
+        carry it: in the same append as what it did, so the log says it was done."""
+        if self.command_id is None:
+            return events
+        for i, event in enumerate(events):
+            if "command_id" in type(event).model_fields:
+                marked = event.model_copy(update={"command_id": self.command_id})
+                self.command_id = None
+                return events[:i] + (marked,) + events[i + 1:]
+        return events
+
     def _fold(self, event: Event) -> None:
         self.view.apply(event)
+        command_id = getattr(event, "command_id", None)
+        if command_id is not None:
+            self.taken[command_id] = None
+            if len(self.taken) > TAKEN_KEPT:
+                del self.taken[next(iter(self.taken))]
         if isinstance(event, PromptCondensed):
             self.cut = max(self.cut, event.cut)
         self.prompt.add(event)

@@ -286,7 +286,20 @@ class SessionCore(SessionLoop):
     # -- user commands -------------------------------------------------------------------
 
     def _on_user_command(self, cmd: UserCommand) -> None:
-        error = {
+        if cmd.request_id in self.taken:  # handed again: its taker died before it answered
+            logger.info("session %s: the user's %s %s is in the log already; answered, "
+                        "not carried out again", self.session_id, cmd.command, cmd.request_id)
+            self._out.append(Answer(cmd.request_id, None, self.view.last_seq))
+            return
+        self.command_id = cmd.request_id
+        try:
+            error = self._carry_out(cmd)
+        finally:
+            self.command_id = None  # a refused command appended nothing
+        self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
+
+    def _carry_out(self, cmd: UserCommand) -> str | None:
+        return {
             "send": self._cmd_send,
             "pause": self._cmd_pause,
             "resume": self._cmd_resume,
@@ -294,7 +307,6 @@ class SessionCore(SessionLoop):
             "approve": self._cmd_answer,
             "reject": self._cmd_answer,
         }[cmd.command](cmd)
-        self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
 
     def _cmd_send(self, cmd: UserCommand) -> str | None:
         if not cmd.text.strip():

@@ -102,6 +102,9 @@ class MessageEvent(EventBase):
 
     kind: Literal["message"] = "message"
     text: str
+    command_id: str | None = None
+    """The user command this event carried out first (its ``request_id``), so a command
+    handed again after its taker died is answered, not carried out twice."""
 
 
 class ActionEvent(EventBase):
@@ -143,6 +146,9 @@ class ConfirmationEvent(EventBase):
     action_id: str
     approved: bool
     reason: str = ""
+    command_id: str | None = None
+    """The user command this event carried out first (its ``request_id``), so a command
+    handed again after its taker died is answered, not carried out twice."""
 
 
 class StateChanged(EventBase):
@@ -159,6 +165,9 @@ class StateChanged(EventBase):
     resumes_at: datetime | None = None
     """When the session resumes by itself (RATE_LIMITED, or an ERROR being recovered);
     ``None`` means it waits for the user."""
+    command_id: str | None = None
+    """The user command this event carried out first (its ``request_id``), so a command
+    handed again after its taker died is answered, not carried out twice."""
 
     @property
     def settled(self) -> bool:

@@ -138,6 +138,17 @@ class CloseFor(Frozen):
     request_id: str
 
 
+class CommandAnswered(Frozen):
+    """The agent loop -> its parent (the root, or in the split layout its
+    SessionSupervisor, which passes it up): the user command ``request_id`` was answered,
+    so a parent that hands commands on no longer holds it for a successor
+    (``actors/in_flight.py``)."""
+
+    kind: Literal["command_answered"] = "command_answered"
+    session_id: str
+    request_id: str
+
+
 class StandingDown(Frozen):
     """SessionHost -> root: the session is settled and has been idle for
     ``settled_stand_down_s``; it would close its sandbox and go. ``relays`` counts the

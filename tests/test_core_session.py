@@ -760,3 +760,47 @@ def test_a_sandbox_start_step_is_a_status_line_and_changes_no_state():
     assert isinstance(event, RuntimeEvent)
     assert (event.phase, event.detail) == ("starting", "create: container abc")
     assert core.view.state == S.LOADING and kinds(effects) == ["Append"]
+
+
+# -- a command handed again after its taker died -------------------------------------------
+
+
+@pytest.mark.parametrize("name, text, confirm", [
+    ("send", "the parser", "never"), ("pause", "", "never"), ("stop", "", "never"),
+    ("approve", "", "always"), ("reject", "no", "always")])
+def test_a_command_already_in_the_log_is_answered_not_carried_out_again(name, text, confirm):
+    """Its first event names it, in the same append as what it did; a core restored from
+    that log (the taker died before it answered) answers it and appends nothing."""
+    core, clock, ask = running(confirm=confirm)
+    if confirm == "always":
+        answer(core, ask, clock, call("run", command="make"))
+    reply, effects = command(core, clock, name, text)
+    assert reply.error is None
+    marks = [getattr(e, "command_id", None) for e in appended(effects)]
+    assert marks[0] == f"r-{name}" and marks[1:] == [None] * (len(marks) - 1)
+    fresh, _ = make(confirm=confirm)
+    fresh.restore(_log_of(core))
+    seq = fresh.view.last_seq
+    again, effects = command(fresh, clock, name, text)
+    assert (again.error, again.seq) == (None, seq)
+    assert appended(effects) == [] and kinds(effects) == ["Answer"]
+
+
+def test_a_refused_command_marks_nothing_and_is_judged_again():
+    core, clock, _ = running()
+    reply, effects = command(core, clock, "send", "  ")
+    assert reply.error and appended(effects) == []
+    assert "r-send" not in core.taken
+    assert command(core, clock, "send", "now")[0].error is None  # the same id, new text
+    assert "r-send" in core.taken
+
+
+def test_a_core_remembers_the_latest_commands_only():
+    from trouper.core.machine import TAKEN_KEPT
+
+    core, clock, _ = running()
+    for i in range(TAKEN_KEPT + 5):
+        core.handle(UserCommand(request_id=f"r-{i}", session_id="s-1", command="send",
+                                text=f"m{i}"), clock.tick())
+    assert len(core.taken) == TAKEN_KEPT
+    assert "r-4" not in core.taken and f"r-{TAKEN_KEPT + 4}" in core.taken

@@ -62,6 +62,7 @@ from trouper.messages.tree import (
     BootSession,
     BrokerMoved,
     CloseFor,
+    CommandAnswered,
     Failing,
     RecordDowntime,
     Relay,
@@ -198,6 +199,7 @@ def _junk(session_id: str) -> list[Any]:
         Executed(session_id=session_id, action_id="nobody", outcome=ok),
         Resolved(session_id=session_id, action_id="nobody", state="finished", outcome=ok),
         Completed(request_id="nobody", session_id=session_id, content="late"),
+        CommandAnswered(session_id=session_id, request_id="nobody"),
         WakeupMessage(1, payload="no such timer"),
         WakeupMessage(1, payload=Timer("restart", (("runtime",), "forged"))),
         Forged("child_gave_up"), Forged("timer_cooldown_over"), Forged("poison"),
@@ -230,7 +232,8 @@ class Tree:
         cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id or self.sid,
                           command=command)
         self.tell(Relay(msg=cmd, reply_to=self.client), via=self.parent)
-        answers = [m for _, m in Courier.seen if getattr(m, "request_id", None) == cmd.request_id]
+        answers = [m for to, m in Courier.seen if to == self.client
+                   and getattr(m, "request_id", None) == cmd.request_id]
         assert len(answers) <= 1, answers
         return answers[0] if answers else None
 

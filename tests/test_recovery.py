@@ -4,23 +4,33 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 from trouper import (
     AgentState,
+    MessageEvent,
     ObservationEvent,
     RestartPolicy,
     RuntimeEvent,
     StateChanged,
     Trouper,
 )
-from trouper.testing import check_log, forkserver, kill_actor, kill_sandbox, wait_until
+from trouper.testing import (
+    actor_pid,
+    check_log,
+    forkserver,
+    kill_actor,
+    kill_sandbox,
+    wait_until,
+)
 
 # real processes (`-m 'not slow'` skips them), in each session layout
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
@@ -304,3 +314,53 @@ def test_close_stops_the_sandbox_of_a_session_whose_agent_loop_is_down(layout, s
         closed = t.close()
     assert closed == [session.id]
     wait_until(lambda: not pid_alive(server), 30, "the sandbox server to stop")
+
+
+def _bytes_queued_to(pid: int) -> bool:
+    """Whether a TCP connection to process ``pid`` holds bytes it has not read (``ss``)."""
+    def ss(*args: str) -> list[str]:
+        return subprocess.run(["ss", "-tnpH", *args], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    ports = {line.split()[3].rsplit(":", 1)[1] for line in ss("-l") if f"pid={pid}," in line}
+    for line in ss():
+        fields = line.split()
+        if int(fields[1]) > 0 and (f"pid={pid}," in line
+                                   or fields[3].rsplit(":", 1)[1] in ports):
+            return True
+    return False
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to see the "
+                    "command wait in the stopped process's socket")
+def test_a_command_whose_taker_is_killed_before_it_answers_is_carried_out_once(
+        trouper, scripted, tmp_path):
+    """The agent loop's process is stopped, the user's message reaches its socket, and it
+    is SIGKILLed: the restarted loop gets the message from its parent and carries it out
+    (before, the program waited 30 s for an answer and the message was lost)."""
+    _, llm = scripted([FINISH, FINISH])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    pid = wait_until(lambda: actor_pid(session, "controller"), 30, "the agent loop's pid")
+    answer: dict[str, object] = {}
+
+    def send() -> None:
+        try:
+            answer["seq"] = session.send("and again")
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            answer["error"] = exc
+
+    sender = threading.Thread(target=send)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        sender.start()
+        wait_until(lambda: _bytes_queued_to(pid), 30, "the message in the stopped socket")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    sender.join(60)
+    assert isinstance(answer.get("seq"), int), answer
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    said = [e.text for e in session.events()
+            if isinstance(e, MessageEvent) and e.source == "user"]
+    assert said == ["t", "and again"]
+    assert check_log(list(session.events())) == []
