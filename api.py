@@ -37,7 +37,7 @@ from .messages.tree import Layout
 from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
 from .runtimes.docker_support import gc_at_start
-from .session import Session
+from .session import Session, new_session_id
 from .session_secrets import (
     read_runtime_token,
     read_secrets,
@@ -54,14 +54,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 _RESTORE_STATES = frozenset(
     {AgentState.LOADING, AgentState.RUNNING, AgentState.RATE_LIMITED, AgentState.ERROR}
 )
-
-
-def new_session_id() -> str:
-    return "s-" + uuid.uuid4().hex[:12]
 
 
 class Trouper:
@@ -225,11 +222,22 @@ class Trouper:
         return answer.cause if isinstance(answer, FaultStatus) else None
 
     def command(self, session_id: str, command: str, text: str = "", *,
-                action_id: str = "") -> int:
+                action_id: str = "", request_id: str | None = None) -> int:
         """Send a user command; start the session's actors first if they are not running
         (a settled session stands down after ``settled_stand_down_s``; should it stand
-        down again before the command reaches it, it is started again)."""
-        msg = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id,
+        down again before the command reaches it, it is started again).
+
+        ``request_id`` names the command (letters, digits, ``.``, ``_``, ``:``, ``-``; at
+        most 64): sent again with the same id, a command the session carried out is
+        answered with the seq of its first event and not carried out twice (among the
+        session's latest 256 commands). The daemon's ``Idempotency-Key`` header becomes
+        one, so a client that lost the answer may send the command again."""
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+            raise ConfigError("request_id: letters, digits, '.', '_', ':' and '-', at most "
+                              "64, starting with a letter or digit", field="request_id")
+        msg = UserCommand(request_id=request_id, session_id=session_id,
                           command=command, text=text,  # type: ignore[arg-type]
                           action_id=action_id)
         for attempt in range(_COMMAND_RESTORES + 1):
@@ -238,8 +246,7 @@ class Trouper:
             except UnknownSession:
                 if attempt == _COMMAND_RESTORES:
                     raise
-                self.restore(session_id)
-                msg = msg.model_copy(update={"request_id": uuid.uuid4().hex})
+                self.restore(session_id)  # no host had it: the same id goes to the new one
         raise AssertionError("unreachable")
 
     def restore(self, session_id: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,6 +19,11 @@ from .settings import settings
 
 if TYPE_CHECKING:
     from .store import EventStore, SessionRecord
+
+
+def new_session_id() -> str:
+    """The id a session gets when its caller names none."""
+    return "s-" + uuid.uuid4().hex[:12]
 
 
 class SessionHost(Protocol):

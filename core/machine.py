@@ -88,9 +88,10 @@ class SessionMachine:
         self.resolve_first: set[str] = set()
         self.condensed_retry = False
         self.lift_token = 0
-        self.taken: dict[str, None] = {}
-        """The latest user commands carried out (their ``command_id`` in the log), oldest
-        first: one handed again after its taker died is answered, not carried out twice."""
+        self.taken: dict[str, int] = {}
+        """The latest user commands carried out: ``command_id`` -> the seq of the event
+        that names it, oldest first. One handed again (its taker died, or a client sent
+        it again under the same idempotency key) is answered, not carried out twice."""
         self.command_id: str | None = None
         """The user command being carried out, until its first event is appended."""
         self.lift_cooldown = False
@@ -154,7 +155,7 @@ class SessionMachine:
         self.view.apply(event)
         command_id = getattr(event, "command_id", None)
         if command_id is not None:
-            self.taken[command_id] = None
+            self.taken[command_id] = event.seq
             if len(self.taken) > TAKEN_KEPT:
                 del self.taken[next(iter(self.taken))]
         if isinstance(event, PromptCondensed):

@@ -289,7 +289,7 @@ class SessionCore(SessionLoop):
         if cmd.request_id in self.taken:  # handed again: its taker died before it answered
             logger.info("session %s: the user's %s %s is in the log already; answered, "
                         "not carried out again", self.session_id, cmd.command, cmd.request_id)
-            self._out.append(Answer(cmd.request_id, None, self.view.last_seq))
+            self._out.append(Answer(cmd.request_id, None, self.taken[cmd.request_id]))
             return
         self.command_id = cmd.request_id
         try:

@@ -122,13 +122,17 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
     def get_session(session_id: str) -> dict[str, Any]:
         return service.detail(session_id)
 
+    # A command's Idempotency-Key: sent again under it, the command is answered, not
+    # carried out twice (a client that lost the answer to a dropped connection retries).
+    Key = Header(default=None, alias="Idempotency-Key")
+
     @api.post("/v1/sessions/{session_id}/messages")
-    def send_message(session_id: str, body: Message) -> dict[str, Any]:
-        return service.command(session_id, "send", body.text)
+    def send_message(session_id: str, body: Message, key: str | None = Key) -> dict[str, Any]:
+        return service.command(session_id, "send", body.text, key=key)
 
     def _command(name: str) -> Any:
-        def run(session_id: str) -> dict[str, Any]:
-            return service.command(session_id, name)
+        def run(session_id: str, key: str | None = Key) -> dict[str, Any]:
+            return service.command(session_id, name, key=key)
         run.__name__ = f"{name}_session"
         run.__doc__ = f"{name.capitalize()} the session."
         return run
@@ -137,16 +141,19 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         api.post(f"/v1/sessions/{{session_id}}/{name}")(_command(name))
 
     @api.post("/v1/sessions/{session_id}/approve")
-    def approve(session_id: str, body: Answer | None = None) -> dict[str, Any]:
+    def approve(session_id: str, body: Answer | None = None,
+                key: str | None = Key) -> dict[str, Any]:
         """Run the action waiting for approval (``action_id``: only if it is that one)."""
         answer = body or Answer()
-        return service.command(session_id, "approve", action_id=answer.action_id)
+        return service.command(session_id, "approve", action_id=answer.action_id, key=key)
 
     @api.post("/v1/sessions/{session_id}/reject")
-    def reject(session_id: str, body: Answer | None = None) -> dict[str, Any]:
+    def reject(session_id: str, body: Answer | None = None,
+               key: str | None = Key) -> dict[str, Any]:
         """Do not run the waiting action: recorded ``rejected`` with ``reason``."""
         answer = body or Answer()
-        return service.command(session_id, "reject", answer.reason, answer.action_id)
+        return service.command(session_id, "reject", answer.reason, answer.action_id,
+                               key=key)
 
     @api.get("/v1/sessions/{session_id}/events")
     def events(session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:

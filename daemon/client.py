@@ -10,7 +10,9 @@ Errors come back as trouper's exceptions: 404 UnknownSession, 422 ConfigError (`
 set), 409 InvalidRequest, 503 RequestTimeout; 401/403 and an unreachable daemon raise
 ``DaemonUnavailable``. A stream that ends early (the client was too slow, the daemon
 restarted, the connection dropped) is resumed from the last seq received, so
-``events(follow=True)`` yields every event once, in order.
+``events(follow=True)`` yields every event once, in order. A create or a command whose
+connection fails is sent again for up to ``retry_s``, and carried out once: a create
+names its session, a command goes under one ``Idempotency-Key`` for all its attempts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -34,10 +37,15 @@ from ..exceptions import (
 from ..fold import SessionView
 from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
 from ..paths import Home
+from ..session import new_session_id
 from ..tls import default_ssl_context
 from .files import DaemonFiles, read_token, running_info
 
 RECONNECT_WAIT_S = 0.5
+RETRY_S = 15.0
+"""How long a create or a command is sent again while the connection fails (a daemon
+restarting opens its ``Trouper`` again in a few seconds)."""
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 1.0
 
 
 class DaemonUnavailable(TrouperError):
@@ -66,8 +74,11 @@ def connect(url: str | None = None, *, token: str | None = None,
 class RemoteTrouper:
     """The ``Trouper`` session API, served by a daemon."""
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, token: str, *, timeout_s: float = 60.0,
+                 retry_s: float = RETRY_S) -> None:
         self.url = url.rstrip("/")
+        self.retry_s = retry_s
+        """How long a create or a command is sent again while the connection fails."""
         self._headers = {"Authorization": f"Bearer {token}"}
         # trust_env=False: no proxy from the environment ever sees the token
         self._http = httpx.Client(base_url=self.url, headers=self._headers,
@@ -83,13 +94,26 @@ class RemoteTrouper:
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One call to the API; its JSON, or the error as trouper's exception."""
-        try:
-            answer = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise DaemonUnavailable(f"the daemon at {self.url} does not answer: "
-                                    f"{type(exc).__name__}: {exc}") from None
+    def request(self, method: str, path: str, *, retry_s: float = 0.0, **kwargs: Any) -> Any:
+        """One call to the API; its JSON, or the error as trouper's exception. With
+        ``retry_s``, a call the connection failed (refused, reset, timed out: a daemon
+        restarting) is made again until ``retry_s`` has passed: for calls that are safe
+        to repeat (reads, and writes under an idempotency key)."""
+        deadline = time.monotonic() + retry_s
+        wait = RETRY_FIRST_S
+        while True:
+            try:
+                answer = self._http.request(method, path, **kwargs)
+                break
+            except httpx.TransportError as exc:
+                if time.monotonic() + wait > deadline:
+                    raise DaemonUnavailable(f"the daemon at {self.url} does not answer: "
+                                            f"{type(exc).__name__}: {exc}") from None
+                time.sleep(wait)  # backoff between attempts
+                wait = min(RETRY_MAX_S, wait * 2)
+            except httpx.HTTPError as exc:
+                raise DaemonUnavailable(f"the daemon at {self.url} does not answer: "
+                                        f"{type(exc).__name__}: {exc}") from None
         if answer.status_code >= 400:
             raise error_of(answer)
         return answer.json()
@@ -108,9 +132,9 @@ class RemoteTrouper:
                                 "secrets": dict(secrets or {}), **options}
         if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
             body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
-        if session_id is not None:
-            body["id"] = session_id
-        made = self.request("POST", "/v1/sessions", json=body)
+        # an id chosen here makes the create idempotent, so it is safe to send again
+        body["id"] = session_id if session_id is not None else new_session_id()
+        made = self.request("POST", "/v1/sessions", json=body, retry_s=self.retry_s)
         return RemoteSession(self, made["id"])
 
     def sessions(self, state: str | AgentState | None = None) -> list[dict[str, Any]]:
@@ -238,7 +262,10 @@ class RemoteSession:
         return EVENT_ADAPTER.validate_python(waiting) if waiting else None  # type: ignore[return-value]
 
     def _command(self, name: str, body: dict[str, Any] | None = None) -> int:
-        answer = self._trouper.request("POST", f"/v1/sessions/{self.id}/{name}", json=body)
+        # one key for every attempt: the command is carried out once however often sent
+        answer = self._trouper.request(
+            "POST", f"/v1/sessions/{self.id}/{name}", json=body,
+            headers={"Idempotency-Key": uuid.uuid4().hex}, retry_s=self._trouper.retry_s)
         return int(answer["seq"])
 
     def send(self, text: str) -> int:

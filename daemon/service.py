@@ -59,6 +59,10 @@ class CreateSession(BaseModel):
         "Environment variables of the sandbox's shell; write-only, masked everywhere."))
 
 
+MAX_IDEMPOTENCY_KEY = 255
+"""Longest ``Idempotency-Key`` header taken on a command."""
+
+
 class Message(BaseModel):
     text: str = Field(min_length=1)
 
@@ -110,6 +114,16 @@ class Service:
         with self._known_lock:
             self._known.add(session.id)  # start_session taught this process its secrets
         return self.detail(session.id), True
+
+    def _command_id(self, key: str, *parts: str) -> str:
+        """The command's id for ``key``: the same key and the same command give the same
+        id; another command under a reused key is another command. Keyed, so the id in
+        the log tells nothing of the message it hashes."""
+        if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
+            raise ConfigError(f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} printable "
+                              "characters", field="Idempotency-Key")
+        canonical = json.dumps([key, *parts], separators=(",", ":"))
+        return "k-" + hmac.new(self._key, canonical.encode(), hashlib.sha256).hexdigest()[:40]
 
     def _digest(self, fields: dict[str, Any]) -> str:
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
@@ -188,10 +202,15 @@ class Service:
     # -- commands and events -----------------------------------------------------------
 
     def command(self, session_id: str, command: str, text: str = "",
-                action_id: str = "") -> dict[str, Any]:
+                action_id: str = "", key: str | None = None) -> dict[str, Any]:
+        """Carry out a user command; with an ``Idempotency-Key`` (``key``), the same
+        command sent again under it is answered, not carried out twice."""
         self.store.session(session_id)  # 404 before anything is asked of the tree
         self.learn(session_id)
-        seq = self.trouper.command(session_id, command, text, action_id=action_id)
+        request_id = None if key is None else self._command_id(
+            key, session_id, command, text, action_id)
+        seq = self.trouper.command(session_id, command, text, action_id=action_id,
+                                   request_id=request_id)
         record = self.store.session(session_id)
         return {"id": session_id, "seq": seq, "state": record.state.value}
 

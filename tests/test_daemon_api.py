@@ -268,3 +268,77 @@ def test_trouper_connect_finds_the_homes_daemon_and_speaks_the_session_api(daemo
         Trouper.connect(home=tmp_path / "elsewhere")
     with pytest.raises(DaemonUnavailable, match="refused"):
         Trouper.connect(daemon.url, token="wrong").sessions()
+
+
+def _user_messages(http: httpx.Client, sid: str) -> list[str]:
+    events = http.get(f"/v1/sessions/{sid}/events").json()["events"]
+    return [e["text"] for e in events if e["kind"] == "message" and e["source"] == "user"]
+
+
+def test_a_command_sent_again_under_its_idempotency_key_is_carried_out_once(daemon, scripted):
+    _, llm = scripted([{"say": "What next?"}, {"say": "And?"}, {"say": "Done?"}])
+    http = daemon.http()
+    sid = http.post("/v1/sessions", json={"task": "t", "llm": llm}).json()["id"]
+    wait_until(lambda: http.get(f"/v1/sessions/{sid}").json()["state"]
+               == "awaiting_user_input", 60, "the first reply")
+    url, key = f"/v1/sessions/{sid}/messages", {"Idempotency-Key": "client-retry-1"}
+    first = http.post(url, json={"text": "go on"}, headers=key)
+    again = http.post(url, json={"text": "go on"}, headers=key)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert _user_messages(http, sid) == ["t", "go on"]
+    # answered again with the seq of the first event it appended (the message), which
+    # the first answer's (the last it appended) follows
+    events = http.get(f"/v1/sessions/{sid}/events").json()["events"]
+    said = [e["seq"] for e in events if e["kind"] == "message" and e["text"] == "go on"]
+    assert said == [again.json()["seq"]] and again.json()["seq"] <= first.json()["seq"]
+    # the same key on another message is another command; no key, every send is one
+    other = http.post(url, json={"text": "more"}, headers=key)
+    assert other.status_code == 200 and other.json()["seq"] > first.json()["seq"]
+    assert http.post(url, json={"text": "more"}).status_code == 200
+    assert _user_messages(http, sid) == ["t", "go on", "more", "more"]
+    # a pause taken once is answered again, where a second pause is refused
+    pause, pause_key = f"/v1/sessions/{sid}/pause", {"Idempotency-Key": "p-1"}
+    assert http.post(pause, headers=pause_key).status_code == 200
+    assert http.post(pause, headers=pause_key).status_code == 200
+    assert http.post(pause).status_code == 409
+    bad = http.post(pause, headers={"Idempotency-Key": "k" * 256})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "Idempotency-Key"
+
+
+class _AnswerLost(httpx.BaseTransport):
+    """Sends the first POST to the daemon, then fails as a connection dropped before
+    the answer came back; every other call goes through."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner, self.dropped = inner, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.inner.handle_request(request)
+        if request.method == "POST" and not self.dropped:
+            answer.read()  # the daemon carried it out
+            self.dropped += 1
+            raise httpx.RemoteProtocolError("connection dropped", request=request)
+        return answer
+
+
+@pytest.mark.parametrize("what", ["create", "send"])
+def test_the_client_sends_again_what_a_dropped_connection_cut_and_it_is_done_once(
+        daemon, scripted, tmp_path, what):
+    from trouper import Trouper
+
+    _, llm = scripted([{"say": "What next?"}, {"say": "And?"}])
+    with Trouper.connect(home=daemon.home.root) as t:
+        before = len(t.sessions())
+        lossy = _AnswerLost(t._http._transport)  # noqa: SLF001 - the client's own pipe
+        if what == "create":
+            t._http._transport = lossy  # noqa: SLF001
+        s = t.start_session("t", llm=llm, workspace=tmp_path / what)
+        assert s.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        if what == "send":
+            t._http._transport = lossy  # noqa: SLF001
+            seq = s.send("go on")
+            assert seq == [e.seq for e in s.events() if getattr(e, "text", "") == "go on"][0]
+        assert lossy.dropped == 1
+        said = [e.text for e in s.events() if e.kind == "message" and e.source == "user"]
+        assert said == (["t"] if what == "create" else ["t", "go on"])
+        assert len(t.sessions()) == before + 1

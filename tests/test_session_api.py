@@ -284,3 +284,17 @@ def test_wait_waits_through_a_storage_fault_even_when_the_log_reads_settled(logg
     trouper.cause = None
     waiter.join(timeout=30)
     assert answer == [AgentState.AWAITING_USER_INPUT]
+
+
+def test_a_command_named_by_its_request_id_is_carried_out_once(trouper, scripted, tmp_path):
+    _, llm = scripted([{"say": "What next?"}, {"say": "And?"}])
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+    first = trouper.command(session.id, "send", "go on", request_id="mine-1")
+    again = trouper.command(session.id, "send", "go on", request_id="mine-1")
+    said = [e for e in session.events() if isinstance(e, MessageEvent) and e.source == "user"]
+    assert [e.text for e in said] == ["t", "go on"]
+    assert said[-1].command_id == "mine-1" and again == said[-1].seq <= first
+    with pytest.raises(ConfigError) as refused:
+        trouper.command(session.id, "send", "x", request_id="no spaces")
+    assert refused.value.field == "request_id"
