@@ -201,3 +201,34 @@ def test_retries_and_a_rate_limit_countdown_show_and_resume_lifts_it(page, daemo
     expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
     expect(page.locator("#countdown")).to_have_text("")
     assert session.state.value == "finished"
+
+
+def test_a_command_whose_answer_a_dropped_connection_lost_is_sent_again_and_done_once(
+        page, daemon, scripted):
+    """The first message reaches the daemon and its answer is cut (the connection reset);
+    the page sends it again under the same Idempotency-Key and the daemon does it once."""
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"say": "What next?"}, {"say": "And?"}])
+    sid = start_from_the_form(page, llm, "say something")
+    expect(page.locator("#state")).to_have_text("awaiting_user_input", timeout=LONG_S)
+    cut: list[str] = []
+
+    def answer_lost(route) -> None:
+        if cut:
+            route.continue_()
+            return
+        route.fetch()  # the daemon carries it out; its answer never reaches the page
+        cut.append(route.request.headers.get("idempotency-key", ""))
+        route.abort("connectionreset")
+
+    page.route("**/v1/sessions/*/messages", answer_lost)
+    page.fill("#message", "go on")
+    page.click("#send")
+    expect(page.locator("#events li.msg-user", has_text="go on")).to_have_count(
+        1, timeout=LONG_S)
+    expect(page.locator("#command-error")).to_have_text("")
+    assert len(cut) == 1 and cut[0]
+    events = daemon.http().get(f"/v1/sessions/{sid}/events").json()["events"]
+    said = [e["text"] for e in events if e["kind"] == "message" and e["source"] == "user"]
+    assert said == ["say something", "go on"]

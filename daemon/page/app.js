@@ -18,8 +18,8 @@ function takeToken() {
   return sessionStorage.getItem("trouper.token");
 }
 
-async function api(method, path, body) {
-  const options = { method, headers: { Authorization: "Bearer " + state.token } };
+async function api(method, path, body, headers) {
+  const options = { method, headers: { Authorization: "Bearer " + state.token, ...headers } };
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
     options.body = JSON.stringify(body);
@@ -33,6 +33,30 @@ async function api(method, path, body) {
     throw e;
   }
   return data;
+}
+
+const RETRY_MS = 15000;
+
+function newKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// A POST whose connection failed (a dropped connection, the daemon restarting) is sent
+// again: under one Idempotency-Key (a command) or one session id (a create) the daemon
+// carries it out once. An answer from the daemon (e.status) is never sent again.
+async function apiAgain(method, path, body, headers) {
+  const deadline = Date.now() + RETRY_MS;
+  let wait = 100;
+  for (;;) {
+    try {
+      return await api(method, path, body, headers);
+    } catch (e) {
+      if (e.status !== undefined || Date.now() + wait > deadline) throw e;
+      await new Promise((resolve) => setTimeout(resolve, wait));
+      wait = Math.min(1000, wait * 2);
+    }
+  }
 }
 
 function el(tag, cls, text) {
@@ -214,7 +238,8 @@ function show(event) {
 async function command(name, body) {
   $("command-error").textContent = "";
   try {
-    await api("POST", "/v1/sessions/" + encodeURIComponent(state.current) + "/" + name, body);
+    await apiAgain("POST", "/v1/sessions/" + encodeURIComponent(state.current) + "/" + name,
+                   body, { "Idempotency-Key": newKey() });
   } catch (e) {
     $("command-error").textContent = e.message;
   }
@@ -233,8 +258,9 @@ async function startSession(event) {
   const body = { task: $("new-task").value, llm, confirm: $("new-confirm").value,
                  max_iterations: Number($("new-max-iterations").value || 50) };
   if ($("new-workspace").value.trim()) body.workspace = $("new-workspace").value.trim();
+  body.id = "s-" + newKey().slice(0, 12);  // named here: safe to send again
   try {
-    const made = await api("POST", "/v1/sessions", body);
+    const made = await apiAgain("POST", "/v1/sessions", body);
     $("new-task").value = "";
     await refreshSessions();
     select(made.id);
