@@ -317,16 +317,13 @@ class Controller(TrouperActor):
         if effect.request_id not in self.replies:
             return
         reply_to = self.replies.pop(effect.request_id)
-        self._answered(effect.request_id)
-        if reply_to is None:
-            return
         if effect.error is None:
             answer: Any = Accepted(request_id=effect.request_id, session_id=self.session_id,
                                    seq=effect.seq)
         else:
             answer = Refused(request_id=effect.request_id, session_id=self.session_id,
                              error=Refusal.INVALID_REQUEST, message=effect.error)
-        self.send(reply_to, answer)
+        self._answered(answer, reply_to)
 
     # -- store-fault mode (see the module doc) ------------------------------------------
 
@@ -345,23 +342,27 @@ class Controller(TrouperActor):
         first = settings().store_probe_first_s
         self.after(first, "store_probe", first)
 
-    def _answered(self, request_id: str) -> None:
-        """Tell the parent, which holds the command for a successor until it is answered
-        (``actors/in_flight.py``)."""
+    def _answered(self, answer: Accepted | Refused, reply_to: ActorAddress | None) -> None:
+        """Answer through the parent, which holds the command for a successor until it
+        passes the answer on (``actors/in_flight.py``). Answered straight to ``reply_to``,
+        a kill between the parent's word and the answer lost the answer with the command
+        let go of."""
         parent = getattr(self, "_parent_address", None)
         if parent is not None:
             self.send(parent, CommandAnswered(session_id=self.session_id,
-                                              request_id=request_id))
+                                              request_id=answer.request_id, answer=answer,
+                                              reply_to=reply_to))
+        elif reply_to is not None:
+            self.send(reply_to, answer)
 
     def _refuse_while_faulted(self, msg: Any, fault: StoreUnavailable) -> None:
         if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
             self.replies.pop(msg.msg.request_id, None)
-            self._answered(msg.msg.request_id)
-            if msg.reply_to is not None:
-                self.send(msg.reply_to, Refused(
-                    request_id=msg.msg.request_id, session_id=self.session_id,
-                    error=Refusal.INVALID_REQUEST,
-                    message=f"the session cannot record anything now: {fault.cause}"))
+            self._answered(Refused(
+                request_id=msg.msg.request_id, session_id=self.session_id,
+                error=Refusal.INVALID_REQUEST,
+                message=f"the session cannot record anything now: {fault.cause}"),
+                msg.reply_to)
 
     def on_timer_store_probe(self, delay_s: float) -> None:
         if self.store is None or self.store_fault is None:

@@ -172,12 +172,18 @@ class HostedSessions(Supervisor):
             self._refuse(relay, taken_text(reason))
 
     def hosted_answered(self, msg: CommandAnswered, sender: ActorAddress) -> bool:
-        """A host answered a command (``CommandAnswered``); whether it was one of ours."""
+        """A host answered a command (``CommandAnswered``): let go of it and pass the
+        answer on; whether it came from a live host."""
         kept = self.kept.get(msg.session_id)
         if kept is None or sender is None or sender != self.child(session_role(msg.session_id)):
             return False
-        kept.in_flight.answered(msg.request_id)
+        self.pass_answer(kept.in_flight, msg)
         return True
+
+    def pass_answer(self, in_flight: CommandsInFlight, msg: CommandAnswered) -> None:
+        in_flight.answered(msg.request_id)
+        if msg.reply_to is not None and msg.answer is not None:
+            self.send(msg.reply_to, msg.answer)
 
     # -- a settled session stands down --------------------------------------------
 

@@ -1,12 +1,16 @@
 """User commands handed to a child and not yet answered: handed again if it dies first.
 
-A user's command goes root -> (SessionSupervisor ->) the agent loop, which answers the
-program directly and tells its parent ``CommandAnswered``. A child that dies between
-taking a command and answering it (SIGKILL, OOM) used to lose the command: the program
-waited its whole request timeout, and the command was never carried out. Each parent that
-hands commands on now keeps the unanswered ones here and hands them to the child's next
+A user's command goes root -> (SessionSupervisor ->) the agent loop, and its answer
+(``CommandAnswered``) comes back the same way, the root passing it to the program. A
+child that dies between taking a command and answering it (SIGKILL, OOM) used to lose
+the command: the program waited its whole request timeout, and the command was never
+carried out. Each parent that hands commands on now keeps the unanswered ones here, lets
+go of one only as it passes its answer on, and hands the rest to the child's next
 incarnation, which carries each out once: the agent loop finds a command it already took
 in its log (its first event carries the command's ``command_id``) and only answers it.
+(The answer goes through the parents, not straight to the program, because a process
+killed after telling its parent "answered" and before its answer to the program left
+would lose the answer with the command let go of: the random-kill run below found it.)
 
 A command is handed again once: when a child dies a second time holding it, it is refused
 at once (a command that kills its taker would otherwise restart it past its restart

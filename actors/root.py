@@ -167,7 +167,7 @@ class RootSupervisor(HostedSessions):
         if in_flight is None:
             self.drop(msg, "not from the live host of a session whose commands it holds")
         elif self._from_session(msg.session_id, sender, msg):
-            in_flight.answered(msg.request_id)
+            self.pass_answer(in_flight, msg)
 
     def _from_session(self, session_id: str, sender: ActorAddress, msg: object) -> bool:
         """Whether ``sender`` is the live supervisor of ``session_id``; else drop ``msg``."""

@@ -289,7 +289,7 @@ class SessionSupervisor(Supervisor):
     def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
         if self._from(sender, CONTROLLER, msg):
             self.in_flight.answered(msg.request_id)
-            self.send(self._parent_address, msg)  # the root holds it too
+            self.send(self._parent_address, msg)  # the root holds it too, and answers
 
     def on_broker_moved(self, msg: BrokerMoved, sender: ActorAddress) -> None:
         if not self.from_parent(msg, sender, "who owns the broker"):

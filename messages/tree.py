@@ -139,14 +139,18 @@ class CloseFor(Frozen):
 
 
 class CommandAnswered(Frozen):
-    """The agent loop -> its parent (the root, or in the split layout its
-    SessionSupervisor, which passes it up): the user command ``request_id`` was answered,
-    so a parent that hands commands on no longer holds it for a successor
-    (``actors/in_flight.py``)."""
+    """The agent loop's answer to the user command ``request_id``, going back up the way
+    the command came down: to its parent (the root, or in the split layout its
+    SessionSupervisor, which passes it up), and from the root to ``reply_to``. Each
+    parent lets go of the command only as it passes the answer on, so a process that
+    dies between the two leaves it held and handed again (``actors/in_flight.py``)."""
 
     kind: Literal["command_answered"] = "command_answered"
     session_id: str
     request_id: str
+    answer: Any = None
+    """``Accepted`` or ``Refused``."""
+    reply_to: Address | None = None
 
 
 class StandingDown(Frozen):

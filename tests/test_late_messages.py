@@ -34,7 +34,13 @@ from trouper.messages.protocol import (
     ToolCall,
     UserCommand,
 )
-from trouper.messages.tree import BootController, Relay, Rewire, RuntimeGaveUp
+from trouper.messages.tree import (
+    BootController,
+    CommandAnswered,
+    Relay,
+    Rewire,
+    RuntimeGaveUp,
+)
 from trouper.paths import Home
 from trouper.store import open_store, store_url
 
@@ -46,6 +52,21 @@ class Sink(Actor):
 
     def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
         Sink.seen.append(msg)
+
+
+class Parent(Actor):
+    """The Controller's parent, as the root is: boots it (``(controller, boot)``), and
+    passes each answer that comes up (``CommandAnswered``) on to who asked."""
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
+        if isinstance(msg, tuple):
+            self.send(*msg)
+        elif isinstance(msg, CommandAnswered) and msg.reply_to is not None:
+            self.send(msg.reply_to, msg.answer)
+
+
+def _boot_under_parent(asys: ActorSystem, controller: Any, boot: BootController) -> None:
+    asys.tell(asys.createActor(Parent), (controller, boot))
 
 
 @pytest.fixture
@@ -84,9 +105,8 @@ def _boot(asys: ActorSystem, home: Home, workspace: str) -> tuple[Any, str]:
     session_id = start.session_id
     sink = asys.createActor(Sink)
     controller = asys.createActor(Controller)
-    answer = asys.ask(controller, BootController(start=start, broker=sink, runtime=sink,
-                                                 reply_to=None), 5)
-    assert answer is None  # boot answers reply_to only
+    _boot_under_parent(asys, controller, BootController(start=start, broker=sink,
+                                                        runtime=sink, reply_to=None))
     asys.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
     return controller, session_id
 
@@ -153,7 +173,8 @@ def test_no_broker_yet_is_no_crash(system, tmp_path):
     session_id = start.session_id
     sink = system.createActor(Sink)
     controller = system.createActor(Controller)
-    system.tell(controller, BootController(start=start, broker=None, runtime=sink))
+    _boot_under_parent(system, controller, BootController(start=start, broker=None,
+                                                          runtime=sink))
     system.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
     assert not [m for m in Sink.seen if isinstance(m, Complete)]
     system.tell(controller, Rewire(broker=sink, reason="the broker is back"))
@@ -176,8 +197,8 @@ def test_inputs_that_overtake_the_boot_are_handled_after_it(system, tmp_path):
     system.tell(controller, Relay(msg=cmd, reply_to=answers))
     system.tell(controller, RuntimeReady(session_id=session_id, epoch=1, attached=False))
     assert not [m for m in Sink.seen if getattr(m, "request_id", None) == cmd.request_id]
-    system.tell(controller, BootController(start=start, broker=sink, runtime=sink,
-                                           reply_to=None))
+    _boot_under_parent(system, controller, BootController(start=start, broker=sink,
+                                                          runtime=sink, reply_to=None))
     replies = [m for m in Sink.seen if getattr(m, "request_id", None) == cmd.request_id]
     assert len(replies) == 1 and isinstance(replies[0], Accepted), replies
     assert _view(home, session_id).state == AgentState.RUNNING

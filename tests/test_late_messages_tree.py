@@ -232,7 +232,9 @@ class Tree:
         cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id or self.sid,
                           command=command)
         self.tell(Relay(msg=cmd, reply_to=self.client), via=self.parent)
-        answers = [m for to, m in Courier.seen if to == self.client
+        # the answer goes up to the parent, which passes it to the client (the root does)
+        answers = [m.answer if isinstance(m, CommandAnswered) else m
+                   for to, m in Courier.seen if to in (self.client, self.parent)
                    and getattr(m, "request_id", None) == cmd.request_id]
         assert len(answers) <= 1, answers
         return answers[0] if answers else None
@@ -435,8 +437,8 @@ def test_a_resume_while_the_downtime_is_recorded_carries_the_session_on(
     system.tell(SlowStandIn.waiting[0], "record now")
     assert not tree.got(Superseded, at=tree.parent)  # the session is not stopped
     assert len(RecordedController.booted) == 2  # then the resumed one (the stand-in is not booted)
-    resumed = [m for _, m in Courier.seen if isinstance(m, Accepted) and m.session_id == tree.sid
-               and m.request_id != tree.start.request_id]
+    resumed = [m.answer for to, m in Courier.seen if to == tree.parent  # passed up
+               and isinstance(m, CommandAnswered) and isinstance(m.answer, Accepted)]
     assert resumed, "the resume was never answered"
     view = tree.view()
     assert view.state == AgentState.RUNNING, view.reason

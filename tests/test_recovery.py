@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -364,3 +365,48 @@ def test_a_command_whose_taker_is_killed_before_it_answers_is_carried_out_once(
             if isinstance(e, MessageEvent) and e.source == "user"]
     assert said == ["t", "and again"]
     assert check_log(list(session.events())) == []
+
+
+def test_chaos_commands_sent_as_their_takers_are_killed_are_each_carried_out_once(
+        layout, scripted, tmp_path):
+    """Each message is sent while the session's process (split: the Controller or its
+    supervisor) is SIGKILLed at a random moment of the command's way: every send is
+    answered, and the log has each message once, in order. (Before, a command was lost;
+    then, with the answer sent beside the parent's word, an answer could be.)"""
+    import random
+
+    rng = random.Random(11)
+    rounds, sessions_n = 24, 4
+    _, llm = scripted([{"say": "ok?"}] * (rounds + sessions_n + 1))
+    roles = ["controller"] if layout == "hosted" else ["controller", "session"]
+    policy = RestartPolicy(intensity=100, period_s=60)
+    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
+        sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
+                    for i in range(sessions_n)]
+        sent: dict[str, list[str]] = {s.id: [] for s in sessions}
+        for r in range(rounds):
+            session = rng.choice(sessions)
+            assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+            role = rng.choice(roles)
+            pid = wait_until(lambda s=session, role=role: actor_pid(s, role), 30, "its pid")
+            answer: dict[str, object] = {}
+
+            def send(s=session, text=f"m{r}", answer=answer) -> None:
+                try:
+                    answer["seq"] = s.send(text)
+                except Exception as exc:  # noqa: BLE001 - the test reports it
+                    answer["error"] = exc
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            time.sleep(rng.uniform(0, 0.004))  # the kill lands somewhere on the command's way
+            os.kill(pid, signal.SIGKILL)
+            sender.join(60)
+            assert isinstance(answer.get("seq"), int), (r, answer)
+            sent[session.id].append(f"m{r}")
+        for session in sessions:
+            assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+            said = [e.text for e in session.events()
+                    if isinstance(e, MessageEvent) and e.source == "user"]
+            assert said == ["t", *sent[session.id]]
+            assert check_log(list(session.events())) == []
