@@ -10,9 +10,10 @@ Errors come back as trouper's exceptions: 404 UnknownSession, 422 ConfigError (`
 set), 409 InvalidRequest, 503 RequestTimeout; 401/403 and an unreachable daemon raise
 ``DaemonUnavailable``. A stream that ends early (the client was too slow, the daemon
 restarted, the connection dropped) is resumed from the last seq received, so
-``events(follow=True)`` yields every event once, in order. A create or a command whose
-connection fails is sent again for up to ``retry_s``, and carried out once: a create
-names its session, a command goes under one ``Idempotency-Key`` for all its attempts.
+``events(follow=True)`` yields every event once, in order. A read, a create or a
+command whose connection fails is made again for up to ``retry_s``, and a create or a
+command is carried out once: a create names its session, a command goes under one
+``Idempotency-Key`` for all its attempts.
 """
 
 from __future__ import annotations
@@ -94,11 +95,15 @@ class RemoteTrouper:
     def close(self) -> None:
         self._http.close()
 
-    def request(self, method: str, path: str, *, retry_s: float = 0.0, **kwargs: Any) -> Any:
-        """One call to the API; its JSON, or the error as trouper's exception. With
-        ``retry_s``, a call the connection failed (refused, reset, timed out: a daemon
-        restarting) is made again until ``retry_s`` has passed: for calls that are safe
-        to repeat (reads, and writes under an idempotency key)."""
+    def request(self, method: str, path: str, *, retry_s: float | None = None,
+                **kwargs: Any) -> Any:
+        """One call to the API; its JSON, or the error as trouper's exception. A call the
+        connection failed (refused, reset, timed out: a daemon restarting) is made again
+        until ``retry_s`` has passed: by default a read (GET) for ``self.retry_s`` and a
+        write not at all; a write passes ``retry_s`` only when it is safe to repeat (a
+        create that names its session, a command under an idempotency key)."""
+        if retry_s is None:
+            retry_s = self.retry_s if method == "GET" else 0.0
         deadline = time.monotonic() + retry_s
         wait = RETRY_FIRST_S
         while True:

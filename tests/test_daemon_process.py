@@ -130,3 +130,36 @@ def test_status_says_whether_it_runs(tmp_path):
         out = status()
         assert out.returncode == 0 and daemon.url in out.stdout
     assert status().returncode == 1
+
+
+def test_a_command_sent_again_across_a_daemon_crash_is_carried_out_once(tmp_path, scripted):
+    """Under the same Idempotency-Key, a message the killed daemon carried out is answered
+    by the next one, not doubled; and a client's send made while the daemon is down is
+    sent again until it is back, and carried out once."""
+    _, llm = scripted([{"say": "What next?"}, {"say": "And?"}, {"say": "More?"}])
+    with running_daemon(tmp_path / "home") as daemon:
+        remote = daemon.client().start_session("t", llm=llm)
+        assert remote.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        url, key = f"/v1/sessions/{remote.id}/messages", {"Idempotency-Key": "before-crash"}
+        first = daemon.http().post(url, json={"text": "go on"}, headers=key)
+        assert first.status_code == 200, first.text
+        daemon.kill()
+        answer: dict[str, object] = {}
+
+        def send_while_down() -> None:
+            try:
+                answer["seq"] = daemon.client().session(remote.id).send("while down")
+            except Exception as exc:  # noqa: BLE001 - the test reports it
+                answer["error"] = exc
+
+        sender = threading.Thread(target=send_while_down)
+        sender.start()
+        daemon.start()
+        again = daemon.http().post(url, json={"text": "go on"}, headers=key)
+        assert again.status_code == 200, again.text
+        sender.join(60)
+        assert isinstance(answer.get("seq"), int), answer
+        said = [e for e in daemon.client().session(remote.id).events()
+                if e.kind == "message" and e.source == "user"]
+        assert sorted(e.text for e in said) == sorted(["t", "go on", "while down"])
+        assert [e.seq for e in said if e.text == "go on"] == [again.json()["seq"]]
