@@ -459,6 +459,31 @@ def test_stop_rejects_what_never_ran_but_leaves_the_dispatched_action_to_its_out
     assert not [e for e in effects if isinstance(e, RunAction | AskModel)]
 
 
+@pytest.mark.parametrize("journal", ["absent", "finished"])
+def test_stop_while_the_journal_is_asked_records_the_action_once_and_runs_nothing(journal):
+    """Stopped while the journal was asked about an action (its sandbox came back): one
+    the journal never saw is recorded not run, as stop records the others; one that ran
+    gets its real outcome. Before, an absent one stayed without an outcome for ever (a
+    random-kill run: a STOPPED session with an approved action pending, I1 broken)."""
+    core, clock, ask = running()
+    run = only(answer(core, ask, clock, call("run", command="make")), RunAction)
+    core.handle(RuntimeFailed(session_id="s-1", epoch=1, cause="exited", detail="x"),
+                clock.tick())
+    asked = core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=True), clock.tick())
+    assert only(asked, AskJournal).action_id == run.request.action_id
+    reply, _ = command(core, clock, "stop")
+    assert reply.error is None and core.view.state == S.STOPPED
+    assert list(core.view.pending) == [run.request.action_id]  # the journal answers for it
+    outcome = Outcome(status="ok", content="made") if journal == "finished" else None
+    effects = core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
+                                   state=journal, outcome=outcome), clock.tick())
+    assert not [e for e in effects if isinstance(e, RunAction | AskModel)]
+    recorded = [e for e in appended(effects) if isinstance(e, ObservationEvent)]
+    assert len(recorded) == 1 and core.view.pending == {} and core.view.state == S.STOPPED
+    expected = "ok" if journal == "finished" else "rejected"
+    assert recorded[0].outcome.status == expected, recorded[0].outcome
+
+
 # -- restore, store faults, the table -------------------------------------------------------
 
 

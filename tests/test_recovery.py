@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trouper import (
+    ActionEvent,
     AgentState,
     MessageEvent,
     ObservationEvent,
@@ -410,3 +411,66 @@ def test_chaos_commands_sent_as_their_takers_are_killed_are_each_carried_out_onc
                     if isinstance(e, MessageEvent) and e.source == "user"]
             assert said == ["t", *sent[session.id]]
             assert check_log(list(session.events())) == []
+
+
+def test_chaos_approvals_as_things_are_killed_each_action_once_and_none_left_pending(
+        layout, scripted, tmp_path):
+    """Confirmation mode: each waiting action is approved or rejected while the session's
+    process, its sandbox driver or its sandbox is SIGKILLed at a random moment; then every
+    session is stopped. Each action has one outcome (none left pending), no rejected one
+    ran, none ran twice."""
+    import random
+
+    rng = random.Random(5)
+    rounds, sessions_n = 20, 3
+    _, llm = scripted([{"tool": "run", "args": {"command": f"echo a{k} >> ledger.txt"}}
+                       for k in range(rounds + 10)])
+    policy = RestartPolicy(intensity=100, period_s=60)
+    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
+        sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}",
+                                          confirm="always") for i in range(sessions_n)]
+        rejected: set[str] = set()
+        for r in range(rounds):
+            session = rng.choice(sessions)
+            wait_until(lambda s=session: s.wait(timeout=30)
+                       == AgentState.AWAITING_USER_CONFIRMATION, 60, "an action waiting")
+            waiting = session.awaiting_confirmation
+            assert waiting is not None
+            approve = rng.random() < 0.7
+            answer: dict[str, object] = {}
+
+            def decide(s=session, a=waiting.action_id, yes=approve, answer=answer) -> None:
+                try:
+                    answer["seq"] = s.approve(a) if yes else s.reject("no", a)
+                except Exception as exc:  # noqa: BLE001 - the test reports it
+                    answer["error"] = exc
+
+            decider = threading.Thread(target=decide)
+            decider.start()
+            time.sleep(rng.uniform(0, 0.006))  # the kill lands somewhere on the answer's way
+            what = rng.choice(["controller", "runtime", "sandbox"])
+            try:
+                if what == "sandbox":
+                    kill_sandbox(session, timeout_s=2)
+                else:
+                    kill_actor(session, what, timeout_s=2)
+            except TimeoutError:
+                pass  # between incarnations: nothing to kill this round
+            decider.join(60)
+            assert isinstance(answer.get("seq"), int), (r, answer)
+            if not approve:
+                rejected.add(waiting.action_id)
+        for i, session in enumerate(sessions):
+            session.stop()
+            wait_until(lambda s=session: s.view().pending == {}, 30, "every outcome")
+            events = list(session.events())
+            assert check_log(events) == []
+            outcomes = {e.action_id: e.outcome for e in events
+                        if isinstance(e, ObservationEvent)}
+            assert all(outcomes[a].status == "rejected" for a in rejected if a in outcomes)
+            ledger = tmp_path / f"ws{i}" / "ledger.txt"
+            lines = ledger.read_text().split() if ledger.exists() else []
+            assert len(lines) == len(set(lines)), lines  # none ran twice
+            said = {e.action_id: e.action.command.split()[1] for e in events
+                    if isinstance(e, ActionEvent) and e.action is not None}
+            assert not {said[a] for a in rejected if a in said} & set(lines)  # none ran

@@ -1,0 +1,120 @@
+"""The user's commands to a session: send, pause, resume, stop, approve and reject.
+
+Each is carried out once: its first event names it (``command_id``, set by
+``SessionMachine._marked``), so a command handed again (its taker died before it
+answered, or a client sent it again under its idempotency key) is answered with the
+seq of that event and not carried out twice (``actors/in_flight.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..fold import RESUMED_BY_USER
+from ..messages.events import AgentState, ConfirmationEvent, MessageEvent, ObservationEvent
+from ..messages.outcomes import Outcome
+from ..messages.protocol import UserCommand
+from .effects import Answer, RestartRuntime
+from .loop import SessionLoop
+from .states import RESUMABLE, Why
+
+logger = logging.getLogger(__name__)
+
+NOT_RUN_STOPPED = "Not run: the user stopped the session first."
+
+
+class UserCommands(SessionLoop):
+    """What each user command does to the session (``SessionCore`` takes them)."""
+
+    def _on_user_command(self, cmd: UserCommand) -> None:
+        if cmd.request_id in self.taken:  # handed again: its taker died before it answered
+            logger.info("session %s: the user's %s %s is in the log already; answered, "
+                        "not carried out again", self.session_id, cmd.command, cmd.request_id)
+            self._out.append(Answer(cmd.request_id, None, self.taken[cmd.request_id]))
+            return
+        self.command_id = cmd.request_id
+        try:
+            error = self._carry_out(cmd)
+        finally:
+            self.command_id = None  # a refused command appended nothing
+        self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
+
+    def _carry_out(self, cmd: UserCommand) -> str | None:
+        return {
+            "send": self._cmd_send,
+            "pause": self._cmd_pause,
+            "resume": self._cmd_resume,
+            "stop": self._cmd_stop,
+            "approve": self._cmd_answer,
+            "reject": self._cmd_answer,
+        }[cmd.command](cmd)
+
+    def _cmd_send(self, cmd: UserCommand) -> str | None:
+        if not cmd.text.strip():
+            return "send needs a non-empty message"
+        self._append(MessageEvent(source="user", text=cmd.text))
+        if self.view.state not in (AgentState.PAUSED, AgentState.RUNNING, AgentState.LOADING):
+            self._transition(Why.USER_MESSAGE, AgentState.RUNNING, "new message from the user")
+        self._advance()
+        return None
+
+    def _cmd_pause(self, cmd: UserCommand) -> str | None:
+        state = self.view.state
+        if state in (AgentState.FINISHED, AgentState.STOPPED, AgentState.PAUSED):
+            return f"cannot pause a session that is {state.value}"
+        self._cancel_model_call()
+        self._transition(Why.USER_PAUSE, AgentState.PAUSED, "paused by the user")
+        return None
+
+    def _cmd_resume(self, cmd: UserCommand) -> str | None:
+        state = self.view.state
+        if state == AgentState.FINISHED:
+            return "the session is finished; send a message to give it more work"
+        if state in (AgentState.RUNNING, AgentState.LOADING):
+            return None
+        if state not in RESUMABLE:
+            return f"cannot resume a session that is {state.value}"
+        self.lift_cooldown = state == AgentState.RATE_LIMITED
+        if self.runtime_down:
+            self.runtime_down = False
+            self._out.append(RestartRuntime("resumed by the user"))
+        self._transition(Why.USER_RESUME, AgentState.RUNNING, RESUMED_BY_USER)
+        self._advance()
+        return None
+
+    def _cmd_stop(self, cmd: UserCommand) -> str | None:
+        if self.view.state == AgentState.STOPPED:
+            return None
+        self._cancel_model_call()
+        never_run = [
+            ObservationEvent(action_id=action_id, outcome=Outcome(
+                status="rejected", content=NOT_RUN_STOPPED))
+            for action_id in self.view.pending
+            if action_id != self.dispatched and action_id not in self.resolve_first]
+        self._transition(Why.USER_STOP, AgentState.STOPPED, "stopped by the user",
+                         along=never_run)
+        return None
+
+    def _cmd_answer(self, cmd: UserCommand) -> str | None:
+        """approve (it runs) or reject (recorded ``rejected`` with the reason; the agent
+        carries on) the action waiting in confirmation mode."""
+        waiting = self.view.awaiting_confirmation
+        if waiting is None:
+            return f"no action waits for approval (the session is {self.view.state.value})"
+        if cmd.action_id and cmd.action_id != waiting.action_id:
+            return (f"action {cmd.action_id} is not the one waiting for approval "
+                    f"({waiting.action_id}); nothing was {cmd.command}d")
+        approved = cmd.command == "approve"
+        answer = ConfirmationEvent(action_id=waiting.action_id, approved=approved,
+                                   reason=cmd.text)
+        if approved:
+            self._transition(Why.USER_APPROVE, AgentState.RUNNING, "approved by the user",
+                             along=[answer])
+        else:
+            reason = cmd.text.strip() or "no reason given"
+            rejected = ObservationEvent(action_id=waiting.action_id, outcome=Outcome(
+                status="rejected", content=f"The user rejected this action: {reason}"))
+            self._transition(Why.USER_REJECT, AgentState.RUNNING,
+                             f"rejected by the user: {reason}", along=[answer, rejected])
+        self._advance()
+        return None
