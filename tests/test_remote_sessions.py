@@ -198,3 +198,49 @@ def test_close_cancels_a_start_waiting_for_a_server_that_does_not_answer(scripte
                 assert t.close() == [session.id]
     finally:
         held.close()
+
+
+def test_chaos_remote_sessions_under_random_kills_run_every_action_at_most_once(
+        trouper, scripted, server, tmp_path):
+    """Sessions on the remote runtime while their agent loop, their sandbox driver, their
+    sandbox or the whole runtime server is SIGKILLed at random (the server started again):
+    each finishes, each action has one outcome, and none ran twice."""
+    import random
+
+    rng = random.Random(3)
+    sessions_n, steps_n = 3, 12
+    steps = [{"tool": "run", "args": {"command": f"sleep 0.05; echo {k} >> ledger.txt"}}
+             for k in range(steps_n)]
+    _, llm = scripted([*steps, FINISH])
+    sessions = [trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                      workspace=tmp_path / f"local{i}")
+                for i in range(sessions_n)]
+    kills = 0
+    for _ in range(10):
+        victim = rng.choice(sessions)
+        if victim.state == AgentState.FINISHED:
+            continue
+        what = rng.choice(["controller", "runtime", "sandbox", "server"])
+        try:
+            if what == "server":
+                server.kill()
+                server.start()
+            elif what == "sandbox":
+                kill_sandbox(victim, timeout_s=10)
+            else:
+                kill_actor(victim, what, timeout_s=10)
+            kills += 1
+        except TimeoutError:
+            continue
+        wait_until(lambda v=victim: v.view().outcomes > 0, 60, "progress")
+    assert kills >= 5
+    for session in sessions:
+        assert session.wait(timeout=120) == AgentState.FINISHED, session.record.state_reason
+        assert check_log(list(session.events())) == []
+        ledger = server.workspace(session.id) / "ledger.txt"
+        lines = ledger.read_text().split()
+        assert lines == sorted(set(lines), key=int), lines  # in order, none twice
+        statuses = [o.status for o in outcomes(session)[:steps_n]]  # the ledger's steps
+        ok, lost = statuses.count("ok"), statuses.count("lost")
+        assert ok + lost == steps_n, statuses
+        assert ok <= len(lines) <= ok + lost  # a lost one may have run before its server died
