@@ -6,6 +6,7 @@
     kill_actor(session, "session")     # the SessionSupervisor (and, with it, both children)
     kill_actor(session, "broker")      # the shared LLMBroker
     kill_sandbox(session)              # the sandbox server and its shell: in-flight work is lost
+    kill(session, what)                # any of the above by name ("sandbox" or a role)
 """
 
 from __future__ import annotations
@@ -132,3 +133,13 @@ def kill_sandbox(session: Session, timeout_s: float = 30.0) -> int | str:
 
     wait_until(gone, timeout_s, f"the sandbox ({killed}) to die")
     return killed
+
+
+def kill(session: Session, what: str, timeout_s: float = 30.0) -> int | str:
+    """``kill_sandbox`` for ``"sandbox"``, else ``kill_actor`` of the role ``what``: one
+    call for a chaos loop that picks its victim at random. Raises TimeoutError as they do
+    (nothing of that kind came up within ``timeout_s``)."""
+    if what == "sandbox":
+        return kill_sandbox(session, timeout_s)
+    return kill_actor(session, what, timeout_s)
+

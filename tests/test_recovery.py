@@ -29,6 +29,7 @@ from trouper.testing import (
     actor_pid,
     check_log,
     forkserver,
+    kill,
     kill_actor,
     kill_sandbox,
     wait_until,
@@ -450,10 +451,7 @@ def test_chaos_approvals_as_things_are_killed_each_action_once_and_none_left_pen
             time.sleep(rng.uniform(0, 0.006))  # the kill lands somewhere on the answer's way
             what = rng.choice(["controller", "runtime", "sandbox"])
             try:
-                if what == "sandbox":
-                    kill_sandbox(session, timeout_s=2)
-                else:
-                    kill_actor(session, what, timeout_s=2)
+                kill(session, what, timeout_s=2)
             except TimeoutError:
                 pass  # between incarnations: nothing to kill this round
             decider.join(60)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, ObservationEvent, RuntimeEvent, StateChanged, Trouper
-from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
+from trouper.testing import check_log, kill, kill_actor, kill_sandbox, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -225,10 +225,8 @@ def test_chaos_remote_sessions_under_random_kills_run_every_action_at_most_once(
             if what == "server":
                 server.kill()
                 server.start()
-            elif what == "sandbox":
-                kill_sandbox(victim, timeout_s=10)
             else:
-                kill_actor(victim, what, timeout_s=10)
+                kill(victim, what, timeout_s=10)
             kills += 1
         except TimeoutError:
             continue

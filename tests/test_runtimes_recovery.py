@@ -15,7 +15,7 @@ import pytest
 
 from trouper import AgentState, ObservationEvent, RestartPolicy, Trouper
 from trouper.config import DockerRuntime
-from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
+from trouper.testing import check_log, kill, kill_actor, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 # (the default layout only: test_recovery.py runs the layouts' own recovery paths twice)
@@ -96,10 +96,7 @@ def test_chaos_random_kills_on_several_sessions_every_action_once(layout, backen
             what = rng.choice(["runtime", "controller", "session", "sandbox"])
             seen = victim.view().outcomes
             try:
-                if what == "sandbox":
-                    kill_sandbox(victim, timeout_s=10)
-                else:
-                    kill_actor(victim, what, timeout_s=10)
+                kill(victim, what, timeout_s=10)
                 kills += 1
             except TimeoutError:
                 continue
