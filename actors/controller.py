@@ -7,14 +7,8 @@ answer a user) and owns the session's log: it is its only writer (claimed with a
 An append that fails stops the effects there, so nothing happens whose record is not
 durable (promise I2). A restarted Controller builds a fresh core from the log (I3).
 
-Store-fault mode. A failed append raises ``StoreUnavailable`` (disk full, read-only,
-locked, corrupt). The effects after it are not performed, so nothing runs whose intent
-is not durable (I2), and the Controller enters *store-fault mode*: it tells the tree
-(clients show the cause while the log cannot hold it), drops what arrives (a model reply
-is asked again later; a tool's outcome stays in the sandbox's journal), and probes the
-store on a growing timer. When a write goes through again it records the fault, rebuilds
-its core from the log (as a restarted Controller would) and resolves every action
-without an outcome from the journal: nothing is lost and nothing runs twice.
+A write the store cannot take (a full disk) puts it in store-fault mode
+(``actors/store_fault.py``).
 """
 
 from __future__ import annotations
@@ -69,7 +63,6 @@ from ..messages.protocol import (
     RuntimeProgress,
     RuntimeReady,
     StartSession,
-    StoreFault,
     UserCommand,
 )
 from ..messages.tree import (
@@ -83,9 +76,8 @@ from ..messages.tree import (
     Superseded,
 )
 from ..paths import Home
-from ..settings import settings
 from ..store import EventStore, open_store
-from .base import TrouperActor
+from .store_fault import StoreFaultMode
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +87,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class Controller(TrouperActor):
+class Controller(StoreFaultMode):
     role = "controller"
 
     def __init__(self) -> None:
@@ -120,6 +112,9 @@ class Controller(TrouperActor):
         self.history = HistorySender(uuid.uuid4().hex[:12])
         """What the broker has of this session's history (each request sends what is new)."""
         self.early: list[tuple[Any, ActorAddress]] = []
+        self.boot_reply_to: ActorAddress | None = None
+        self.core_up = False
+        """The boot's writes are done (False while a full disk holds them back)."""
         """What came before the boot (Thespian may deliver a parent's later messages to a
         new child first), handled once booted, in order."""
 
@@ -141,17 +136,30 @@ class Controller(TrouperActor):
         remember_secrets(self.masker.pairs)  # this process's log records are masked too
         home = Home.at(msg.start.home)
         self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
+        self.boot_reply_to = msg.reply_to
         self.store = open_store(msg.start.store_url)
+        # on a store that takes no writes (a full disk) this raises StoreUnavailable: the
+        # Controller waits in store-fault mode and its probe boots it (no restart loop)
+        self._claim_and_begin()
+
+    def _claim_and_begin(self) -> None:
+        """Own the log and build the core from it: the boot's writes."""
+        assert self.store is not None
         self.owner = self.store.claim_owner(self.session_id)
         self.core = self.fresh_core()
         self.perform(self.core.begin(utc_now()))
+        self.core_up = True
         logger.info("session %s: controller up at seq %d, state %s, %d pending",
                     self.session_id, self.view.last_seq, self.view.state.value,
                     len(self.view.pending))
-        if msg.reply_to is not None:
-            self.send(msg.reply_to, Accepted(request_id=msg.start.request_id,
-                                             session_id=self.session_id,
-                                             seq=self.view.last_seq))
+        self.booted_up()
+
+    def booted_up(self) -> None:
+        """The core is up: answer the boot's ``reply_to`` and handle what came early."""
+        if self.boot_reply_to is not None and self.start is not None:
+            self.send(self.boot_reply_to, Accepted(request_id=self.start.request_id,
+                                                   session_id=self.session_id,
+                                                   seq=self.view.last_seq))
         early, self.early = self.early, []
         for held, held_sender in early:
             self._dispatch_own(held, held_sender)
@@ -220,7 +228,11 @@ class Controller(TrouperActor):
     """What may come first: the boot, or a stand-in's first and only message."""
 
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
-        if not self.booted and not self._stopping and not isinstance(msg, self.FIRST):
+        if self.store_fault is not None and isinstance(msg, Relay):
+            self._refuse_while_faulted(msg, self.store_fault)  # at once: the store decides
+            return
+        waiting = not self.booted or (not self.core_up and self.store_fault is not None)
+        if waiting and not self._stopping and not isinstance(msg, self.FIRST):
             if len(self.early) < self.MAX_EARLY:
                 self.early.append((msg, sender))
             else:
@@ -325,23 +337,6 @@ class Controller(TrouperActor):
                              error=Refusal.INVALID_REQUEST, message=effect.error)
         self._answered(answer, reply_to)
 
-    # -- store-fault mode (see the module doc) ------------------------------------------
-
-    store_fault: StoreUnavailable | None = None
-    fault_since: datetime | None = None
-
-    def store_failed(self, fault: StoreUnavailable, msg: Any) -> None:
-        self._refuse_while_faulted(msg, fault)
-        if self.store_fault is not None:
-            return  # already waiting for the store; what arrived is dropped (see module doc)
-        self.store_fault, self.fault_since = fault, datetime.now(UTC)
-        logger.error("session %s: cannot record anything: %s; waiting for the store",
-                     self.session_id, fault.cause)
-        self.send(self._parent_address, StoreFault(
-            session_id=self.session_id, cause=fault.cause, since=self.fault_since))
-        first = settings().store_probe_first_s
-        self.after(first, "store_probe", first)
-
     def _answered(self, answer: Accepted | Refused, reply_to: ActorAddress | None) -> None:
         """Answer through the parent, which holds the command for a successor until it
         passes the answer on (``actors/in_flight.py``). Answered straight to ``reply_to``,
@@ -354,34 +349,3 @@ class Controller(TrouperActor):
                                               reply_to=reply_to))
         elif reply_to is not None:
             self.send(reply_to, answer)
-
-    def _refuse_while_faulted(self, msg: Any, fault: StoreUnavailable) -> None:
-        if isinstance(msg, Relay) and isinstance(msg.msg, UserCommand):
-            self.replies.pop(msg.msg.request_id, None)
-            self._answered(Refused(
-                request_id=msg.msg.request_id, session_id=self.session_id,
-                error=Refusal.INVALID_REQUEST,
-                message=f"the session cannot record anything now: {fault.cause}"),
-                msg.reply_to)
-
-    def on_timer_store_probe(self, delay_s: float) -> None:
-        if self.store is None or self.store_fault is None:
-            return  # a probe of a fault already over
-        before = SessionView.of(self.store.read(self.session_id))
-        note = StateChanged(
-            state=AgentState.ERROR, resumes_at=datetime.now(UTC),
-            reason=f"{self.store_fault.cause}; nothing could be recorded from "
-                   f"{self.fault_since:%H:%M:%S} UTC until now")
-        try:
-            self.store.append(self.session_id, [self.masker.mask_event(note)], owner=self.owner)
-        except StoreUnavailable as still:
-            self.store_fault = still
-            later = min(settings().store_probe_max_s, delay_s * 2)
-            self.after(later, "store_probe", later)
-            return
-        logger.warning("session %s: the store takes writes again; carrying on",
-                       self.session_id)
-        self.store_fault, self.fault_since = None, None
-        self.send(self._parent_address, StoreFault(session_id=self.session_id, cause=None))
-        self.core = self.fresh_core()  # the core ran ahead of the log when the write failed
-        self.perform(self.core.store_back(before, datetime.now(UTC)))

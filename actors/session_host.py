@@ -106,8 +106,13 @@ class SessionHost(Controller):
         # the Controller's boot first: it learns the secrets to mask (the sandbox's start
         # may log), and the core asks nothing of a runtime that has not said it is ready
         super().on_boot_controller(msg, sender)
-        if self.hosted.driver is None:  # (an early command may have started one)
-            self.perform_runtime(self.hosted.boot())
+
+    def booted_up(self) -> None:
+        """The core is up (at the boot, or once the store took writes again): then the
+        sandbox's driver starts."""
+        super().booted_up()
+        if self.hosted is not None and self.hosted.driver is None:  # (an early command
+            self.perform_runtime(self.hosted.boot())  # may have started one)
 
     def _sandbox_maker(self, start: StartSession) -> Callable[[int], Sandbox]:
         def make_sandbox(incarnation: int) -> Sandbox:

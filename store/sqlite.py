@@ -301,6 +301,9 @@ class SQLiteEventStore(SQLiteConnections):
                     (session_id, str(token)),
                 )
         except sqlite3.Error as e:
+            fault = storage_fault(e)  # the disk, not the session: a state to wait out (I6)
+            if fault is not None:
+                raise fault from e
             raise StoreError(f"cannot claim session {session_id!r}: {e}") from e
         return token
 

@@ -84,6 +84,62 @@ def test_a_full_disk_is_error_naming_it_then_the_session_finishes(scripted, tmp_
     assert any("is full" in r for r in errors), errors
 
 
+@pytest.mark.slow
+@pytest.mark.each_layout
+def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
+        layout, scripted, tmp_path, small_disk):
+    """The session's process is killed while the disk is full, so its successor starts
+    with a store it cannot claim: it waits in the fault (no restart loop), refuses a
+    command at once with the cause, and carries on to the end once the disk is freed.
+    Before, its boot failed again and again until the root gave up on it, and the
+    session stayed in ERROR after the disk was freed."""
+    from trouper import InvalidRequest
+    from trouper.testing import kill_actor
+
+    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
+                       {"tool": "run", "args": {"command": "echo after"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    workspace = tmp_path / "ws"
+    with Trouper(home=small_disk / "home", layout=layout) as t:
+        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
+        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
+        filler = _fill(small_disk)
+        (workspace / "go").touch()
+        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        root = actor_pid(session, "root")
+        killed = kill_actor(session, "controller")
+        # its pid file cannot be written on the full disk: the root's child named for it
+        successor = wait_until(lambda: _session_process(root, killed), 30, "its successor")
+        with pytest.raises(InvalidRequest, match="is full"):
+            session.pause()  # refused at once, not after the 30 s request timeout
+        assert _session_process(root, killed) == successor  # it waits: no restart loop
+        filler.unlink()
+        assert session.wait(timeout=60) == AgentState.FINISHED, session.record.state_reason
+        events = list(session.events())
+    assert check_log(events) == []
+    assert [e.outcome.status for e in events if isinstance(e, ObservationEvent)][-2:] == [
+        "ok", "ok"]
+
+
+def _session_process(root: int | None, not_pid: int) -> int | None:
+    """The one live agent loop under the root (its child, or split its grandchild), other
+    than ``not_pid``."""
+    from trouper.actors.base import PROCESS_NAMES
+    from trouper.processes import children_of
+
+    def named(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return ""
+
+    under = children_of(root or 0)
+    under += [grandchild for child in under for grandchild in children_of(child)]
+    found = [pid for pid in under
+             if pid != not_pid and named(pid) == PROCESS_NAMES["controller"]]
+    return found[0] if len(found) == 1 else None
+
+
 def _error_cause(session) -> str | None:
     """The cause clients are shown: the fault overlay, or the ERROR the log holds."""
     fault = session.fault
