@@ -228,7 +228,8 @@ class Controller(StoreFaultMode):
     """What may come first: the boot, or a stand-in's first and only message."""
 
     def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
-        if self.store_fault is not None and isinstance(msg, Relay):
+        if self.store_fault is not None and isinstance(msg, Relay) \
+                and isinstance(msg.msg, UserCommand):
             self._refuse_while_faulted(msg, self.store_fault)  # at once: the store decides
             return
         waiting = not self.booted or (not self.core_up and self.store_fault is not None)

@@ -121,6 +121,37 @@ def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
         "ok", "ok"]
 
 
+@pytest.mark.slow
+@pytest.mark.each_layout
+@pytest.mark.parametrize("victim", ["runtime", "sandbox"])
+def test_a_sandbox_or_driver_that_dies_while_the_disk_is_full_is_back_once_it_is_freed(
+        layout, scripted, tmp_path, small_disk, victim):
+    """Two faults at once: the sandbox (or, hosted, its driver inside the session's
+    process) fails while the store takes no writes. The harness's request is answered
+    (it was dropped unanswered while the store was faulted), and once the disk is freed
+    the session carries on to the end with one outcome an action."""
+    from trouper import InvalidRequest
+    from trouper.testing import kill
+
+    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
+                       {"tool": "run", "args": {"command": "echo after"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    workspace = tmp_path / "ws"
+    with Trouper(home=small_disk / "home", layout=layout) as t:
+        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
+        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
+        filler = _fill(small_disk)
+        (workspace / "go").touch()
+        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        kill(session, victim, timeout_s=10)
+        with pytest.raises(InvalidRequest, match="is full"):
+            session.pause()
+        filler.unlink()
+        assert session.wait(timeout=60) == AgentState.FINISHED, session.record.state_reason
+        events = list(session.events())
+    assert check_log(events) == []
+
+
 def _session_process(root: int | None, not_pid: int) -> int | None:
     """The one live agent loop under the root (its child, or split its grandchild), other
     than ``not_pid``."""
