@@ -152,6 +152,35 @@ def test_a_sandbox_or_driver_that_dies_while_the_disk_is_full_is_back_once_it_is
     assert check_log(events) == []
 
 
+@pytest.mark.slow
+def test_a_trouper_reopened_on_a_full_disk_restores_its_session_once_it_is_freed(
+        scripted, tmp_path, small_disk):
+    """The program closes while the disk is full and opens its home again: the session's
+    new process waits for the store (shown as the fault) and, the same process, carries
+    on once the disk is freed."""
+    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
+                       {"tool": "run", "args": {"command": "echo after"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    workspace = tmp_path / "ws"
+    with Trouper(home=small_disk / "home") as t:
+        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
+        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
+        filler = _fill(small_disk)
+        (workspace / "go").touch()
+        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+    with Trouper(home=small_disk / "home") as t:
+        again = t.session(session.id)
+        cause = wait_until(lambda: _error_cause(again), 15, "the fault shown again")
+        assert "is full" in cause, cause
+        root = actor_pid(again, "root")
+        waiting = wait_until(lambda: _session_process(root, 0), 15, "its process")
+        filler.unlink()
+        assert again.wait(timeout=60) == AgentState.FINISHED, again.record.state_reason
+        assert _session_process(root, 0) == waiting  # the one that waited: no restart loop
+        events = list(again.events())
+    assert check_log(events) == []
+
+
 def _session_process(root: int | None, not_pid: int) -> int | None:
     """The one live agent loop under the root (its child, or split its grandchild), other
     than ``not_pid``."""
