@@ -10,7 +10,8 @@ incarnation, which carries each out once: the agent loop finds a command it alre
 in its log (its first event carries the command's ``command_id``) and only answers it.
 (The answer goes through the parents, not straight to the program, because a process
 killed after telling its parent "answered" and before its answer to the program left
-would lose the answer with the command let go of: the random-kill run below found it.)
+would lose the answer with the command let go of: a random-kill run found it, and
+``tests/test_recovery.py`` has it as a chaos test.)
 
 A command is handed again once: when a child dies a second time holding it, it is refused
 at once (a command that kills its taker would otherwise restart it past its restart

@@ -49,6 +49,18 @@ class StoreFaultMode(TrouperActor):
     store_fault: StoreUnavailable | None = None
     fault_since: datetime | None = None
 
+    def fresh_core(self) -> Any:
+        raise NotImplementedError  # the Controller's: a core rebuilt from the whole log
+
+    def perform(self, effects: list[Any]) -> None:
+        raise NotImplementedError  # the Controller's
+
+    def _claim_and_begin(self) -> None:
+        raise NotImplementedError  # the Controller's: the boot's writes
+
+    def _answered(self, answer: Any, reply_to: Any) -> None:
+        raise NotImplementedError  # the Controller's: an answer, through the parent
+
     def store_failed(self, fault: StoreUnavailable, msg: Any) -> None:
         self._refuse_while_faulted(msg, fault)
         if self.store_fault is not None:
