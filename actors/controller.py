@@ -105,18 +105,20 @@ class Controller(StoreFaultMode):
         """Only the user's sandbox secrets: the placeholders an action may use. Never the
         masker above, or a model writing ``<secret:LLM_API_KEY>`` would get the key."""
         self.store_fault: StoreUnavailable | None = None
-        """Set while the store takes no write (store-fault mode, see the module doc)."""
+        """Set while the store takes no write (``actors/store_fault.py``)."""
         self.fault_since: datetime | None = None
         self.replies: dict[str, ActorAddress | None] = {}
         """Who waits for the answer to each user command the core is handling."""
         self.history = HistorySender(uuid.uuid4().hex[:12])
         """What the broker has of this session's history (each request sends what is new)."""
         self.early: list[tuple[Any, ActorAddress]] = []
+        """What came before the boot (Thespian may deliver a parent's later messages to a
+        new child first), or while a full disk holds the boot back: handled once the core
+        is up, in order."""
         self.boot_reply_to: ActorAddress | None = None
+        """Who the boot answers once the core is up."""
         self.core_up = False
         """The boot's writes are done (False while a full disk holds them back)."""
-        """What came before the boot (Thespian may deliver a parent's later messages to a
-        new child first), handled once booted, in order."""
 
     @property
     def session_id(self) -> str:

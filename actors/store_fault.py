@@ -46,8 +46,8 @@ class StoreFaultMode(TrouperActor):
     replies: dict[str, Any]
     session_id: str
 
-    store_fault: StoreUnavailable | None = None
-    fault_since: datetime | None = None
+    store_fault: StoreUnavailable | None
+    fault_since: datetime | None
 
     def fresh_core(self) -> Any:
         raise NotImplementedError  # the Controller's: a core rebuilt from the whole log

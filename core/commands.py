@@ -27,7 +27,7 @@ class UserCommands(SessionLoop):
     """What each user command does to the session (``SessionCore`` takes them)."""
 
     def _on_user_command(self, cmd: UserCommand) -> None:
-        if cmd.request_id in self.taken:  # handed again: its taker died before it answered
+        if cmd.request_id in self.taken:  # handed again (a taker died, a client resent it)
             logger.info("session %s: the user's %s %s is in the log already; answered, "
                         "not carried out again", self.session_id, cmd.command, cmd.request_id)
             self._out.append(Answer(cmd.request_id, None, self.taken[cmd.request_id]))

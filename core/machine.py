@@ -21,6 +21,7 @@ from ..masking import SecretMasker
 from ..messages.actions import RUNTIME_KINDS
 from ..messages.events import (
     AgentState,
+    CarriesCommand,
     Event,
     PromptCondensed,
     StateChanged,
@@ -145,7 +146,7 @@ class SessionMachine:
         if self.command_id is None:
             return events
         for i, event in enumerate(events):
-            if "command_id" in type(event).model_fields:
+            if isinstance(event, CarriesCommand):
                 marked = event.model_copy(update={"command_id": self.command_id})
                 self.command_id = None
                 return events[:i] + (marked,) + events[i + 1:]
@@ -153,9 +154,8 @@ class SessionMachine:
 
     def _fold(self, event: Event) -> None:
         self.view.apply(event)
-        command_id = getattr(event, "command_id", None)
-        if command_id is not None:
-            self.taken[command_id] = event.seq
+        if isinstance(event, CarriesCommand) and event.command_id is not None:
+            self.taken[event.command_id] = event.seq
             if len(self.taken) > TAKEN_KEPT:
                 del self.taken[next(iter(self.taken))]
         if isinstance(event, PromptCondensed):

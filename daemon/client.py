@@ -44,8 +44,8 @@ from .files import DaemonFiles, read_token, running_info
 
 RECONNECT_WAIT_S = 0.5
 RETRY_S = 15.0
-"""How long a create or a command is sent again while the connection fails (a daemon
-restarting opens its ``Trouper`` again in a few seconds)."""
+"""How long a read, a create or a command is made again while the connection fails (a
+daemon restarting opens its ``Trouper`` again in a few seconds)."""
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 1.0
 
 
@@ -79,7 +79,8 @@ class RemoteTrouper:
                  retry_s: float = RETRY_S) -> None:
         self.url = url.rstrip("/")
         self.retry_s = retry_s
-        """How long a create or a command is sent again while the connection fails."""
+        """How long a read, a create or a command is made again while the connection
+        fails."""
         self._headers = {"Authorization": f"Bearer {token}"}
         # trust_env=False: no proxy from the environment ever sees the token
         self._http = httpx.Client(base_url=self.url, headers=self._headers,

@@ -133,12 +133,6 @@ class CheckedHistories:
                 if id(messages[0]) in self._histories:
                     self._drop(id(messages[0]))
 
-    def clear(self) -> None:
-        with self._lock:
-            self._histories.clear()
-            self._clean.clear()
-            self._chars = 0
-
     def __len__(self) -> int:
         return len(self._histories)
 

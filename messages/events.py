@@ -97,14 +97,21 @@ class EventBase(Frozen):
     """Status events are shown to clients and never put into a prompt."""
 
 
-class MessageEvent(EventBase):
+class CarriesCommand(EventBase):
+    """An event a user's command may append first: it names the command, in the same
+    append as what the command did, so the log says the command was carried out
+    (``core/commands.py``)."""
+
+    command_id: str | None = None
+    """The command's ``request_id``: one handed again (its taker died, or a client sent
+    it again under its idempotency key) is answered, not carried out twice."""
+
+
+class MessageEvent(CarriesCommand):
     """Text from the user (the task is the first one) or a text reply of the agent."""
 
     kind: Literal["message"] = "message"
     text: str
-    command_id: str | None = None
-    """The user command this event carried out first (its ``request_id``), so a command
-    handed again after its taker died is answered, not carried out twice."""
 
 
 class ActionEvent(EventBase):
@@ -135,7 +142,7 @@ class ObservationEvent(EventBase):
     outcome: Outcome
 
 
-class ConfirmationEvent(EventBase):
+class ConfirmationEvent(CarriesCommand):
     """The user's answer to an action that waited for approval (confirmation mode). A
     rejection reaches the agent as the action's ``rejected`` outcome, so this event is a
     status event: never in the prompt."""
@@ -146,12 +153,9 @@ class ConfirmationEvent(EventBase):
     action_id: str
     approved: bool
     reason: str = ""
-    command_id: str | None = None
-    """The user command this event carried out first (its ``request_id``), so a command
-    handed again after its taker died is answered, not carried out twice."""
 
 
-class StateChanged(EventBase):
+class StateChanged(CarriesCommand):
     """The session moved to ``state``."""
 
     kind: Literal["state"] = "state"
@@ -165,9 +169,6 @@ class StateChanged(EventBase):
     resumes_at: datetime | None = None
     """When the session resumes by itself (RATE_LIMITED, or an ERROR being recovered);
     ``None`` means it waits for the user."""
-    command_id: str | None = None
-    """The user command this event carried out first (its ``request_id``), so a command
-    handed again after its taker died is answered, not carried out twice."""
 
     @property
     def settled(self) -> bool:

@@ -58,8 +58,8 @@ def test_the_kept_histories_stay_within_their_bounds():
     assert kept(three) == three and len(kept) == 2  # ``one`` went stale: room for it
     copies = kept(three)
     assert kept.known_clean(copies)
-    kept.clear()
-    assert len(kept) == 0 and not kept.known_clean(copies)
+    kept.forget(three)
+    assert len(kept) == 1 and not kept.known_clean(copies)
 
 
 def test_histories_beyond_the_bounds_are_checked_whole_not_one_message_at_a_time():

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,16 +97,8 @@ def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
     from trouper import InvalidRequest
     from trouper.testing import kill_actor
 
-    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
-                       {"tool": "run", "args": {"command": "echo after"}},
-                       {"tool": "finish", "args": {"message": "done"}}])
-    workspace = tmp_path / "ws"
     with Trouper(home=small_disk / "home", layout=layout) as t:
-        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
-        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
-        filler = _fill(small_disk)
-        (workspace / "go").touch()
-        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        session, filler = _in_the_fault(t, scripted, tmp_path, small_disk)
         root = actor_pid(session, "root")
         killed = kill_actor(session, "controller")
         # its pid file cannot be written on the full disk: the root's child named for it
@@ -133,16 +126,8 @@ def test_a_sandbox_or_driver_that_dies_while_the_disk_is_full_is_back_once_it_is
     from trouper import InvalidRequest
     from trouper.testing import kill
 
-    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
-                       {"tool": "run", "args": {"command": "echo after"}},
-                       {"tool": "finish", "args": {"message": "done"}}])
-    workspace = tmp_path / "ws"
     with Trouper(home=small_disk / "home", layout=layout) as t:
-        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
-        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
-        filler = _fill(small_disk)
-        (workspace / "go").touch()
-        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        session, filler = _in_the_fault(t, scripted, tmp_path, small_disk)
         kill(session, victim, timeout_s=10)
         with pytest.raises(InvalidRequest, match="is full"):
             session.pause()
@@ -158,16 +143,8 @@ def test_a_trouper_reopened_on_a_full_disk_restores_its_session_once_it_is_freed
     """The program closes while the disk is full and opens its home again: the session's
     new process waits for the store (shown as the fault) and, the same process, carries
     on once the disk is freed."""
-    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
-                       {"tool": "run", "args": {"command": "echo after"}},
-                       {"tool": "finish", "args": {"message": "done"}}])
-    workspace = tmp_path / "ws"
     with Trouper(home=small_disk / "home") as t:
-        session = t.start_session("fill the disk", llm=llm, workspace=workspace)
-        wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
-        filler = _fill(small_disk)
-        (workspace / "go").touch()
-        wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+        session, filler = _in_the_fault(t, scripted, tmp_path, small_disk)
     with Trouper(home=small_disk / "home") as t:
         again = t.session(session.id)
         cause = wait_until(lambda: _error_cause(again), 15, "the fault shown again")
@@ -179,6 +156,22 @@ def test_a_trouper_reopened_on_a_full_disk_restores_its_session_once_it_is_freed
         assert _session_process(root, 0) == waiting  # the one that waited: no restart loop
         events = list(again.events())
     assert check_log(events) == []
+
+
+def _in_the_fault(t: Trouper, scripted, tmp_path: Path,
+                  disk: Path) -> tuple[Any, Path]:
+    """A session whose large outcome came on a full disk: it waits in the store fault;
+    and the file that fills the disk (unlink it to free the disk)."""
+    _, llm = scripted([{"tool": "run", "args": {"command": GATE + "seq 1 30000"}},
+                       {"tool": "run", "args": {"command": "echo after"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    workspace = tmp_path / "ws"
+    session = t.start_session("fill the disk", llm=llm, workspace=workspace)
+    wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
+    filler = _fill(disk)
+    (workspace / "go").touch()
+    wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+    return session, filler
 
 
 def _session_process(root: int | None, not_pid: int) -> int | None:
