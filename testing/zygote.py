@@ -30,6 +30,7 @@ socket in a folder only its owner can enter, closed with the test process's pair
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import fcntl
 import gc
 import importlib
@@ -47,6 +48,8 @@ from typing import Any
 MAX_REQUEST = 1 << 20
 MAX_FDS = 64
 _PR_SET_PDEATHSIG = 1
+STACKS_SIGNAL = signal.SIGUSR2
+"""Makes a forked process write every thread's Python stack to its stderr."""
 _DEFERRED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
 
 
@@ -228,6 +231,8 @@ def _become(job: Job) -> None:
     unbuffered = bool(job.env.get("PYTHONUNBUFFERED"))
     sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=unbuffered)
     sys.stderr.reconfigure(line_buffering=True, write_through=unbuffered)
+    # a test that waited too long for this process asks it where it is (``dump_stacks``)
+    faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)
 
 

@@ -8,6 +8,7 @@ process of the run is gone (found through the home's pid files, server.json and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 
 from trouper.processes import descendants, pid_alive, start_time
 from trouper.testing import FakeLLMServer, check_log, forkserver, wait_until
+from trouper.testing.zygote import STACKS_SIGNAL
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -113,7 +115,7 @@ def test_a_signal_closes_everything_and_the_session_carries_on(tmp_path, signum)
             os.killpg(cli.pid, signum)  # as Ctrl-C in a terminal: the foreground group
         else:
             cli.send_signal(signum)  # as kill(1) or a service manager
-        assert cli.wait(60) == 128 + signum
+        assert _exit_code(cli, tmp_path) == 128 + signum
         assert len(processes) >= 8, processes  # CLI, admin, logger, 5 actors, sandbox...
         wait_until(lambda: not _survivors(processes), 10,
                    f"every process of the run to end: {_survivors(processes)}")
@@ -132,6 +134,22 @@ def test_a_signal_closes_everything_and_the_session_carries_on(tmp_path, signum)
     assert f"reason     interrupted by {name}; paused while trouper closed" in stdout
 
     _carry_on(home, session_id, script, by_cli=signum == signal.SIGTERM)
+
+
+def _exit_code(cli: subprocess.Popen, tmp_path: Path, timeout_s: float = 60) -> int:
+    """The CLI's exit code; a CLI still running after ``timeout_s`` fails the test with
+    where each of its threads is (the zygote's stack dump), its stderr and its log."""
+    try:
+        return cli.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        err = tmp_path / "err.txt"
+        os.kill(cli.pid, STACKS_SIGNAL)
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: "most recent call first" in err.read_text(), 10, "the stacks")
+        log = tmp_path / "home" / "logs" / "trouper.log"
+        pytest.fail(f"the CLI still ran {timeout_s:g} s after the signal.\n"
+                    f"its stderr:\n{err.read_text()[-8000:]}\n"
+                    f"its log:\n{log.read_text()[-8000:] if log.exists() else ''}")
 
 
 def _end(cli: subprocess.Popen, processes: dict[int, int | None]) -> None:

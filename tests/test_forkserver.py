@@ -15,6 +15,7 @@ from trouper.processes import listening_sockets, socket_inodes
 from trouper.testing import forkserver
 from trouper.testing.cgroups import new_cgroup, remove_cgroup
 from trouper.testing.forkserver import ForkedProcess, ForkServer
+from trouper.testing.zygote import STACKS_SIGNAL
 
 pytestmark = pytest.mark.slow  # starts zygotes (real processes)
 
@@ -59,6 +60,23 @@ def test_signals_end_it_as_they_end_a_started_process(server):
     interrupted = forked(server, "import time; time.sleep(60)", stderr=subprocess.DEVNULL)
     interrupted.send_signal(signal.SIGINT)
     assert interrupted.wait(60) == -signal.SIGINT
+
+
+def test_a_stuck_process_tells_where_its_threads_are(server):
+    """STACKS_SIGNAL makes a forked process write each thread's stack to its stderr and
+    carry on: how a test that waited too long says where the program hung."""
+    proc = forked(server, "import sys, threading\n"
+                  "def parked(): threading.Event().wait()\n"
+                  "threading.Thread(target=parked, name='parked', daemon=True).start()\n"
+                  "print('up', flush=True); sys.stdin.read()",
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"up\n"
+    os.kill(proc.pid, STACKS_SIGNAL)
+    proc.stdin.write(b"go on")  # still alive: the read returns once stdin closes
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert err.count(b"(most recent call first)") == 2, err
+    assert b"in parked" in err
 
 
 def test_sigint_ignored_and_a_new_session(server):
