@@ -79,6 +79,24 @@ class Settings(BaseModel):
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
 
+    unanswered_probe_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    """A user's command its child has not answered for this long makes the parent probe
+    that child (``actors/probing.py``): a live one answers at once."""
+    probe_answer_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    """A child that does not answer a probe within this is taken for hung (stopped,
+    deadlocked, starved) and its process is killed, so it is restarted and the command is
+    handed to its successor: commands reach a hung session in about the sum of the two,
+    within a program's 30 s request timeout."""
+
+    working_probe_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    """How often a supervisor probes the process of a session that is working (not
+    settled): a hung one is killed and restarted, so a session never stands still for
+    good. A settled session is not probed."""
+    model_call_probe_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    """A model call that has waited this long for the broker makes the root probe the
+    broker (a busy one answers at once; a hung one is killed and restarted, and every
+    session asks the new one again)."""
+
     settled_stand_down_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     """A hosted session settled this long (finished, waiting for the user, stopped,
     paused), with nothing pending, closes its sandbox and its process goes; the next

@@ -42,7 +42,7 @@ from thespian.actors import (
 
 from ..exceptions import StoreUnavailable
 from ..messages.base import Frozen
-from ..messages.tree import Failing
+from ..messages.tree import Failing, Probe, ProbeAnswer
 from ..paths import write_private
 from ..processes import libc, name_process, start_time
 from .background import Background
@@ -182,6 +182,9 @@ class TrouperActor(Actor):
             return
         if isinstance(msg, PoisonMessage):
             self.on_poison(msg, sender)
+            return
+        if isinstance(msg, Probe):  # before any role's own rules: a live actor answers
+            self.send(sender, ProbeAnswer(token=msg.token))
             return
         self._dispatch_own(msg, sender)
 

@@ -77,6 +77,7 @@ from ..messages.tree import (
 )
 from ..paths import Home
 from ..store import EventStore, open_store
+from .loop_watch import LoopWatch
 from .store_fault import StoreFaultMode
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class Controller(StoreFaultMode):
+class Controller(StoreFaultMode, LoopWatch):
     role = "controller"
 
     def __init__(self) -> None:
@@ -284,6 +285,7 @@ class Controller(StoreFaultMode):
     def perform(self, effects: list[Effect]) -> None:
         for effect in effects:
             self._perform(effect)
+        self.tell_working()
 
     def _perform(self, effect: Effect) -> None:  # noqa: C901 - one branch per effect kind
         if isinstance(effect, Append):
@@ -291,6 +293,7 @@ class Controller(StoreFaultMode):
         elif isinstance(effect, AskModel):
             if self.broker is not None:  # else held: BrokerBack sends it to the new one
                 self.send(self.broker, self.history.prepare(effect.request))
+                self.watch_model_call(effect.request.request_id)
         elif isinstance(effect, CancelModel):
             if self.broker is not None:
                 self.send(self.broker, CancelCompletion(request_id=effect.request_id,

@@ -161,10 +161,12 @@ class HostedSessions(Supervisor):
         self._hand(kept, address, held)
 
     def _hand(self, kept: Kept, host: ActorAddress, relays: list[Relay]) -> None:
+        role = session_role(kept.start.session_id)
         for relay in relays:
             kept.relays_sent += 1
             kept.in_flight.handed(relay)
             self.send(host, relay)
+            self.watch_answer(role, relay)
 
     def refuse_spent(self, in_flight: CommandsInFlight, reason: str) -> None:
         """A child died holding commands: refuse those it may not be handed again."""

@@ -105,3 +105,14 @@ def _child_exited(self: Any, child_address: Any) -> None:
 
 
 _child_exited._trouper_reaping = True  # type: ignore[attr-defined]
+
+
+def child_pid(actor: Any, address: Any) -> int | None:
+    """The pid of the live child process at ``address`` of ``actor`` (from the actor's
+    Thespian manager: ``MultiProcReplicator._child_procs``); None if it knows none."""
+    manager = getattr(actor, "_myRef", None)
+    for info in getattr(manager, "_child_procs", None) or []:
+        if getattr(info, "childRealAddr", info.childAddr) == address or info.childAddr == address:
+            pid = getattr(info.childProc, "pid", None)
+            return pid if isinstance(pid, int) and pid > 0 else None
+    return None

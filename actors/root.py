@@ -41,6 +41,7 @@ from ..messages.tree import (
     BootRoot,
     BootSession,
     BrokerMoved,
+    BrokerSlow,
     CommandAnswered,
     FailRuntime,
     Layout,
@@ -48,6 +49,7 @@ from ..messages.tree import (
     Shutdown,
     ShutdownDone,
     Superseded,
+    Working,
 )
 from ..paths import Home
 from ..settings import settings
@@ -159,6 +161,7 @@ class RootSupervisor(HostedSessions):
             return
         self.split_in_flight.setdefault(cmd.session_id, CommandsInFlight()).handed(msg)
         self.send(session, msg)
+        self.watch_answer(session_role(cmd.session_id), msg)
 
     def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
         if self.hosted_answered(msg, sender):
@@ -191,6 +194,15 @@ class RootSupervisor(HostedSessions):
             self.faults.pop(msg.session_id, None)
         else:
             self.faults[msg.session_id] = msg
+
+    def on_working(self, msg: Working, sender: ActorAddress) -> None:
+        if self._from_session(msg.session_id, sender, msg):
+            self.mark_working(session_role(msg.session_id), msg.working)
+
+    def on_broker_slow(self, msg: BrokerSlow, sender: ActorAddress) -> None:
+        if self._from_session(msg.session_id, sender, msg):
+            self.probe(BROKER, f"session {msg.session_id}'s model call waited "
+                               f"{msg.waited_s:g} s for it")
 
     def on_fault_query(self, msg: FaultQuery, sender: ActorAddress) -> None:
         fault = self.faults.get(msg.session_id)
@@ -235,6 +247,13 @@ class RootSupervisor(HostedSessions):
         for relay in in_flight.again() if in_flight is not None else []:
             in_flight.handed(relay)  # type: ignore[union-attr]
             self.send(address, relay)
+            self.watch_answer(session_role(session_id), relay)
+
+    def commands_of(self, role: str) -> CommandsInFlight | None:
+        kept = self.hosted_of(role)
+        if kept is not None:
+            return kept.in_flight
+        return self.split_in_flight.get(role.removeprefix("session:"))
 
     def on_child_down(self, role: str, reason: str) -> None:
         kept = self.hosted_of(role)

@@ -36,6 +36,7 @@ from ..messages.tree import (
     BootRuntime,
     BootSession,
     BrokerMoved,
+    BrokerSlow,
     CommandAnswered,
     DowntimeRecorded,
     FailRuntime,
@@ -47,6 +48,7 @@ from ..messages.tree import (
     Shutdown,
     ShutdownDone,
     Superseded,
+    Working,
 )
 from ..paths import Home
 from ..restarts import give_up_text
@@ -221,6 +223,16 @@ class SessionSupervisor(Supervisor):
             return
         self.send(self._parent_address, msg)  # the root answers the program's queries
 
+    def on_working(self, msg: Working, sender: ActorAddress) -> None:
+        if self._from(sender, CONTROLLER, msg):
+            for role in (CONTROLLER, RUNTIME):  # a hung proxy would hold the session too
+                self.mark_working(role, msg.working)
+            self.send(self._parent_address, msg)  # the root probes this process
+
+    def on_broker_slow(self, msg: BrokerSlow, sender: ActorAddress) -> None:
+        if self._from(sender, CONTROLLER, msg):
+            self.send(self._parent_address, msg)  # the root owns the broker
+
     def on_restart_runtime(self, msg: RestartRuntime, sender: ActorAddress) -> None:
         if self._from(sender, CONTROLLER, msg):
             self.restart_child(RUNTIME, msg.reason)
@@ -285,6 +297,10 @@ class SessionSupervisor(Supervisor):
         if controller is not None:
             self.in_flight.handed(relay)
             self.send(controller, relay)
+            self.watch_answer(CONTROLLER, relay)
+
+    def commands_of(self, role: str) -> CommandsInFlight | None:
+        return self.in_flight if role == CONTROLLER else None
 
     def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
         if self._from(sender, CONTROLLER, msg):

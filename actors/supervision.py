@@ -18,7 +18,8 @@ from thespian.actors import ActorAddress, ActorExitRequest, ChildActorExited
 
 from ..restarts import RestartBudget, RestartPolicy
 from . import reaping
-from .base import Failing, Timer, TrouperActor
+from .base import Failing, Timer
+from .probing import Probing
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class _Child:
         return self.budget.given_up
 
 
-class Supervisor(TrouperActor):
+class Supervisor(Probing):
     """Base for actors that supervise children. Subclasses hook the ``on_child_*`` methods."""
 
     role = "supervisor"

@@ -93,6 +93,25 @@ class BrokerMoved(Frozen):
     broker: Address
 
 
+class Working(Frozen):
+    """Agent loop -> its parent (and a SessionSupervisor -> the root): whether the session
+    is working (not settled); while it is, the parent probes it (``actors/loop_watch.py``)."""
+
+    kind: Literal["working"] = "working"
+    session_id: str
+    working: bool
+
+
+class BrokerSlow(Frozen):
+    """Agent loop -> (SessionSupervisor ->) root: its model call has waited ``waited_s``
+    for the broker; the root probes the broker, which a hung broker does not answer
+    (``actors/probing.py``)."""
+
+    kind: Literal["broker_slow"] = "broker_slow"
+    session_id: str
+    waited_s: float
+
+
 class Superseded(Frozen):
     """Up the tree: a newer Controller owns the session's log (another Trouper restored
     it), or the session cannot go on: stand down."""
@@ -239,3 +258,17 @@ class Failing(Frozen):
     reason: str
     error_class: str = ""
     traceback: str = ""
+
+
+class Probe(Frozen):
+    """Supervisor -> child: do you still answer? A child whose command went unanswered
+    is asked; every actor answers ``ProbeAnswer`` at once, before anything it holds, so
+    one that does not within ``probe_answer_s`` is hung (``actors/probing.py``)."""
+
+    kind: Literal["probe"] = "probe"
+    token: str
+
+
+class ProbeAnswer(Frozen):
+    kind: Literal["probe_answer"] = "probe_answer"
+    token: str

@@ -61,9 +61,11 @@ from trouper.messages.tree import (
     BootRuntime,
     BootSession,
     BrokerMoved,
+    BrokerSlow,
     CloseFor,
     CommandAnswered,
     Failing,
+    ProbeAnswer,
     RecordDowntime,
     Relay,
     RestartRuntime,
@@ -73,6 +75,7 @@ from trouper.messages.tree import (
     StandingDown,
     SteppedDown,
     Superseded,
+    Working,
 )
 from trouper.paths import Home
 from trouper.restarts import RestartPolicy
@@ -305,6 +308,8 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from a child"),
         SandboxClosed(request_id="nobody asked", session_id=sid),
+        Working(session_id=sid, working=True), BrokerSlow(session_id=sid, waited_s=30),
+        ProbeAnswer(token="never sent"),
         Failing(role="controller", reason="not a child"), ChildActorExited(tree.stranger),
         Relay(msg=Completed(request_id="r", session_id=sid), reply_to=None),
         *_junk(sid),
@@ -539,6 +544,8 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from its session"),
         ShutdownDone(request_id="nobody asked"),
+        Working(session_id=sid, working=True), BrokerSlow(session_id=sid, waited_s=30),
+        ProbeAnswer(token="never sent"),
         Failing(role="broker", reason="not a child"), ChildActorExited(root.stranger),
         *_junk(sid),
     ]

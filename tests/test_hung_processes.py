@@ -1,0 +1,135 @@
+"""A process that hangs (SIGSTOP here) is found by its parent's probe, killed and
+restarted: a command to it is answered and carried out once, a working session carries
+on, a hung broker is replaced. A busy process that answers its probes is left alone.
+
+The probe settings are shortened (each test sets them before its Trouper opens, so every
+actor process reads them); `actors/probing.py` and `actors/loop_watch.py` say when a
+parent probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trouper import AgentState, Trouper
+from trouper.processes import pid_alive
+from trouper.testing import actor_pid, check_log, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+HUNG = "hung: it did not answer"
+
+
+@pytest.fixture
+def quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("UNANSWERED_PROBE_S", "0.5"), ("WORKING_PROBE_S", "0.5"),
+                        ("MODEL_CALL_PROBE_S", "0.5"), ("PROBE_ANSWER_S", "1.5")):
+        monkeypatch.setenv(f"TROUPER_{name}", value)
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[int]:
+    """SIGSTOP ``pid``; at the end, SIGCONT it should it still be there (a failed test)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _log(trouper: Trouper) -> str:
+    return (trouper.home.root / "logs" / "trouper.log").read_text()
+
+
+def _actions_once(events: list) -> None:
+    assert check_log(events) == []
+    outcomes = [e.action_id for e in events if e.kind == "observation"]
+    assert len(outcomes) == len(set(outcomes)) == sum(1 for e in events if e.kind == "action")
+
+
+def test_a_command_to_a_hung_session_process_is_answered_and_carried_out_once(
+        layout, scripted, tmp_path, quick_probes):
+    """Settled, so not probed until the command: the command waits, its parent probes,
+    the process does not answer, it is killed, and its successor takes the command."""
+    _, llm = scripted([{"say": "What next?"}, FINISH])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        pid = wait_until(lambda: actor_pid(session, "controller"), 30, "the agent loop")
+        with stopped(pid):
+            session.send("go on")  # raised RequestTimeout after 30 s before
+            wait_until(lambda: not pid_alive(pid), 10, "the hung process to be killed")
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        events = list(session.events())
+        said = [e.text for e in events if e.kind == "message" and e.source == "user"]
+        assert said == ["t", "go on"] or said == ["go on"], said
+        _actions_once(events)
+        assert HUNG in _log(trouper)
+
+
+@pytest.mark.parametrize("role", ["controller", "session", "runtime"])
+def test_a_working_session_whose_process_hangs_carries_on_with_no_command(
+        layout, role, scripted, tmp_path, quick_probes):
+    """No command comes; the session works (an action runs), so its parent probes it."""
+    if layout == "hosted" and role != "controller":
+        pytest.skip("a hosted session is one process (its role is controller)")
+    _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1 && echo slept"}},
+                       {"tool": "run", "args": {"command": "echo second >> ledger.txt"}},
+                       FINISH])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
+                   "the first action to start")
+        pid = wait_until(lambda: actor_pid(session, role), 30, f"the {role} actor")
+        with stopped(pid):
+            wait_until(lambda: not pid_alive(pid), 30, "the hung process to be killed")
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        _actions_once(list(session.events()))
+        assert (tmp_path / "ws" / "ledger.txt").read_text() == "second\n"
+        assert HUNG in _log(trouper)
+
+
+def test_a_hung_broker_is_replaced_and_the_session_asks_the_new_one(
+        layout, scripted, tmp_path, quick_probes):
+    _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1"}},
+                       {"say": "What next?"}, FINISH])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
+                   "the first action to start")
+        pid = wait_until(lambda: actor_pid(session, "broker"), 30, "the broker")
+        with stopped(pid):  # the next model call waits for it
+            wait_until(lambda: not pid_alive(pid), 30, "the hung broker to be killed")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        session.send("go on")
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        _actions_once(list(session.events()))
+        assert actor_pid(session, "broker") not in (None, pid)
+
+
+def test_a_busy_process_that_answers_its_probes_is_left_alone(layout, scripted, tmp_path,
+                                                              quick_probes):
+    """A slow model (3 s a call) and a long command (3 s): probed many times, the broker
+    and the session's processes answer, and none is killed."""
+    _, llm = scripted([{"tool": "run", "args": {"command": "sleep 3"}}, FINISH],
+                      latency_s=3.0)
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        roles = ["broker", "controller"] + (["session", "runtime"] if layout == "split" else [])
+        pids = {role: wait_until(lambda r=role: actor_pid(session, r), 30, role)
+                for role in roles}
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        assert {role: actor_pid(session, role) for role in roles} == pids
+        log = _log(trouper)
+        assert HUNG not in log
+        assert "dropped" not in "\n".join(line for line in log.splitlines()
+                                          if "probe" in line.lower())
+    assert Path(tmp_path / "ws").is_dir()
