@@ -42,7 +42,7 @@ from thespian.actors import (
 
 from ..exceptions import StoreUnavailable
 from ..messages.base import Frozen
-from ..messages.tree import Failing, Probe, ProbeAnswer
+from ..messages.tree import BootedUp, Failing, Probe, ProbeAnswer
 from ..paths import write_private
 from ..processes import libc, name_process, start_time
 from .background import Background
@@ -208,6 +208,12 @@ class TrouperActor(Actor):
                 self.drop(msg, why, logging.WARNING)
                 return
             self._booted = True
+            try:
+                handler(msg, sender)
+            finally:  # its boot is over (a store fault waits with the loop free)
+                if sender is not None and sender == getattr(self, "_parent_address", None):
+                    self.send(sender, BootedUp())  # its supervisor may probe it now
+            return
         handler(msg, sender)
 
     def _handler_failed(self, msg: Any, exc: Exception) -> None:

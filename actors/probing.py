@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from thespian.actors import ActorAddress
 
 from ..messages.protocol import UserCommand
-from ..messages.tree import Probe, ProbeAnswer, Relay
+from ..messages.tree import BootedUp, Probe, ProbeAnswer, Relay
 from ..settings import settings
 from . import reaping
 from .base import TrouperActor
@@ -54,6 +54,8 @@ class Probing(TrouperActor):
         super().__init__()
         self._probes: dict[str, _Probe] = {}
         """role -> the probe sent to it and not answered yet."""
+        self._up: dict[str, int] = {}
+        """role -> the incarnation that said it booted (``BootedUp``): only those are probed."""
         self._working: set[str] = set()
         """Children whose session works (``loop_watch.Working``): probed now and then."""
         self._working_timer = False
@@ -76,6 +78,13 @@ class Probing(TrouperActor):
             return  # answered (or refused) meanwhile: the usual case
         self.probe(role, f"a user's command waited {settings().unanswered_probe_s:g} s for "
                          "its answer")
+
+    def on_booted_up(self, msg: BootedUp, sender: ActorAddress) -> None:
+        for role, child in self._children.items():
+            if child.address is not None and child.address == sender:
+                self._up[role] = child.incarnation
+                return
+        self.drop(msg, "not from a live child")
 
     def mark_working(self, role: str, working: bool) -> None:
         """Probe ``role`` every ``working_probe_s`` while ``working`` (its session is not
@@ -103,8 +112,9 @@ class Probing(TrouperActor):
         """Ask ``role`` whether it answers; kill its process if it does not in time."""
         probes = self._probes
         child = self._children.get(role)
-        if child is None or child.address is None or role in probes:
-            return  # restarting, gone, or asked already
+        if child is None or child.address is None or role in probes \
+                or self._up.get(role) != child.incarnation:
+            return  # restarting, still booting (its boot may read a long log), or asked
         pending = _Probe(uuid.uuid4().hex[:16], child.incarnation, why)
         probes[role] = pending
         self.send(child.address, Probe(token=pending.token))

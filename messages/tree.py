@@ -260,6 +260,13 @@ class Failing(Frozen):
     traceback: str = ""
 
 
+class BootedUp(Frozen):
+    """Child -> supervisor: its boot handler returned, so it answers probes from now on;
+    a child still booting (a long log to read) is not probed (``actors/probing.py``)."""
+
+    kind: Literal["booted_up"] = "booted_up"
+
+
 class Probe(Frozen):
     """Supervisor -> child: do you still answer? A child whose command went unanswered
     is asked; every actor answers ``ProbeAnswer`` at once, before anything it holds, so

@@ -44,7 +44,7 @@ from trouper.messages.protocol import (
     SandboxClosed,
     StartSession,
 )
-from trouper.messages.tree import BootBroker, BootRuntime, Working
+from trouper.messages.tree import BootBroker, BootedUp, BootRuntime, Working
 from trouper.paths import Home
 from trouper.processes import pid_alive
 from trouper.store import store_url
@@ -81,6 +81,8 @@ class Standalone:
         self.log = trouper.home.root / "logs" / "trouper.log"
         self.address = self.asys.createActor(actor_class)
         self.pid = 0
+        self.booted_up = 0
+        """``BootedUp`` messages it sent the test (its parent), once per boot."""
 
     def tell(self, *msgs: Any) -> None:
         for msg in msgs:
@@ -95,7 +97,9 @@ class Standalone:
             if remaining <= 0:
                 raise TimeoutError(f"no matching answer within {timeout_s:g} s: {got}")
             answer = self.asys.listen(remaining)
-            if answer is not None:
+            if isinstance(answer, BootedUp):  # to its parent, the test: probes may start
+                self.booted_up += 1
+            elif answer is not None:
                 got.append(answer)
         return got
 
@@ -259,6 +263,7 @@ def test_llm_broker_drops_what_it_cannot_use_and_still_answers(broker, scripted)
     assert [(type(m), m.content) for m in got] == [(Completed, "hello")]
     assert len(server.requests) == 1
     actor.expect_dropped("broker", len(early) + len(late))
+    assert actor.booted_up == 1  # its one boot; the second was dropped
 
 
 def test_llm_broker_logs_a_late_cancel_and_a_stale_retry_timer(broker, scripted):

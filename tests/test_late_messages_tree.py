@@ -57,6 +57,7 @@ from trouper.messages.protocol import (
 from trouper.messages.tree import (
     BootBroker,
     BootController,
+    BootedUp,
     BootRoot,
     BootRuntime,
     BootSession,
@@ -309,7 +310,7 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
         Superseded(session_id=sid, reason="not from a child"),
         SandboxClosed(request_id="nobody asked", session_id=sid),
         Working(session_id=sid, working=True), BrokerSlow(session_id=sid, waited_s=30),
-        ProbeAnswer(token="never sent"),
+        ProbeAnswer(token="never sent"), BootedUp(),
         Failing(role="controller", reason="not a child"), ChildActorExited(tree.stranger),
         Relay(msg=Completed(request_id="r", session_id=sid), reply_to=None),
         *_junk(sid),
@@ -545,7 +546,7 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
         Superseded(session_id=sid, reason="not from its session"),
         ShutdownDone(request_id="nobody asked"),
         Working(session_id=sid, working=True), BrokerSlow(session_id=sid, waited_s=30),
-        ProbeAnswer(token="never sent"),
+        ProbeAnswer(token="never sent"), BootedUp(),
         Failing(role="broker", reason="not a child"), ChildActorExited(root.stranger),
         *_junk(sid),
     ]
