@@ -157,7 +157,22 @@ def run_n(
         }
     )
     result["leftover_sandboxes"] = len(sandbox_servers(home))
+    result["restarts"] = _restarts(home)
     return result
+
+
+def _restarts(home: Path) -> dict[str, int]:
+    """Children a supervisor restarted during the run, by why (none is expected: a hung
+    process killed after a probe, a crash), from the home's log."""
+    found: dict[str, int] = defaultdict(int)
+    try:
+        lines = (home / "logs" / "trouper.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        if ": child " in line and " died: " in line:
+            found["hung" if " died: hung" in line else "died"] += 1
+    return dict(found)
 
 
 def _by_role(
