@@ -60,6 +60,12 @@ class Probing(TrouperActor):
         """Children whose session works (``loop_watch.Working``): probed now and then."""
         self._working_timer = False
 
+    def forget_probing(self, role: str) -> None:
+        """``role`` is stopped for good: nothing of it to probe any more."""
+        self._probes.pop(role, None)
+        self._up.pop(role, None)
+        self._working.discard(role)
+
     def commands_of(self, role: str) -> CommandsInFlight | None:
         """The user commands handed to ``role`` and not yet answered (None: it takes none)."""
         return None

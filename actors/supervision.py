@@ -84,6 +84,7 @@ class Supervisor(Probing):
             self.send(entry.address, ActorExitRequest())
         if forget:
             del self._children[role]
+            self.forget_probing(role)
 
     def start_helper(self, actor_class: type, first: Any) -> ActorAddress:
         """Start a one-shot child, tell it ``first``, and never restart it: its exit is
@@ -174,6 +175,7 @@ class Supervisor(Probing):
         logger.warning("%s: child %s died: %s", self.role, role, reason)
         if not child.spec.restart:
             del self._children[role]
+            self.forget_probing(role)
             return
         restart, wait_s = child.budget.failed()
         if not restart:
