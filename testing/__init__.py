@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from .checks import check_log
 from .fake_llm import FakeLLMServer, RecordedRequest, serve
-from .faults import actor_pid, kill, kill_actor, kill_sandbox, sandbox_pid, wait_until
+from .faults import (
+    actor_pid,
+    hang,
+    kill,
+    kill_actor,
+    kill_sandbox,
+    sandbox_pid,
+    wait_until,
+)
 from .script import Script, ScriptError, Step, load_script
 
 __all__ = [
     "actor_pid",
+    "hang",
     "kill_actor",
     "kill",
     "kill_sandbox",

@@ -7,15 +7,18 @@
     kill_actor(session, "broker")      # the shared LLMBroker
     kill_sandbox(session)              # the sandbox server and its shell: in-flight work is lost
     kill(session, what)                # any of the above by name ("sandbox" or a role)
+    with hang(session, what) as pid:   # SIGSTOP it instead: a hung process, found by probes
+        ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -143,3 +146,30 @@ def kill(session: Session, what: str, timeout_s: float = 30.0) -> int | str:
         return kill_sandbox(session, timeout_s)
     return kill_actor(session, what, timeout_s)
 
+
+
+@contextlib.contextmanager
+def hang(session: Session, what: str, timeout_s: float = 30.0) -> Iterator[int]:
+    """SIGSTOP the process of ``what`` (a role, or ``"sandbox"``: the local sandbox
+    server), as a deadlock would leave it, and yield its pid; waits for one to run first.
+
+    trouper finds a hung process by probing it and SIGKILLs it (``docs/operations.md``, "A
+    hung process"), so a test waits for that inside the block; on leaving, a process still
+    stopped (the same one: its start time is checked) is continued with SIGCONT. In the
+    hosted layout the sandbox driver runs in the session's process: hang ``"controller"``.
+    """
+    if what == "sandbox":
+        pid = wait_until(lambda: sandbox_pid(session), timeout_s, "a live local sandbox server")
+    elif what == "runtime" and session._trouper._system.layout == "hosted":  # noqa: SLF001
+        raise ValueError("in the hosted layout no process drives the sandbox alone: hang "
+                         "'controller' (the session's process) or 'sandbox'")
+    else:
+        pid = wait_until(lambda: actor_pid(session, what), timeout_s, f"a live {what} actor")
+    started = start_time(pid)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        if pid_alive(pid) and start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

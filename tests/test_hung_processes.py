@@ -9,17 +9,11 @@ parent probes.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from trouper import AgentState, Trouper
-from trouper.processes import pid_alive
-from trouper.testing import actor_pid, check_log, wait_until
+from trouper.processes import descendants, pid_alive, start_time
+from trouper.testing import actor_pid, check_log, hang, sandbox_pid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
 
@@ -32,17 +26,6 @@ def quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("UNANSWERED_PROBE_S", "0.5"), ("WORKING_PROBE_S", "0.5"),
                         ("MODEL_CALL_PROBE_S", "0.5"), ("PROBE_ANSWER_S", "1.5")):
         monkeypatch.setenv(f"TROUPER_{name}", value)
-
-
-@contextlib.contextmanager
-def stopped(pid: int) -> Iterator[int]:
-    """SIGSTOP ``pid``; at the end, SIGCONT it should it still be there (a failed test)."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield pid
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
 
 
 def _log(trouper: Trouper) -> str:
@@ -63,8 +46,7 @@ def test_a_command_to_a_hung_session_process_is_answered_and_carried_out_once(
     with Trouper(home=tmp_path / "home", layout=layout) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
-        pid = wait_until(lambda: actor_pid(session, "controller"), 30, "the agent loop")
-        with stopped(pid):
+        with hang(session, "controller") as pid:
             session.send("go on")  # raised RequestTimeout after 30 s before
             wait_until(lambda: not pid_alive(pid), 10, "the hung process to be killed")
         assert session.wait(timeout=60) == AgentState.FINISHED
@@ -88,8 +70,7 @@ def test_a_working_session_whose_process_hangs_carries_on_with_no_command(
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the first action to start")
-        pid = wait_until(lambda: actor_pid(session, role), 30, f"the {role} actor")
-        with stopped(pid):
+        with hang(session, role) as pid:
             wait_until(lambda: not pid_alive(pid), 30, "the hung process to be killed")
         assert session.wait(timeout=60) == AgentState.FINISHED
         _actions_once(list(session.events()))
@@ -105,8 +86,7 @@ def test_a_hung_broker_is_replaced_and_the_session_asks_the_new_one(
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the first action to start")
-        pid = wait_until(lambda: actor_pid(session, "broker"), 30, "the broker")
-        with stopped(pid):  # the next model call waits for it
+        with hang(session, "broker") as pid:  # the next model call waits for it
             wait_until(lambda: not pid_alive(pid), 30, "the hung broker to be killed")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         session.send("go on")
@@ -132,4 +112,47 @@ def test_a_busy_process_that_answers_its_probes_is_left_alone(layout, scripted, 
         assert HUNG not in log
         assert "dropped" not in "\n".join(line for line in log.splitlines()
                                           if "probe" in line.lower())
-    assert Path(tmp_path / "ws").is_dir()
+
+
+def test_a_hung_sandbox_server_is_replaced_by_the_health_check(layout, scripted, tmp_path,
+                                                               monkeypatch):
+    """The sandbox server is not an actor: its proxy's health check (here every 0.5 s; it
+    waits 3 s for an answer) finds it hung; the action in flight is lost, not run again."""
+    monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "0.5")
+    _, llm = scripted([{"tool": "run", "args": {"command": "sleep 5; echo once >> ledger.txt"}},
+                       FINISH])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
+                   "the action to start")
+        with hang(session, "sandbox") as pid:
+            below = {p: start_time(p) for p in descendants([pid]) if p != pid}  # its shell
+            wait_until(lambda: sandbox_pid(session) not in (None, pid), 30,
+                       "a new sandbox server")
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        events = list(session.events())
+        _actions_once(events)
+        assert [e.outcome.status for e in events if e.kind == "observation"] == ["lost", "ok"]
+        ledger = tmp_path / "ws" / "ledger.txt"  # its shell may have finished it: once
+        assert not ledger.exists() or ledger.read_text() == "once\n"
+        assert not pid_alive(pid)
+        assert below, "the server had a shell"
+        left = [p for p, started in below.items() if pid_alive(p) and start_time(p) == started]
+        assert left == [], "the hung server's shell or its jobs were left running"
+
+
+def test_hang_names_what_it_can_stop(layout, scripted, tmp_path):
+    _, llm = scripted([{"say": "What next?"}])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        with pytest.raises(ValueError, match="unknown role"):
+            with hang(session, "nobody"):
+                pass
+        if layout == "hosted":
+            with pytest.raises(ValueError, match="hang 'controller'"):
+                with hang(session, "runtime"):
+                    pass
+        with hang(session, "controller") as pid:  # settled: nothing probes it
+            assert actor_pid(session, "controller") == pid
+        session.send("go on")  # continued when the block ended: answered at once
