@@ -9,11 +9,13 @@ parent probes.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trouper import AgentState, Trouper
 from trouper.processes import descendants, pid_alive, start_time
-from trouper.testing import actor_pid, check_log, hang, sandbox_pid, wait_until
+from trouper.testing import actor_pid, check_log, hang, kill, sandbox_pid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
 
@@ -132,8 +134,9 @@ def test_a_hung_sandbox_server_is_replaced_by_the_health_check(layout, scripted,
         assert session.wait(timeout=60) == AgentState.FINISHED
         events = list(session.events())
         _actions_once(events)
-        assert [e.outcome.status for e in events if e.kind == "observation"] == ["lost", "ok"]
-        ledger = tmp_path / "ws" / "ledger.txt"  # its shell may have finished it: once
+        statuses = [e.outcome.status for e in events if e.kind == "observation"]
+        assert statuses[1:] == ["ok"] and statuses[0] in ("lost", "ok"), statuses  # ok: it
+        ledger = tmp_path / "ws" / "ledger.txt"  # ended before the stop; never run again
         assert not ledger.exists() or ledger.read_text() == "once\n"
         assert not pid_alive(pid)
         assert below, "the server had a shell"
@@ -156,3 +159,45 @@ def test_hang_names_what_it_can_stop(layout, scripted, tmp_path):
         with hang(session, "controller") as pid:  # settled: nothing probes it
             assert actor_pid(session, "controller") == pid
         session.send("go on")  # continued when the block ended: answered at once
+
+
+def test_chaos_hangs_and_kills_leave_each_action_once_and_every_session_finished(
+        layout, scripted, tmp_path, quick_probes, monkeypatch):
+    """3 sessions x 25 commands while a random process is SIGSTOPped (and waited for
+    trouper to kill it) or SIGKILLed, again and again: every session finishes, `check_log`
+    is clean and no command ran twice."""
+    import random
+
+    monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "1")
+    rng = random.Random(7)
+    steps = [{"tool": "run", "args": {"command": f"sleep 0.{rng.randint(2, 6)}; "
+                                                 f"echo s{i} >> ledger.txt"}}
+             for i in range(25)]
+    _, llm = scripted([*steps, FINISH])
+    victims = ["controller", "broker", "sandbox"] + (
+        ["session", "runtime"] if layout == "split" else [])
+    found = 0
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
+                    for i in range(3)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            working = [s for s in sessions if not s.view().settled]
+            if not working:
+                break
+            session, what = rng.choice(working), rng.choice(victims)
+            try:
+                if rng.random() < 0.5:
+                    with hang(session, what, timeout_s=5) as pid:
+                        wait_until(lambda p=pid: not pid_alive(p), 15, "trouper to kill it")
+                    found += 1
+                else:
+                    kill(session, what, timeout_s=5)
+            except TimeoutError:
+                pass  # settled meanwhile (not probed), or nothing of that kind ran
+        for i, session in enumerate(sessions):
+            assert session.wait(timeout=120) == AgentState.FINISHED
+            _actions_once(list(session.events()))
+            ledger = (tmp_path / f"ws{i}" / "ledger.txt").read_text().split()
+            assert len(ledger) == len(set(ledger)), ledger
+    assert found >= 1  # the run did hang something that trouper found
