@@ -32,10 +32,13 @@ class LoopWatch(TrouperActor):
     core: SessionCore | None
     broker: ActorAddress | None
     session_id: str
-    model_call_watched = False
-    """A timer looks at the model call waiting for the broker (``on_timer_model_call``)."""
-    told_working: bool | None = None
-    """What the parent was last told (None: nothing yet, in this incarnation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model_call_watched = False
+        """A timer looks at the model call waiting for the broker (``on_timer_model_call``)."""
+        self.told_working: bool | None = None
+        """What the parent was last told (None: nothing yet, in this incarnation)."""
 
     def tell_working(self) -> None:
         """Tell the parent whether the session works, when that changed."""
