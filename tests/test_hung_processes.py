@@ -59,16 +59,24 @@ def test_a_command_to_a_hung_session_process_is_answered_and_carried_out_once(
         assert HUNG in _log(trouper)
 
 
-@pytest.mark.parametrize("role", ["controller", "session", "runtime"])
 def test_a_working_session_whose_process_hangs_carries_on_with_no_command(
-        layout, role, scripted, tmp_path, quick_probes):
+        layout, scripted, tmp_path, quick_probes):
     """No command comes; the session works (an action runs), so its parent probes it."""
-    if layout == "hosted" and role != "controller":
-        pytest.skip("a hosted session is one process (its role is controller)")
+    _hang_while_working(layout, "controller", scripted, tmp_path)
+
+
+@pytest.mark.parametrize("role", ["session", "runtime"])
+def test_a_split_session_whose_supervisor_or_proxy_hangs_carries_on(
+        role, scripted, tmp_path, quick_probes):
+    """The split layout's other two processes (a hosted session has only the one)."""
+    _hang_while_working("split", role, scripted, tmp_path)
+
+
+def _hang_while_working(layout: str, role: str, scripted, tmp_path) -> None:
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1 && echo slept"}},
                        {"tool": "run", "args": {"command": "echo second >> ledger.txt"}},
                        FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:  # type: ignore[arg-type]
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the first action to start")
