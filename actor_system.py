@@ -8,14 +8,17 @@ copies. litellm is not: only the broker needs it, and it imports it in its own p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import signal
 import socket
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +40,18 @@ from .core.warm import warm_up  # noqa: E402
 from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
 from .logfiles import log_definitions  # noqa: E402
 from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
-from .messages.tree import BootRoot, Layout, Shutdown, ShutdownDone  # noqa: E402
+from .messages.tree import (  # noqa: E402
+    BootRoot,
+    Layout,
+    Probe,
+    ProbeAnswer,
+    Shutdown,
+    ShutdownDone,
+)
 from .paths import Home  # noqa: E402
-from .processes import children_of  # noqa: E402
+from .processes import children_of, pid_alive, start_time  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402
+from .root_watch import RootWatch  # noqa: E402
 from .runtimes import sandbox_zygote  # noqa: E402
 from .settings import settings  # noqa: E402
 from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
@@ -49,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 _OPENING = threading.Lock()
 """One actor system opens at a time in a program: the admin fork reads what it was told."""
+_LISTEN_SLICE_S = 0.5
+"""A request waits for its answer in slices this long, so one waiting on a root that died
+ends when the watch says so, not at its timeout."""
 ADMIN_PORT_TRIES = 3
 """Opens of a system whose free admin port was taken before its admin bound it."""
 
@@ -111,6 +125,16 @@ class ActorSystemHandle:
         self._lock = threading.Lock()
         self._forks: list[int] = []
         self._zygote = False
+        self._watch: RootWatch | None = None
+        self._closing = False
+        self._root_gone = threading.Event()
+        """Set while the root is dead and not yet replaced: requests waiting on it end."""
+        self._root_up = threading.Event()
+        """Set while a booted root runs: a request that its root's death ended waits for
+        the next one and is asked again (the same request id: carried out once)."""
+        self.on_new_root: Callable[[], None] | None = None
+        """Called (in the watch's thread) once a root that died was replaced: the
+        ``Trouper`` resumes the sessions that were working."""
 
     def open(self) -> None:
         seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
@@ -154,14 +178,43 @@ class ActorSystemHandle:
                                 if pid not in before and _is_fork_of_this_program(pid)]
                 self._reap_forks(wait_s=5.0 if failed else 0.0)  # a failed admin exits now
             break
-        from .actors.root import RootSupervisor
-
-        self._root = self._asys.createActor(RootSupervisor)
-        boot = BootRoot(home=str(self.home.root), policy=self.policy, layout=self.layout)
-        self.request(boot, "boot")
+        self._start_root()
         # The program checks each session's model with litellm (``start_session``): it is
         # imported now, after every fork from this process, while the broker imports its own.
         from .llm import credentials  # noqa: F401
+
+    def _start_root(self) -> None:
+        """Create and boot the root actor, and watch its process (``root_watch.py``)."""
+        from .actors.root import RootSupervisor
+
+        with self._lock:  # no request reaches the new root before its boot
+            assert self._asys is not None
+            self._root = self._asys.createActor(RootSupervisor)
+            self._root_gone.clear()
+            boot = BootRoot(home=str(self.home.root), policy=self.policy, layout=self.layout)
+            answer = self._ask_locked(boot, "boot", self.ask_timeout_s)
+        if isinstance(answer, Refused):
+            raise _ERRORS.get(answer.error, TrouperError)(answer.message)
+        self._root_up.set()
+        if self._watch is not None:
+            self._watch.stop()  # the last root's: its thread is over (it may be this one)
+            self._watch = None
+        pid = _published_pid(self.home.actor_pid_path("root"))
+        watch = RootWatch(self._root_died)
+        if pid is not None and watch.watch(pid):
+            self._watch = watch
+
+    def _root_died(self) -> None:
+        """The root's process exited while the system was open: a new root, then every
+        session that was working is resumed (``on_new_root``)."""
+        self._root_up.clear()
+        self._root_gone.set()  # a request waiting on the dead root ends now
+        if self._closing or self._asys is None:
+            return
+        self._start_root()
+        logger.warning("a new root actor runs; resuming the sessions that were working")
+        if self.on_new_root is not None:
+            self.on_new_root()
 
     def expect_sandboxes(self) -> None:
         """A session is about to start or restore: have the sandbox zygote running."""
@@ -173,7 +226,7 @@ class ActorSystemHandle:
         if self._asys is None:
             raise InvalidRequest("this Trouper is closed")
         rid = request_id if request_id is not None else msg.request_id
-        answer = self._ask(msg, rid, self.ask_timeout_s)
+        answer = self._ask_across_roots(msg, rid)
         if isinstance(answer, Refused):
             raise _ERRORS.get(answer.error, TrouperError)(answer.message)
         return answer
@@ -182,28 +235,74 @@ class ActorSystemHandle:
         """Ask the root something whose answer is not Accepted/Refused; return the answer."""
         if self._asys is None:
             raise InvalidRequest("this Trouper is closed")
-        return self._ask(msg, msg.request_id, self.ask_timeout_s)
+        return self._ask_across_roots(msg, msg.request_id)
+
+    def _ask_across_roots(self, msg: Any, request_id: str) -> Any:
+        """``_ask`` within ``ask_timeout_s``; a root that dies meanwhile is waited for
+        (``root_watch.py`` starts a new one) and the request asked of the new one."""
+        deadline = time.monotonic() + self.ask_timeout_s
+        while True:
+            try:
+                return self._ask(msg, request_id, max(0.1, deadline - time.monotonic()))
+            except _RootGone as gone:
+                if not self._root_up.wait(max(0.0, deadline - time.monotonic())):
+                    raise RequestTimeout(str(gone)) from None
+                if self._asys is None:
+                    raise InvalidRequest("this Trouper is closed") from None
 
     def _ask(self, msg: Any, request_id: str, timeout_s: float) -> Any:
+        with self._lock:
+            return self._ask_locked(msg, request_id, timeout_s)
+
+    def _ask_locked(self, msg: Any, request_id: str, timeout_s: float) -> Any:
+        """Ask the root and wait for the answer matching ``request_id`` (``_lock`` held)."""
+        assert self._asys is not None
         deadline = time.monotonic() + timeout_s
         what = getattr(msg, "kind", type(msg).__name__)
-        with self._lock:
-            assert self._asys is not None
-            answer = self._asys.ask(self._root, msg, timeout_s)
-            while True:
-                if answer is not None and getattr(answer, "request_id", None) == request_id:
-                    return answer
-                if answer is not None:
-                    logger.debug("dropping a stale answer %r", answer)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RequestTimeout(f"no answer to {what} within {timeout_s:g} s")
-                answer = self._asys.listen(remaining)
+        answer = self._asys.ask(self._root, msg, min(timeout_s, _LISTEN_SLICE_S))
+        while True:
+            if answer is not None and getattr(answer, "request_id", None) == request_id:
+                return answer
+            if answer is not None:
+                logger.debug("dropping a stale answer %r", answer)
+            if self._root_gone.is_set() and not self._closing:
+                raise _RootGone(f"the root actor died while {what} waited for its answer")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if not self._closing:
+                    self._probe_root()
+                raise RequestTimeout(f"no answer to {what} within {timeout_s:g} s")
+            answer = self._asys.listen(min(remaining, _LISTEN_SLICE_S))
+
+    def _probe_root(self) -> None:
+        """A request went unanswered: ask the root whether it answers at all, and kill one
+        that does not (hung), so that the watch starts a new one (``_lock`` held)."""
+        assert self._asys is not None
+        token = uuid.uuid4().hex
+        wait_s = settings().probe_answer_s
+        deadline = time.monotonic() + wait_s
+        answer = self._asys.ask(self._root, Probe(token=token), wait_s)
+        while not (isinstance(answer, ProbeAnswer) and answer.token == token):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._root_gone.is_set():
+                break
+            answer = self._asys.listen(remaining)
+        else:
+            return  # it answers: busy, not hung
+        pid = _published_pid(self.home.actor_pid_path("root"))
+        if pid is not None and not self._root_gone.is_set():
+            logger.warning("the root actor (pid %d) answers nothing, not even a probe: hung; "
+                           "killing it so that a new one starts", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def close(self, stop_sandboxes: bool = True) -> list[str]:
         """Shut the tree down: sandboxes first (bounded), then every actor process. The ids
         of the sessions whose sandboxes were closed (the others were left to the deadline,
         or had none running)."""
+        self._closing = True
+        if self._watch is not None:
+            self._watch.stop()
         asys, self._asys = self._asys, None
         if asys is None:
             self._release_zygote()
@@ -246,6 +345,23 @@ class ActorSystemHandle:
             if not self._forks or time.monotonic() >= deadline:
                 return
             time.sleep(0.01)  # a poll interval: the condition is the fork's exit above
+
+
+class _RootGone(RequestTimeout):
+    """The root died under a request (``_ask_across_roots`` asks the next root)."""
+
+
+def _published_pid(path: Path) -> int | None:
+    """The pid an actor published at ``path`` (``pid start_time``), if that process still
+    runs; None otherwise (a reused pid is not taken for it)."""
+    try:
+        pid_text, _, started_text = path.read_text().partition(" ")
+        pid, started = int(pid_text), int(started_text.split()[0] or 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    if not pid_alive(pid) or (started and start_time(pid) != started):
+        return None
+    return pid
 
 
 def _is_fork_of_this_program(pid: int) -> bool:

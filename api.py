@@ -109,6 +109,7 @@ class Trouper:
             # this process held a connection would share its locks instead of taking its own
             self._system.open()
             self.store = open_store(self.home)
+            self._system.on_new_root = self._resume_unfinished  # after a root that died
             gc_at_start(self.home.root, self.store.sessions())  # containers of ended sessions
             if resume:
                 self._resume_unfinished()
