@@ -231,19 +231,26 @@ class ActorSystemHandle:
             raise _ERRORS.get(answer.error, TrouperError)(answer.message)
         return answer
 
-    def query(self, msg: Any) -> Any:
-        """Ask the root something whose answer is not Accepted/Refused; return the answer."""
+    def query(self, msg: Any, timeout_s: float | None = None) -> Any:
+        """Ask the root something whose answer is not Accepted/Refused; return the answer
+        (waiting ``timeout_s``, at most ``ask_timeout_s``)."""
         if self._asys is None:
             raise InvalidRequest("this Trouper is closed")
-        return self._ask_across_roots(msg, msg.request_id)
+        return self._ask_across_roots(msg, msg.request_id, timeout_s)
 
-    def _ask_across_roots(self, msg: Any, request_id: str) -> Any:
-        """``_ask`` within ``ask_timeout_s``; a root that dies meanwhile is waited for
-        (``root_watch.py`` starts a new one) and the request asked of the new one."""
-        deadline = time.monotonic() + self.ask_timeout_s
+    def _ask_across_roots(self, msg: Any, request_id: str,
+                          timeout_s: float | None = None) -> Any:
+        """``_ask`` within ``ask_timeout_s`` (or the shorter ``timeout_s``); a root that
+        dies meanwhile is waited for (``root_watch.py`` starts a new one) and the request
+        asked of the new one."""
+        wait_s = self.ask_timeout_s if timeout_s is None else min(timeout_s, self.ask_timeout_s)
+        deadline = time.monotonic() + wait_s
         while True:
             try:
-                return self._ask(msg, request_id, max(0.1, deadline - time.monotonic()))
+                with self._lock:  # a short wait that ends unanswered says nothing: no probe
+                    return self._ask_locked(msg, request_id,
+                                            max(0.1, deadline - time.monotonic()),
+                                            probe=wait_s >= self.ask_timeout_s)
             except _RootGone as gone:
                 if not self._root_up.wait(max(0.0, deadline - time.monotonic())):
                     raise RequestTimeout(str(gone)) from None
@@ -254,8 +261,10 @@ class ActorSystemHandle:
         with self._lock:
             return self._ask_locked(msg, request_id, timeout_s)
 
-    def _ask_locked(self, msg: Any, request_id: str, timeout_s: float) -> Any:
-        """Ask the root and wait for the answer matching ``request_id`` (``_lock`` held)."""
+    def _ask_locked(self, msg: Any, request_id: str, timeout_s: float,
+                    probe: bool = True) -> Any:
+        """Ask the root and wait for the answer matching ``request_id`` (``_lock`` held);
+        with ``probe``, a root that leaves it unanswered is probed (``_probe_root``)."""
         assert self._asys is not None
         deadline = time.monotonic() + timeout_s
         what = getattr(msg, "kind", type(msg).__name__)
@@ -269,7 +278,7 @@ class ActorSystemHandle:
                 raise _RootGone(f"the root actor died while {what} waited for its answer")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                if not self._closing:
+                if probe and not self._closing:
                     self._probe_root()
                 raise RequestTimeout(f"no answer to {what} within {timeout_s:g} s")
             answer = self._asys.listen(min(remaining, _LISTEN_SLICE_S))

@@ -208,15 +208,17 @@ class Trouper:
 
     # -- used by Session -------------------------------------------------------------
 
-    def fault(self, session_id: str) -> str | None:
+    def fault(self, session_id: str, timeout_s: float | None = None) -> str | None:
         """Why the session cannot record anything right now (a full disk, a read-only
         store...), or None. While it lasts the session is in ERROR for its clients,
-        though its log cannot say so yet (it is recorded once the store takes writes)."""
+        though its log cannot say so yet (it is recorded once the store takes writes).
+        ``timeout_s``: how long to wait for the tree's answer (at most ``ask_timeout_s``;
+        no answer reads as None)."""
         if self._closed:
             return None  # no actor system to ask: only the log speaks
         try:
             answer = self._system.query(FaultQuery(request_id=uuid.uuid4().hex,
-                                                   session_id=session_id))
+                                                   session_id=session_id), timeout_s)
         except (InvalidRequest, RequestTimeout) as exc:
             logger.debug("no answer about session %s's faults: %s", session_id, exc)
             return None

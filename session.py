@@ -32,7 +32,7 @@ class SessionHost(Protocol):
     @property
     def store(self) -> EventStore: ...
 
-    def fault(self, session_id: str) -> str | None: ...
+    def fault(self, session_id: str, timeout_s: float | None = None) -> str | None: ...
 
     def command(self, session_id: str, command: str, text: str = "", *,
                 action_id: str = "") -> int: ...
@@ -158,13 +158,18 @@ class Session:
         """
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         view = SessionView.of(self._trouper.store.read(self.id))
+
+        def faulted() -> bool:  # asked within what is left of the wait (a hung tree...)
+            left = None if deadline is None else max(0.1, deadline - time.monotonic())
+            return self._trouper.fault(self.id, timeout_s=left) is not None
+
         while True:
             logged = self._caught_up_and_settled(view)
-            if logged and not self.fault:
+            if logged and not faulted():
                 return view.state
             left_s = None if deadline is None else deadline - time.monotonic()
             if left_s is not None and left_s <= 0:
-                return AgentState.ERROR if self.fault else view.state
+                return AgentState.ERROR if faulted() else view.state
             if logged:  # yet faulted: no event will come to wake us, so ask again soon
                 poll_s = settings().fault_poll_s
                 left_s = poll_s if left_s is None else min(poll_s, left_s)

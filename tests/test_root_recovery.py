@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -90,3 +91,17 @@ def test_a_hung_root_is_killed_once_a_request_to_it_times_out(layout, scripted, 
         said = [e.text for e in session.events() if e.kind == "message" and e.source == "user"]
         assert said.count("go on") == 1
         _clean(session)
+
+
+def test_wait_keeps_to_its_timeout_while_the_root_hangs(layout, scripted, tmp_path):
+    """`wait()` asks the tree about storage faults: within what is left of its own timeout,
+    not the 30 s a request may take (and a short wait unanswered probes nothing)."""
+    _, llm = scripted([{"say": "What next?"}, FINISH])
+    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+        session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
+        assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
+        with hang(session, "root") as root:
+            began = time.monotonic()
+            assert session.wait(timeout=1) == AgentState.AWAITING_USER_INPUT
+            assert time.monotonic() - began < 15  # not the request timeout (30 s) and more
+            assert pid_alive(root)  # a wait's short question does not condemn the root

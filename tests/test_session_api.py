@@ -226,7 +226,7 @@ class _TrouperOfAStore:
         self.store = open_store(Home.at(home))
         self.cause: str | None = None
 
-    def fault(self, session_id: str) -> str | None:
+    def fault(self, session_id: str, timeout_s: float | None = None) -> str | None:
         return self.cause
 
 
