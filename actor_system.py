@@ -8,7 +8,6 @@ copies. litellm is not: only the broker needs it, and it imports it in its own p
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -49,7 +48,7 @@ from .messages.tree import (  # noqa: E402
     ShutdownDone,
 )
 from .paths import Home  # noqa: E402
-from .processes import children_of, pid_alive, start_time  # noqa: E402
+from .processes import children_of, published_pid, signal_quietly  # noqa: E402
 from .restarts import RestartPolicy  # noqa: E402
 from .root_watch import RootWatch  # noqa: E402
 from .runtimes import sandbox_zygote  # noqa: E402
@@ -199,7 +198,7 @@ class ActorSystemHandle:
         if self._watch is not None:
             self._watch.stop()  # the last root's: its thread is over (it may be this one)
             self._watch = None
-        pid = _published_pid(self.home.actor_pid_path("root"))
+        pid = published_pid(self.home.actor_pid_path("root"))
         watch = RootWatch(self._root_died)
         if pid is not None and watch.watch(pid):
             self._watch = watch
@@ -298,12 +297,11 @@ class ActorSystemHandle:
             answer = self._asys.listen(remaining)
         else:
             return  # it answers: busy, not hung
-        pid = _published_pid(self.home.actor_pid_path("root"))
+        pid = published_pid(self.home.actor_pid_path("root"))
         if pid is not None and not self._root_gone.is_set():
             logger.warning("the root actor (pid %d) answers nothing, not even a probe: hung; "
                            "killing it so that a new one starts", pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
 
     def close(self, stop_sandboxes: bool = True) -> list[str]:
         """Shut the tree down: sandboxes first (bounded), then every actor process. The ids
@@ -358,19 +356,6 @@ class ActorSystemHandle:
 
 class _RootGone(RequestTimeout):
     """The root died under a request (``_ask_across_roots`` asks the next root)."""
-
-
-def _published_pid(path: Path) -> int | None:
-    """The pid an actor published at ``path`` (``pid start_time``), if that process still
-    runs; None otherwise (a reused pid is not taken for it)."""
-    try:
-        pid_text, _, started_text = path.read_text().partition(" ")
-        pid, started = int(pid_text), int(started_text.split()[0] or 0)
-    except (OSError, ValueError, IndexError):
-        return None
-    if not pid_alive(pid) or (started and start_time(pid) != started):
-        return None
-    return pid
 
 
 def _is_fork_of_this_program(pid: int) -> bool:

@@ -102,6 +102,21 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
+def published_pid(path: os.PathLike[str] | str) -> int | None:
+    """The pid an actor published at ``path`` (``pid start_time``, ``TrouperActor.
+    publish_pid``) if that process still runs; None otherwise (no file, or the pid now
+    names another process)."""
+    try:
+        with open(path, encoding="utf-8") as published:
+            pid_text, _, started_text = published.read().partition(" ")
+        pid, started = int(pid_text), int(started_text.split()[0] if started_text.strip() else 0)
+    except (OSError, ValueError):
+        return None
+    if started and start_time(pid) != started:
+        return None  # that incarnation is gone and its pid went to another process
+    return pid if pid_alive(pid) else None
+
+
 def listening_sockets() -> dict[str, tuple[str, int]]:
     """Every listening TCP socket on the machine: inode -> (local address hex, port).
 

@@ -17,7 +17,6 @@ and the supervisor restarts it as after a crash, its last words saying why.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import uuid
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from thespian.actors import ActorAddress
 
 from ..messages.protocol import UserCommand
 from ..messages.tree import BootedUp, Probe, ProbeAnswer, Relay
+from ..processes import signal_quietly
 from ..settings import settings
 from . import reaping
 from .base import TrouperActor
@@ -156,7 +156,4 @@ class Probing(TrouperActor):
                             "so its process was killed")
         logger.warning("%s: child %s (pid %d) %s", self.role, role,
                        pid, child.last_words)
-        try:
-            os.kill(pid, signal.SIGKILL)  # its exit is reported as any other: a restart
-        except ProcessLookupError:
-            pass  # it died on its own meanwhile
+        signal_quietly(pid, signal.SIGKILL)  # its exit is reported as any other: a restart

@@ -122,8 +122,7 @@ class Service:
         if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
             raise ConfigError(f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} printable "
                               "characters", field="Idempotency-Key")
-        canonical = json.dumps([key, *parts], separators=(",", ":"))
-        return "k-" + hmac.new(self._key, canonical.encode(), hashlib.sha256).hexdigest()[:40]
+        return "k-" + self._digest({"key": key, "command": list(parts)})[:40]
 
     def _digest(self, fields: dict[str, Any]) -> str:
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)

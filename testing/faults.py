@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..exceptions import TrouperError
 from ..messages.tree import FailRuntime
-from ..processes import pid_alive, start_time
+from ..processes import pid_alive, published_pid, signal_quietly, start_time
 from ..runtimes import Sandbox, load_sandbox
 from ..runtimes.local import LocalSandbox
 from ..session_secrets import read_runtime_token, with_runtime_token
@@ -60,15 +60,8 @@ def actor_pid(session: Session, role: str) -> int | None:
     if role not in SESSION_ROLES | SHARED_ROLES:
         raise ValueError(f"unknown role {role!r}; one of {sorted(SESSION_ROLES | SHARED_ROLES)}")
     home = session._trouper.home  # noqa: SLF001 - the harness is part of trouper
-    path = home.actor_pid_path(role, session.id if role in SESSION_ROLES else None)
-    try:
-        pid_text, _, started_text = path.read_text().partition(" ")
-        pid, started = int(pid_text), int(started_text or 0)
-    except (OSError, ValueError):
-        return None
-    if started and start_time(pid) != started:
-        return None  # that incarnation is gone and its pid went to another process
-    return pid if pid_alive(pid) else None
+    return published_pid(home.actor_pid_path(role, session.id if role in SESSION_ROLES
+                                             else None))
 
 
 def kill_actor(session: Session, role: str, timeout_s: float = 30.0) -> int:
@@ -171,5 +164,4 @@ def hang(session: Session, what: str, timeout_s: float = 30.0) -> Iterator[int]:
         yield pid
     finally:
         if pid_alive(pid) and start_time(pid) == started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+            signal_quietly(pid, signal.SIGCONT)

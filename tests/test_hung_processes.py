@@ -160,7 +160,9 @@ def test_hang_names_what_it_can_stop(layout, scripted, tmp_path):
                     pass
         with hang(session, "controller") as pid:  # settled: nothing probes it
             assert actor_pid(session, "controller") == pid
-        session.send("go on")  # continued when the block ended: answered at once
+        session.send("go on")
+        # continued when the block ended: the same process answered, none was killed
+        assert actor_pid(session, "controller") == pid
 
 
 def test_chaos_hangs_and_kills_leave_each_action_once_and_every_session_finished(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -86,7 +85,7 @@ def test_a_hung_root_is_killed_once_a_request_to_it_times_out(layout, scripted, 
         assert check_log(list(session.events())) == []
 
 
-def test_wait_keeps_to_its_timeout_while_the_root_hangs(layout, scripted, tmp_path):
+def test_wait_keeps_to_its_timeout_while_the_root_hangs(layout, scripted, tmp_path, caplog):
     """`wait()` asks the tree about storage faults: within what is left of its own timeout,
     not the 30 s a request may take (and a short wait unanswered probes nothing)."""
     _, llm = scripted([{"say": "What next?"}, FINISH])
@@ -94,7 +93,8 @@ def test_wait_keeps_to_its_timeout_while_the_root_hangs(layout, scripted, tmp_pa
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         with hang(session, "root") as root:
-            began = time.monotonic()
             assert session.wait(timeout=1) == AgentState.AWAITING_USER_INPUT
-            assert time.monotonic() - began < 15  # not the request timeout (30 s) and more
-            assert pid_alive(root)  # a wait's short question does not condemn the root
+        # asked for 30 s, its question would have ended in a probe and the root killed
+        assert "not even a probe" not in caplog.text
+        session.send("go on")  # the same root, continued, answers
+        assert actor_pid(session, "root") == root
