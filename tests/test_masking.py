@@ -256,3 +256,38 @@ def test_three_levels_deep_is_masked():
 def test_a_long_run_of_backslashes_costs_linear_time():
     masker = SecretMasker({"PW": ODD, "OTHER": "other-value"})
     assert masker.mask_text("\\" * 200_000 + "u00").endswith("u00")
+
+
+# ---- any string: lone surrogates, other normal forms ------------------------------------
+
+LONE = "tok\ud800en-77f1"
+"""A secret holding a lone surrogate: text that is made storable holds U+FFFD there."""
+
+
+@pytest.mark.parametrize("shown", [
+    LONE,
+    "tok\ufffden-77f1",          # the storable form (messages, configs, the store)
+    "tok?en-77f1",               # encoded with errors="replace"
+    "token-77f1",                # the surrogate dropped (errors="ignore")
+])
+def test_a_value_with_a_lone_surrogate_is_masked_in_every_form_text_takes(shown):
+    masker = SecretMasker({"LONE": LONE})
+    assert masker.mask_text(f"use {shown} now") == "use <secret:LONE> now"
+    assert dict(masker.pairs) == {"LONE": LONE}  # the forms are the masker's, not pairs
+
+
+def test_a_value_is_masked_in_every_unicode_normal_form():
+    import unicodedata
+
+    value = "caf\u00e9-\ufb01-secret"  # é precomposed, and the ligature ﬁ
+    masker = SecretMasker({"UNI": value})
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        shown = unicodedata.normalize(form, value)
+        assert masker.mask_text(f"[{shown}]") == "[<secret:UNI>]", form
+
+
+def test_a_storable_event_holding_a_lone_surrogate_secret_is_masked():
+    masker = SecretMasker({"LONE": LONE})
+    event = MessageEvent(source="user", text=f"the key is {LONE}")  # made storable
+    assert "\ufffd" in event.text
+    assert masker.mask_event(event).text == "the key is <secret:LONE>"

@@ -10,6 +10,9 @@ whole):
   (``spelling.py`` says which);
 - values shorter than ``MIN_SECRET_CHARS`` are ignored: masking ``"abc"`` everywhere would
   garble ordinary text and reveal, by the gaps, where the value appears;
+- a value is also masked in every form text may have turned it into on its way
+  (``forms``): each Unicode normal form, and for a value holding a lone surrogate, that
+  surrogate as U+FFFD (what storable text holds), ``?`` (encoded with ``replace``) or gone;
 - when two names share a value, the first name in sorted order is shown;
 - placeholders of this masker's names already in the text are left alone, so masking
   twice equals masking once. Two secrets that overlap in the text (one's tail is the
@@ -28,12 +31,32 @@ those, and the escape-aware regex runs only where an escape could spell the valu
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Callable, Mapping, Match, Pattern
 
 from . import spelling
 
 MIN_SECRET_CHARS = 4
 """Secret values shorter than this are not masked (see the module docstring)."""
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def forms(value: str) -> list[str]:
+    """``value`` and every other form text may hold it in once converted: each Unicode
+    normal form and, where it holds lone surrogates, each with them as U+FFFD, ``?`` or
+    dropped (the text was made storable, encoded with ``replace`` or with ``ignore``)."""
+    bases = [value]
+    if _LONE_SURROGATE.search(value):
+        bases += [_LONE_SURROGATE.sub(s, value) for s in ("\ufffd", "?", "")]
+    found = dict.fromkeys(bases)
+    for base in bases:
+        for form in _NORMAL_FORMS:
+            if not unicodedata.is_normalized(form, base):
+                found.setdefault(unicodedata.normalize(form, base))
+    return list(found)
 
 
 _MAX_SPOTS = 128
@@ -137,10 +160,16 @@ class TextMasker:
 
     def __init__(self, secrets: Mapping[str, str]) -> None:
         names: dict[str, str] = {}
+        originals: dict[str, str] = {}
         for name in sorted(secrets):
             value = secrets[name]
             if isinstance(value, str) and len(value) >= MIN_SECRET_CHARS:
-                names.setdefault(value, name)
+                originals.setdefault(value, name)
+        for value, name in list(originals.items()):
+            for form in forms(value):
+                if len(form) >= MIN_SECRET_CHARS:
+                    names.setdefault(form, name)
+        self._pairs = [(originals[v], v) for v in sorted(originals, key=lambda v: (-len(v), v))]
         shown = [f"<secret:{n}>" for n in sorted(set(names.values()))]
         source = "|".join(re.escape(p) for p in shown)
         self.placeholders = re.compile(f"({source})")
@@ -166,8 +195,9 @@ class TextMasker:
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
-        """``(name, value)`` of every value this masker masks, longest value first."""
-        return [(rule.placeholder[8:-1], rule.value) for rule in self.rules]
+        """``(name, value)`` of every value this masker was given, longest value first (not
+        the other ``forms`` it masks them in)."""
+        return list(self._pairs)
 
     def mask(self, text: str) -> str:
         """``text`` with every secret value replaced; ``text`` itself when none is in it."""
