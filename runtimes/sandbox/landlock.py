@@ -1,0 +1,190 @@
+"""Landlock for the local shell: the whole file system readable but a few paths, writable
+only beneath a few folders, and the rule set built in the parent, enforced in the child.
+
+Landlock grants by allow-list and cannot take back beneath a granted folder, so "readable
+except X" is computed (``plan``): a grant whose subtree holds a denied path is replaced
+by grants of each of its children, recursing only along the way to the denied paths.
+Children that are symlinks are skipped (their target is covered where it lives); files
+get file rights only. A folder split this way keeps its children's rights but loses the
+rights on its own entries (create, remove, rename directly in it).
+
+Rights are used best-effort by ABI: 1 the base rights, 2 REFER (rename across folders),
+3 TRUNCATE, 4 TCP bind/connect, 5 IOCTL_DEV, 6 scoping of signals and abstract UNIX
+sockets. See https://docs.kernel.org/userspace-api/landlock.html.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+from typing import Callable, Iterable, List, Sequence, Tuple
+
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
+"""The same numbers on every Linux architecture but alpha (syscalls added since 5.1)."""
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_O_PATH = getattr(os, "O_PATH", 0)
+
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
+MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+READ = EXECUTE | READ_FILE | READ_DIR
+"""Read and execute: what the whole file system gets."""
+WRITE = (1 << 15) - 1
+"""Everything but IOCTL_DEV: read, write, create, remove, rename beneath a writable folder."""
+DEVICE = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV
+"""A device file a shell uses (/dev/null, /dev/tty...): read, write, ioctl."""
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+"""The only rights a rule on a file (not a folder) may carry."""
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1}
+_FS_ALL = (1 << 16) - 1
+
+Grant = Tuple[str, int]
+"""A path (resolved) and the Landlock rights beneath it."""
+Lister = Callable[[str], List[Tuple[str, bool, bool]]]
+"""A folder's entries as ``(name, is_dir, is_symlink)``."""
+
+
+class Plan:
+    """The rules to add, path by path, and the writable folders that were split."""
+
+    def __init__(self) -> None:
+        self.rules: dict[str, int] = {}
+        """Resolved path -> rights (a path granted twice gets the union)."""
+        self.split: list[str] = []
+        """Writable folders granted child by child (they lose create/remove in themselves)."""
+
+
+def plan(grants: Iterable[Grant], denied: Sequence[str],
+         listdir: Lister | None = None) -> Plan:
+    """The rules that grant ``grants`` but nothing at or beneath any of ``denied``.
+
+    Paths are taken as resolved (realpath). ``listdir(path)`` gives ``(name, is_dir,
+    is_symlink)`` for each entry (by default from ``os.scandir``; a folder that cannot
+    be listed gives nothing, so it is denied too, never granted whole).
+    """
+    result = Plan()
+    for path, rights in grants:
+        _grant(path, rights, _is_dir(path), list(denied), listdir or _scan, result)
+    return result
+
+
+def _grant(path: str, rights: int, is_dir: bool, denied: list[str], listdir: Lister,
+           out: Plan) -> None:
+    if path in denied:
+        return
+    prefix = path.rstrip("/") + "/"
+    inside = [d for d in denied if d.startswith(prefix)]
+    if not is_dir:
+        rights &= FILE_RIGHTS
+    if not inside:
+        if rights:
+            out.rules[path] = out.rules.get(path, 0) | rights
+        return
+    if rights & MAKE_REG:
+        out.split.append(path)
+    for name, child_is_dir, is_symlink in listdir(path):
+        if not is_symlink:
+            _grant(prefix + name, rights, child_is_dir, inside, listdir, out)
+
+
+def _scan(path: str) -> list[tuple[str, bool, bool]]:
+    try:
+        with os.scandir(path) as entries:
+            return [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in entries]
+    except OSError:
+        return []
+
+
+def _is_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+class Syscalls:
+    """libc's ``syscall`` through ctypes, loaded in the parent; errors as OSError."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.syscall = self.libc.syscall
+        self.syscall.restype = ctypes.c_long
+
+    def call(self, step: str, number: int, *args: object) -> int:
+        """``syscall(number, *args)`` (ctypes values), or OSError naming ``step``."""
+        result = self.syscall(ctypes.c_long(number), *args)
+        if result < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"{step}: {os.strerror(code)}")
+        return result
+
+
+def abi(calls: Syscalls) -> int:
+    """The kernel's Landlock ABI version; 0 without Landlock (or disabled at boot)."""
+    try:
+        return calls.call("landlock_create_ruleset", SYS_CREATE_RULESET, None,
+                          ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except OSError:
+        return 0
+
+
+def handled_fs(version: int) -> int:
+    """The file-system rights Landlock ABI ``version`` knows (all of them get handled)."""
+    return _FS_BY_ABI.get(version, _FS_ALL) if version > 0 else 0
+
+
+class Ruleset:
+    """A Landlock rule set, built in the parent; ``restrict`` enforces it in the child."""
+
+    def __init__(self, calls: Syscalls, version: int, rules: dict[str, int],
+                 network: bool) -> None:
+        """Create the rule set for ABI ``version`` and add ``rules`` (path -> rights);
+        without ``network`` (ABI >= 4), TCP bind and connect are handled and never
+        granted. OSError (naming the step) when the kernel refuses."""
+        self._calls = calls
+        fs = handled_fs(version)
+        net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 and not network else 0
+        scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if version >= 6 else 0
+        size = 8 if version < 4 else 16 if version < 6 else 24
+        attr = ctypes.create_string_buffer(struct.pack("=QQQ", fs, net, scoped)[:size], size)
+        self.fd = calls.call("landlock_create_ruleset", SYS_CREATE_RULESET, attr,
+                             ctypes.c_size_t(size), ctypes.c_uint32(0))
+        try:
+            for path, rights in rules.items():
+                self._add(path, rights & fs)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, path: str, rights: int) -> None:
+        try:
+            fd = os.open(path, _O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.EACCES, errno.ELOOP):
+                return  # gone (or made a symlink) since the plan: nothing to grant
+            raise
+        try:
+            attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)
+            self._calls.call(f"landlock_add_rule {path}", SYS_ADD_RULE, ctypes.c_int(self.fd),
+                             ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
+        finally:
+            os.close(fd)
+
+    def restrict(self) -> None:
+        """Enforce the rule set on this process (no_new_privs must be set) and close it."""
+        fd, self.fd = self.fd, -1
+        try:
+            self._calls.call("landlock_restrict_self", SYS_RESTRICT_SELF, ctypes.c_int(fd),
+                             ctypes.c_uint32(0))
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the rule set's descriptor (idempotent)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
