@@ -106,10 +106,39 @@ class LLMConfig(Config):
 
 
 class LocalRuntime(Config):
-    """The sandbox is a server process on this machine, running as you: no isolation (see
-    docs/security.md). The default."""
+    """The sandbox is a server process on this machine whose shell runs as you, confined by
+    the kernel where it can be (Landlock, seccomp): it writes only the workspace and the
+    temporary folders and cannot read the trouper home or your credential stores. The
+    default. See docs/runtimes.md and docs/security.md."""
 
     kind: Literal["local"] = "local"
+    confine: bool = True
+    """Confine the shell (the default). ``False`` runs it with all your rights, as a
+    program you start yourself: only for a workspace and a model you trust entirely."""
+    network: bool = True
+    """Whether the shell may open network sockets (TCP, UDP); ``False`` leaves it Unix
+    sockets only. Needs ``confine``."""
+    unreadable: tuple[str, ...] = ()
+    """More files or folders the shell may neither read nor write, beside the trouper home
+    and the usual credential stores (``~/.ssh``, ``~/.aws``...: docs/runtimes.md)."""
+    writable: tuple[str, ...] = ()
+    """More folders the shell may write, beside the workspace and the temporary folders
+    (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``$TMPDIR``): a package cache, say."""
+
+    @field_validator("unreadable", "writable")
+    @classmethod
+    def _absolute_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not os.path.isabs(os.path.expanduser(path)):
+                raise ValueError(f"{path!r} is not an absolute path")
+        return tuple(os.path.expanduser(path) for path in value)
+
+    @model_validator(mode="after")
+    def _network_needs_confine(self) -> LocalRuntime:
+        if not self.network and not self.confine:
+            raise ValueError("network=False needs confine=True (the network is cut by the "
+                             "confinement)")
+        return self
 
 
 class DockerRuntime(Config):

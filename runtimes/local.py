@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from .base import SandboxHealth
 from .client import SandboxClient
 from .launch import Launched, launch_server
 from .sandbox import EXIT_LOCKED
+from .shell_confinement import confinement_args, unconfined_warning
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +70,11 @@ class LocalSandbox:
         interrupt_grace_s: float = 2.0,
         secret_names: tuple[str, ...] | None = None,
         shell_umask: int | None = None,
-        config: object = None,  # LocalRuntime has no options
+        config: Any = None,
     ) -> None:
         self.session_id = session_id
+        self.config = config
+        """The runtime's config (``LocalRuntime``; None: its defaults)."""
         self.workspace = Path(workspace).resolve()
         self.state_dir = Path(state_dir).resolve()
         self.env = dict(env or {})
@@ -90,6 +94,9 @@ class LocalSandbox:
         self._proc: subprocess.Popen[bytes] | None = None
         self._spawned: int | None = None
         """The pid of the server this object last started (forked or started afresh)."""
+        self.progress: Callable[[str, str], None] | None = None
+        """Told of what a start has to say (``progress(phase, detail)``): for this backend,
+        a confinement that could not be applied; the RuntimeProxy sets it."""
         self._epoch: int | None = None
         """The epoch of the last ``start``; ``stop`` sends it, so a stale proxy cannot stop
         a sandbox a newer one claimed. ``None`` (never started) stops whatever runs."""
@@ -127,6 +134,11 @@ class LocalSandbox:
         self._client, self._info = client, info
         logger.info("session %s: sandbox %s pid %s on port %s (epoch %d)", self.session_id,
                     "attached" if attached else "started", info["pid"], info["port"], self._epoch)
+        line = None if attached else unconfined_warning(self.config, info.get("confinement"))
+        if line is not None:
+            logger.warning("session %s: %s", self.session_id, line)
+            if self.progress is not None:
+                self.progress("confinement", line)
         return attached
 
     def running(self) -> bool:
@@ -288,9 +300,10 @@ class LocalSandbox:
         return launched
 
     def _server_args(self) -> list[str]:
-        """More options of the server's command line (the secrets' names; a backend that
-        runs the shell elsewhere adds where)."""
-        return [part for name in self.secret_names for part in ("--secret-env", name)]
+        """More options of the server's command line (the secrets' names, the shell's
+        confinement; a backend that runs the shell elsewhere adds where)."""
+        args = [part for name in self.secret_names for part in ("--secret-env", name)]
+        return args + confinement_args(self.config, self.state_dir)
 
     def _start_failure(self, what: str) -> str:
         tail = _tail(self.state_dir / "server.log", 2000)

@@ -23,6 +23,8 @@ import termios
 import time
 from typing import Optional, Tuple
 
+from .confinement import Policy, Prepared, prepare
+
 MARKER_SUFFIX = "__"
 _WINSIZE = (50, 200)
 """Rows and columns the pty reports: wide enough that tools rarely wrap."""
@@ -114,13 +116,21 @@ class PromptParser:
 class BashProcess:
     """An interactive bash on a pty: write lines, read output, interrupt, kill."""
 
-    def __init__(self, workspace: str, env: dict[str, str], umask: int | None = None) -> None:
+    def __init__(self, workspace: str, env: dict[str, str], umask: int | None = None,
+                 policy: Policy | None = None) -> None:
         """Start bash in ``workspace`` with ``env``; ``umask`` (default: this process's)
-        is the one its commands create files with."""
+        is the one its commands create files with; ``policy`` (None: none) confines it.
+
+        Raises OSError when the confinement cannot be prepared (nothing was started)."""
         bash = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: never returns
-            _exec_bash(bash, workspace, env, umask)
+        prepared = prepare(policy) if policy is not None else None
+        try:
+            self.pid, self.fd = pty.fork()
+            if self.pid == 0:  # the child: never returns
+                _exec_bash(bash, workspace, env, umask, prepared)
+        finally:
+            if prepared is not None:
+                prepared.close()
         self.apply_modes()
         self.exit_status: int | None = None
         """Set once bash has exited and was reaped (negative: killed by that signal)."""
@@ -253,15 +263,18 @@ class BashProcess:
                 pass
 
 
-def _exec_bash(bash: str, workspace: str, env: dict[str, str], umask: int | None) -> None:
+def _exec_bash(bash: str, workspace: str, env: dict[str, str], umask: int | None,
+               prepared: Prepared | None) -> None:
     try:
         _default_signals()
-        _close_inherited_fds()
         if umask is not None:
             os.umask(umask)  # the server's own is 077; the agent's files get the usual modes
         os.chdir(workspace)
         termios.tcsetattr(0, termios.TCSANOW, _modes(termios.tcgetattr(0)))
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", _WINSIZE[0], _WINSIZE[1], 0, 0))
+        if prepared is not None:  # before the descriptors close: it holds the rule set's
+            prepared.apply()
+        _close_inherited_fds()
         os.execve(bash, ["bash", "--noprofile", "--norc", "--noediting", "-i"], env)
     except BaseException as e:  # noqa: BLE001 - whatever happens, the child must not return
         os.write(2, (f"cannot start bash: {e}\n").encode("utf-8", "replace"))

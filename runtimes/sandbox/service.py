@@ -13,6 +13,7 @@ again before it is journaled (errors and notes included). A file action has a de
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -20,12 +21,14 @@ import time
 from typing import Any, Callable, Dict
 
 from . import files
+from .bash import BashProcess
 from .clone import clone
+from .confinement import Policy
 from .container import ContainerShell
 from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
-from .shell import Shell, ShellResult
+from .shell import Shell, ShellResult, Spawn
 from .util import read_json, write_json_atomic
 from .workers import Workers
 
@@ -55,6 +58,11 @@ GONE_CONFIRM_S = 1.0
 before the exit is taken for the shell's own (the engine marks a killed container a little
 after the streams of its exec processes close)."""
 GONE_CONFIRM_TRIES = 5
+
+
+def _bash(confinement: Policy | None) -> Spawn | None:
+    """The local shell's ``spawn``: bash confined by ``confinement`` (None: bash as is)."""
+    return None if confinement is None else functools.partial(BashProcess, policy=confinement)
 
 
 class StaleEpoch(Exception):
@@ -92,6 +100,7 @@ class Service:
         file_timeout_s: float = files.FILE_TIMEOUT_S,
         container: ContainerShell | None = None,
         journal_class: type[Journal] = Journal,
+        confinement: Policy | None = None,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
         self.container = container
@@ -112,7 +121,7 @@ class Service:
             interrupt_grace_s,
             masker=self.masker,
             umask=shell_umask,
-            spawn=container.spawn if container is not None else None,
+            spawn=container.spawn if container is not None else _bash(confinement),
             shown_workspace=container.workdir if container is not None else None,
         )
         if container is not None:  # a shell dying with its container, even when idle

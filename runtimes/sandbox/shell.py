@@ -123,7 +123,10 @@ class Shell:
 
     def start(self) -> None:
         """Start bash and wait until it is ready for commands (raises ShellError)."""
-        bash = self._spawn(self.workspace, self._env, self._umask)
+        try:
+            bash = self._spawn(self.workspace, self._env, self._umask)
+        except OSError as e:
+            raise ShellError(f"the shell could not be started: {e}") from e
         parser = PromptParser(self._prefix)
         with self._cond:
             self._bash = bash
