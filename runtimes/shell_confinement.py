@@ -93,9 +93,9 @@ def confinement_args(config: Any, state_dir: Path) -> list[str]:
         return []
     unreadable = [str(state_dir), *unreadable_paths(trouper_home_of(state_dir),
                                                     extra=config.unreadable)]
-    writable = [*temporary_folders(), *config.writable]
     args = ["--confine", *([] if config.network else ["--no-network"])]
-    args += [part for path in writable for part in ("--writable", path)]
+    args += [part for path in temporary_folders() for part in ("--temporary", path)]
+    args += [part for path in config.writable for part in ("--writable", path)]
     return args + [part for path in unreadable for part in ("--unreadable", path)]
 
 

@@ -17,26 +17,22 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import errno
 import fcntl
 import functools
 import logging
 import os
 import secrets
-import shutil
 import signal
 import sys
-import tempfile
 import threading
-from typing import Any
 
 from . import EXIT_LOCKED, files, logs
-from .confinement import Policy, prepare
 from .container import ContainerShell
 from .mask import TextMasker
 from .server import MAX_CONNECTIONS, READ_TIMEOUT_S, SandboxServer
 from .service import Service
+from .shell_policy import confine_shell
 from .util import open_private, private_dir, read_json, wall_time, write_json_atomic
 
 logger = logging.getLogger("sandbox")
@@ -86,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="confine the shell (Landlock, seccomp; confinement.py)")
     parser.add_argument("--no-network", action="store_true",
                         help="with --confine: the shell may open Unix sockets only")
+    parser.add_argument("--temporary", action="append", default=[], metavar="PATH",
+                        help="with --confine: a temporary folder the shell may write")
     parser.add_argument("--writable", action="append", default=[], metavar="PATH",
                         help="with --confine: a folder the shell may write beside the workspace")
     parser.add_argument("--unreadable", action="append", default=[], metavar="PATH",
@@ -137,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)  # the caller passes an allow-list (runtimes/local.py PASSED_ENV)
     env.update(SHELL_ENV)
     container = _container(args)
-    policy, confined = (_confinement(args, workspace, env) if args.confine and not container
-                        else (None, None))
+    confined = None
+    if args.confine and not container:
+        confined = confine_shell(workspace, tuple(args.temporary), tuple(args.writable),
+                                 tuple(args.unreadable), not args.no_network, env=env)
     service = Service(
         state_dir,
         workspace,
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         shell_umask=started_umask if args.shell_umask is None else args.shell_umask,
         file_timeout_s=args.file_timeout_s,
         container=container,
-        confinement=policy,
+        confinement=confined.policy if confined is not None else None,
     )
     service.start()
     server = SandboxServer(
@@ -173,14 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         "workspace": service.workspace,
         "started_at": wall_time(),
         "container": args.container,
-        "confinement": confined,
+        "confinement": confined.report() if confined is not None else None,
     }
     write_json_atomic(info_path, info, mode=0o600)
     try:
         _serve(server)
     finally:
-        if confined and confined.get("tmpdir"):
-            shutil.rmtree(confined["tmpdir"], ignore_errors=True)
+        if confined is not None:
+            confined.remove_tmpdir()
     if (read_json(info_path) or {}).get("boot_id") == boot_id:
         os.unlink(info_path)
     logger.info("sandbox server %s stopped", boot_id)
@@ -198,32 +198,6 @@ def _container(args: argparse.Namespace) -> ContainerShell | None:
                            io_mount, args.container_user, args.container_env)
     where.clean_io()  # an earlier server's FIFOs and command files
     return where
-
-
-def _confinement(args: argparse.Namespace, workspace: str,
-                 env: dict[str, str]) -> tuple[Policy, dict[str, Any]]:
-    """The shell's policy, and what of it this machine applies (for ``server.json``).
-
-    A temporary folder that an unreadable path splits (a trouper home under /tmp) cannot
-    take new entries in the shell: it gets a private one beside them as ``TMPDIR``."""
-    policy = Policy(writable=(workspace, *args.writable), unreadable=tuple(args.unreadable),
-                    network=not args.no_network)
-    probe = prepare(policy)
-    probe.close()
-    confined: dict[str, Any] = {"missing": list(probe.missing), "split": list(probe.split),
-                                "network": policy.network, "tmpdir": None}
-    split_temp = [folder for folder in probe.split if folder in args.writable]
-    if split_temp:
-        tmpdir = tempfile.mkdtemp(prefix="trouper-shell-", dir=split_temp[0])  # 0700
-        policy = dataclasses.replace(policy, writable=(*policy.writable, tmpdir))
-        env["TMPDIR"] = confined["tmpdir"] = tmpdir
-    for hole in probe.missing:
-        logger.warning("the shell is confined without %s", hole)
-    if probe.split:
-        logger.info("the shell cannot add entries directly in %s (an unreadable path lies "
-                    "beneath)%s", ", ".join(probe.split),
-                    f"; its TMPDIR is {confined['tmpdir']}" if confined["tmpdir"] else "")
-    return policy, confined
 
 
 def _serve(server: SandboxServer) -> None:

@@ -1,0 +1,80 @@
+"""A confined shell's policy as a sandbox server builds it, and what of it applies here.
+
+The local sandbox server and the runtime server confine their shells alike
+(``confinement.py``): the workspace and the given folders writable, the given paths
+unreadable, the network on or off, and, for a server running as root, the uid the shell
+becomes. One thing needs care beyond the policy itself: a writable temporary folder that
+an unreadable path splits (a trouper home under /tmp) can take no new entry in the shell,
+so the shell gets a private temporary folder there, as ``TMPDIR``, that the server
+removes when the shell's sandbox ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+
+from .confinement import Policy, prepare
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ShellConfinement:
+    """The policy to start each shell with, and what this machine applies of it."""
+
+    policy: Policy
+    missing: tuple[str, ...]
+    """What could not be applied here (``Prepared.missing``): said once, in the log and
+    in ``report``."""
+    split: tuple[str, ...]
+    """Writable folders that take no new entry directly (``Prepared.split``)."""
+    tmpdir: str | None
+    """The shell's private temporary folder (its ``TMPDIR``), or None."""
+
+    def report(self) -> dict[str, object]:
+        """What a server says of it (``server.json``, a health answer)."""
+        return {"missing": list(self.missing), "split": list(self.split),
+                "network": self.policy.network, "tmpdir": self.tmpdir}
+
+    def remove_tmpdir(self) -> None:
+        """Remove the private temporary folder (idempotent)."""
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[str, ...],
+                  unreadable: tuple[str, ...], network: bool,
+                  drop_to: tuple[int, int] | None = None,
+                  env: dict[str, str] | None = None) -> ShellConfinement:
+    """Build the policy of a shell in ``workspace``: ``temporary`` and ``writable`` folders
+    writable too, ``unreadable`` paths neither readable nor writable. Sets ``TMPDIR`` in
+    ``env`` when the shell needs a private temporary folder (made here), and ``HOME`` too
+    when the shell becomes ``drop_to`` (another user, whose home is not the server's).
+    Logs what is missing on this machine."""
+    policy = Policy(writable=(workspace, *temporary, *writable), unreadable=unreadable,
+                    network=network, drop_to=drop_to)
+    probe = prepare(policy)
+    probe.close()
+    tmpdir = None
+    split_temp = [folder for folder in probe.split if folder in temporary]
+    dropped = drop_to is not None and os.geteuid() == 0
+    if (split_temp or dropped) and temporary:
+        tmpdir = tempfile.mkdtemp(prefix="trouper-shell-", dir=(split_temp or temporary)[0])
+        if dropped:
+            os.chown(tmpdir, *drop_to)  # type: ignore[misc]
+        policy = replace(policy, writable=(*policy.writable, tmpdir))
+        if env is not None:
+            env["TMPDIR"] = tmpdir
+            if dropped:
+                env["HOME"] = tmpdir
+    for hole in probe.missing:
+        logger.warning("the shell is confined without %s", hole)
+    if probe.split:
+        logger.info("the shell cannot add entries directly in %s (an unreadable path lies "
+                    "beneath)%s", ", ".join(probe.split),
+                    f"; its TMPDIR is {tmpdir}" if tmpdir else "")
+    return ShellConfinement(policy, probe.missing, probe.split, tmpdir)
