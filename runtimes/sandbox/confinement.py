@@ -23,6 +23,15 @@ Run as root (euid 0), the child becomes ``drop_to`` when it is set, else it stay
 without any capability, and with securebits locked so that no exec (a setuid-root
 binary, or any binary as uid 0) gives one back. Without Landlock, a capability-less root
 can still write every file root owns: check ``missing``.
+
+What this does not stop: connecting to a pathname UNIX socket (the Docker socket, the
+D-Bus session bus, an ssh-agent) below Landlock ABI 9, even under an unreadable path, and
+so asking a daemon to act for the shell; seeing that an unreadable path exists (``stat``,
+``cd`` into it, its name in a listing of its folder); reading another process's
+``/proc/<pid>/cmdline``; the kernel keyrings. Rules bind to the files that exist at
+``prepare``: an entry made later directly in a split folder (or replaced by rename) is
+neither readable nor writable for that shell, and an unreadable path made later is not
+protected until the next shell.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ rights on its own entries (create, remove, rename directly in it).
 
 Rights are used best-effort by ABI: 1 the base rights, 2 REFER (rename across folders),
 3 TRUNCATE, 4 TCP bind/connect, 5 IOCTL_DEV, 6 scoping of signals and abstract UNIX
-sockets. See https://docs.kernel.org/userspace-api/landlock.html.
+sockets, 9 RESOLVE_UNIX (connecting to a pathname UNIX socket: granted with read, so a
+socket under an unreadable path cannot be reached; below ABI 9 it always can).
+See https://docs.kernel.org/userspace-api/landlock.html.
 """
 
 from __future__ import annotations
@@ -31,19 +33,21 @@ EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
 MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
 MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+RESOLVE_UNIX = 1 << 16
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
-READ = EXECUTE | READ_FILE | READ_DIR
-"""Read and execute: what the whole file system gets."""
-WRITE = (1 << 15) - 1
+READ = EXECUTE | READ_FILE | READ_DIR | RESOLVE_UNIX
+"""Read, execute and connect to UNIX sockets: what the whole file system gets."""
+WRITE = (1 << 15) - 1 | RESOLVE_UNIX
 """Everything but IOCTL_DEV: read, write, create, remove, rename beneath a writable folder."""
 DEVICE = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV
 """A device file a shell uses (/dev/null, /dev/tty...): read, write, ioctl."""
-FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV | RESOLVE_UNIX
 """The only rights a rule on a file (not a folder) may carry."""
-_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1}
-_FS_ALL = (1 << 16) - 1
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+_FS_ALL = (1 << 17) - 1
+"""Every right up to RESOLVE_UNIX (ABI 9); ABI 5 to 8 stop at IOCTL_DEV."""
 
 Grant = Tuple[str, int]
 """A path (resolved) and the Landlock rights beneath it."""
@@ -134,7 +138,9 @@ def abi(calls: Syscalls) -> int:
 
 def handled_fs(version: int) -> int:
     """The file-system rights Landlock ABI ``version`` knows (all of them get handled)."""
-    return _FS_BY_ABI.get(version, _FS_ALL) if version > 0 else 0
+    if version <= 0:
+        return 0
+    return _FS_BY_ABI.get(version, _FS_ALL if version >= 9 else (1 << 16) - 1)
 
 
 class Ruleset:
