@@ -116,6 +116,23 @@ class Settings(BaseModel):
     Calls to other providers, and every call while a litellm callback is set, go through
     ``litellm.completion`` either way."""
 
+    # The daemon's HTTP limits (daemon/app.py's ``http_limits``; docs/daemon.md, "Limits"):
+    # what one client may cost it, read by the daemon process when it starts.
+    daemon_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body the daemon takes (its routes take JSON: a create, a message);
+    a larger declared one is answered 413 unread, a chunked one is cut at it."""
+    daemon_max_header_bytes: int = Field(default=32 * 1024, ge=1024)
+    """Largest request line and headers the daemon takes (a browser's cookies for
+    localhost count: 32 KiB leaves room)."""
+    daemon_read_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    """A request's headers must arrive within this; its body too, plus a second for each
+    16 KiB that came (a trickling client is dropped)."""
+    daemon_max_connections: int = Field(default=256, ge=1)
+    """Connections the daemon holds at once (streams included); more are answered 503
+    and closed."""
+    daemon_max_connections_per_client: int = Field(default=128, ge=1)
+    """Connections from one client address at once (every local client is 127.0.0.1)."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The defaults, overridden by the ``TROUPER_<FIELD>`` variables that are set.

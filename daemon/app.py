@@ -28,7 +28,10 @@ from ..exceptions import (
     UnknownSession,
 )
 from ..messages.events import AgentState
-from .auth import SUBPROTOCOL, Guard
+from ..serving.asgi import RequestLimits
+from ..serving.limits import INT64_MAX, HttpLimits
+from ..settings import Settings, settings
+from .auth import SUBPROTOCOL, Guard, limit_error_body
 from .service import Answer, Conflict, CreateSession, Message, Service
 from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_loop
 
@@ -47,6 +50,10 @@ _PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
 }
 StateName = Literal[tuple(s.value for s in AgentState)]  # type: ignore[valid-type]
+# Numbers that reach the store fit SQLite's signed 64 bits, so 2**63 is a 422, not a 500.
+After = Query(0, ge=0, le=INT64_MAX, description="Events with a greater seq.")
+Offset = Query(0, ge=0, le=INT64_MAX)
+Cursor = Query(None, max_length=200)
 
 
 def error(status: int, code: str, message: str, field: str | None = None,
@@ -71,10 +78,21 @@ def _trouper_error(exc: TrouperError) -> JSONResponse:
     return error(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
+def http_limits(given: Settings | None = None) -> HttpLimits:
+    """The daemon's HTTP limits from its settings (``TROUPER_DAEMON_*``)."""
+    s = given or settings()
+    return HttpLimits(
+        max_body_bytes=s.daemon_max_body_bytes, max_header_bytes=s.daemon_max_header_bytes,
+        header_timeout_s=s.daemon_read_timeout_s, body_timeout_s=s.daemon_read_timeout_s,
+        max_connections=s.daemon_max_connections,
+        max_connections_per_client=s.daemon_max_connections_per_client)
+
+
 def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
-               limits: StreamLimits | None = None) -> Any:
-    """The ASGI app: the FastAPI app inside its ``Guard``. ``app.state`` of the inner app
-    holds the ``Service`` and the ``Streams`` (``.fastapi`` reaches it)."""
+               limits: StreamLimits | None = None, http: HttpLimits | None = None) -> Any:
+    """The ASGI app: the FastAPI app inside ``RequestLimits`` (sizes) inside its ``Guard``
+    (the token first). ``app.state`` of the inner app holds the ``Service`` and the
+    ``Streams`` (``.fastapi`` reaches it)."""
     api = FastAPI(title="trouper daemon", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/v1/openapi.json")
     service = Service(trouper, token)
@@ -112,7 +130,7 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         return JSONResponse(view, status_code=201 if created else 200)
 
     @api.get("/v1/sessions")
-    def list_sessions(limit: int = 50, cursor: str | None = None, offset: int = 0,
+    def list_sessions(limit: int = 50, cursor: str | None = Cursor, offset: int = Offset,
                       state: list[StateName] | None = Query(default=None)) -> dict[str, Any]:
         """Sessions, newest first; page with ``cursor`` (or ``offset``); filter by state."""
         states = [AgentState(s) for s in state] if state else None
@@ -156,12 +174,12 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
                                key=key)
 
     @api.get("/v1/sessions/{session_id}/events")
-    def events(session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+    def events(session_id: str, after: int = After, limit: int = 1000) -> dict[str, Any]:
         """Events with seq > ``after``: ``{events, next_after, head_seq}``."""
         return service.events(session_id, after, limit)
 
     @api.get("/v1/sessions/{session_id}/events/stream")
-    async def stream(request: Request, session_id: str, after: int = 0,
+    async def stream(request: Request, session_id: str, after: int = After,
                      until_settled: bool = False,
                      last_event_id: str | None = Header(default=None)) -> Response:
         """Server-Sent Events: every event with seq > ``Last-Event-ID`` (else ``after``),
@@ -185,8 +203,8 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         except TrouperError as exc:
             await ws.send_denial_response(_trouper_error(exc))
             return
-        if after < 0:
-            await ws.send_denial_response(error(422, "invalid", "after: must not be negative",
+        if not 0 <= after <= INT64_MAX:
+            await ws.send_denial_response(error(422, "invalid", "after: a seq, 0 to 2**63-1",
                                                 "after"))
             return
         sub = streams.subscribe(session, after, until_settled, asyncio.get_running_loop())
@@ -200,7 +218,10 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
     for path, (name, media) in PAGE_FILES.items():
         api.get(path, include_in_schema=False)(_page(name, media))
 
-    guarded = Guard(api, token=token, hosts=hosts)
+    http = http or http_limits()
+    sized = RequestLimits(api, max_body_bytes=http.max_body_bytes,
+                          max_header_bytes=http.max_header_bytes, error_body=limit_error_body)
+    guarded = Guard(sized, token=token, hosts=hosts)
     guarded.fastapi = api  # type: ignore[attr-defined]
     return guarded
 
@@ -208,7 +229,9 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
 def _resume_point(last_event_id: str | None, after: int) -> int:
     """Where a stream starts: Last-Event-ID (a browser's reconnect) wins over ``after``."""
     if last_event_id is not None and last_event_id.strip():
-        if not last_event_id.strip().isdigit():
+        text = last_event_id.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 19
+                and int(text) <= INT64_MAX):
             raise ConfigError("Last-Event-ID: must be a seq (a whole number)",
                               field="Last-Event-ID")
         return int(last_event_id.strip())

@@ -25,6 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from ..serving.limits import Notes
+
 logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -57,6 +59,9 @@ class Guard:
         self._token = token.encode()
         self.hosts = frozenset(h.lower() for h in hosts)
         self.origins = frozenset(f"http://{h}" for h in self.hosts)
+        self.notes = Notes(logger)
+        """Refusals, logged at most once a minute per kind and address (a client
+        retrying with a wrong token is one line a minute, not one a request)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -66,7 +71,9 @@ class Guard:
         refusal = self._refusal(scope, headers)
         if refusal is not None:
             status, code, message = refusal
-            logger.info("refused %s %s: %s", scope["type"], scope.get("path"), code)
+            client = scope.get("client")
+            self.notes.note(f"refused ({code})", str(client[0]) if client else "?",
+                            f"{scope['type']} {str(scope.get('path'))[:100]}: {status}")
             await _deny(scope, send, status, code, message)
             return
         await self.app(scope, receive, send)
@@ -113,6 +120,16 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 def error_body(code: str, message: str) -> bytes:
     return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+LIMIT_CODES = {400: "bad_request", 413: "payload_too_large", 431: "headers_too_large",
+               503: "too_many_connections"}
+"""The error code of each refusal made from a request's size or its connection."""
+
+
+def limit_error_body(status: int, message: str) -> bytes:
+    """The daemon's error body for a request or connection refused by its limits."""
+    return error_body(LIMIT_CODES.get(status, "http_error"), message)
 
 
 async def _deny(scope: Scope, send: Send, status: int, code: str, message: str) -> None:

@@ -32,7 +32,9 @@ from ..exceptions import TrouperError
 from ..masking import install_log_masking
 from ..paths import Home, enter_private_process
 from ..processes import die_if_forked, signal_handlers
-from .auth import LOOPBACK_NAMES, allowed_hosts
+from ..serving.limits import HttpLimits, Notes
+from ..serving.protocol import Door, guarded_protocol
+from .auth import LOOPBACK_NAMES, allowed_hosts, limit_error_body
 from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_running
 
 logger = logging.getLogger("trouper.daemon")
@@ -106,7 +108,7 @@ def run(home: Home, host: str, port: int, ready: Ready) -> int:
 def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: Ready,
                   stop: _Stop) -> int:
     from ..api import Trouper
-    from .app import create_app
+    from .app import create_app, http_limits
 
     sock = bind(host, port)
     try:
@@ -120,10 +122,11 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
         logger.info("actor system open, unfinished sessions restored in %.2f s",
                     time.monotonic() - started)
         try:
-            app = create_app(trouper, token=token, hosts=_hosts(host, port))
+            limits = http_limits()
+            app = create_app(trouper, token=token, hosts=_hosts(host, port), http=limits)
             streams = app.fastapi.state.streams
             config = uvicorn.Config(app, log_config=None, lifespan="off",
-                                    timeout_graceful_shutdown=5, ws="websockets-sansio")
+                                    timeout_graceful_shutdown=5, **uvicorn_options(limits))
             server = _Server(config)
             server.on_exit = streams.close_all  # type: ignore[method-assign]
             stop.server = server
@@ -141,6 +144,16 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
         sock.close()
     logger.info("daemon stopped")
     return 0
+
+
+def uvicorn_options(limits: HttpLimits) -> dict[str, Any]:
+    """uvicorn's settings for the daemon's limits: the guarded h11 protocol (connections
+    and read deadlines), the header cap, and WebSocket messages kept small (the daemon
+    reads and ignores what a client sends on its stream)."""
+    door = Door(limits, limit_error_body, Notes(logger))
+    return {"http": guarded_protocol(door), "ws": "websockets-sansio",
+            "h11_max_incomplete_event_size": limits.max_header_bytes,
+            "timeout_keep_alive": limits.keep_alive_s, "ws_max_size": 64 * 1024}
 
 
 def _hosts(host: str, port: int) -> frozenset[str]:

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,9 @@ class CreateSession(BaseModel):
         "Environment variables of the sandbox's shell; write-only, masked everywhere."))
 
 
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+"""A session id as ``Trouper.start_session`` takes one: any other names no session, and is
+answered 404 before it reaches the store or a file (``..``, a 256-character id...)."""
 MAX_IDEMPOTENCY_KEY = 255
 """Longest ``Idempotency-Key`` header taken on a command."""
 
@@ -130,7 +134,7 @@ class Service:
 
     def _exists(self, session_id: str) -> bool:
         try:
-            self.store.session(session_id)
+            self.record(session_id)
         except UnknownSession:
             return False
         return True
@@ -163,9 +167,18 @@ class Service:
         self.learn(record.session_id)
         return record_summary(record)
 
+    def record(self, session_id: str) -> SessionRecord:
+        """The stored session; UnknownSession, before the store is asked, for an id no
+        session can have."""
+        if not SESSION_ID.match(session_id):
+            raise UnknownSession(f"no session has the id {session_id[:80]!r}: an id is 1 to "
+                                 "64 letters, digits, '.', '_' or '-', starting with a letter "
+                                 "or digit")
+        return self.store.session(session_id)  # type: ignore[no-any-return]
+
     def detail(self, session_id: str) -> dict[str, Any]:
         """The session folded from its log: state, cost, the action waiting, its config."""
-        record = self.store.session(session_id)
+        record = self.record(session_id)
         fault = self.trouper.fault(session_id)
         with self._views_lock:  # the view is shared: read it whole under the lock
             view = self._fold(session_id)
@@ -204,7 +217,7 @@ class Service:
                 action_id: str = "", key: str | None = None) -> dict[str, Any]:
         """Carry out a user command; with an ``Idempotency-Key`` (``key``), the same
         command sent again under it is answered, not carried out twice."""
-        self.store.session(session_id)  # 404 before anything is asked of the tree
+        self.record(session_id)  # 404 before anything is asked of the tree
         self.learn(session_id)
         request_id = None if key is None else self._command_id(
             key, session_id, command, text, action_id)
@@ -218,6 +231,7 @@ class Service:
             raise ConfigError("after: must not be negative", field="after")
         if not 1 <= limit <= MAX_EVENTS_PAGE:
             raise ConfigError(f"limit: must be between 1 and {MAX_EVENTS_PAGE}", field="limit")
+        self.record(session_id)  # a known session's files only are read
         self.learn(session_id)
         events = self.store.read(session_id, since=after, limit=limit)
         head = self.store.last_seq(session_id)
@@ -225,7 +239,7 @@ class Service:
                 "next_after": events[-1].seq if events else after, "head_seq": head}
 
     def session(self, session_id: str) -> Session:
-        self.store.session(session_id)
+        self.record(session_id)
         self.learn(session_id)
         return Session(self.trouper, session_id)
 
