@@ -41,9 +41,22 @@ file_path = click.Path(dir_okay=False, path_type=Path)
                                            "session setting wins).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--max-body-bytes", default=64 * 1024 * 1024, show_default=True,
+              type=click.IntRange(1024), help="Largest request body (an upload): a larger "
+                                              "one is refused 413 unread.")
+@click.option("--max-connections", default=512, show_default=True, type=click.IntRange(1),
+              help="Connections open at once; more are answered 503 and closed.")
+@click.option("--max-connections-per-client", default=256, show_default=True,
+              type=click.IntRange(1), help="Connections open at once from one address.")
+@click.option("--read-timeout-s", default=10.0, show_default=True,
+              type=click.FloatRange(0, min_open=True, max=3600),
+              help="A request's headers must arrive within this (its body too, plus a "
+                   "second per 16 KiB): a client that trickles them is dropped.")
 def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
                    tls_cert: Path | None, tls_key: Path | None, insecure: bool,
-                   idle_timeout_s: float, max_output_chars: int, log_level: str) -> None:
+                   idle_timeout_s: float, max_output_chars: int, log_level: str,
+                   max_body_bytes: int, max_connections: int, max_connections_per_client: int,
+                   read_timeout_s: float) -> None:
     """Serve sandboxes for remote trouper sessions (FastAPI + uvicorn) until stopped.
 
     Each session gets a persistent shell in <workdir>/<session id>/workspace and an
@@ -55,7 +68,9 @@ def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
     options = ServeOptions(
         host=host, port=port, workdir=workdir, token_file=token_file, tls_cert=tls_cert,
         tls_key=tls_key, insecure=insecure, idle_timeout_s=idle_timeout_s,
-        max_output_chars=max_output_chars, log_level=log_level)
+        max_output_chars=max_output_chars, log_level=log_level,
+        max_body_bytes=max_body_bytes, max_connections=max_connections,
+        max_connections_per_client=max_connections_per_client, read_timeout_s=read_timeout_s)
     try:
         serve(options)
     except ServeError as exc:

@@ -19,27 +19,35 @@
 A record is ``{action_id, state, epoch, outcome}``, state absent / running / finished /
 unknown. Errors are ``{"error": <code>, "message": ...}``: 400 BadRequest or PathRefused,
 401 Unauthorized, 404 NotFound or SandboxNotRunning, 409 StaleEpoch, 413
-PayloadTooLarge, 422 InvalidRequest, 507 StorageUnavailable, 500 InternalError.
+PayloadTooLarge, 422 InvalidRequest, 431 HeadersTooLarge, 503 TooManyConnections,
+507 StorageUnavailable; 500 InternalError is a bug (tests/test_remote_fuzz.py walks every
+route with hostile input and expects none). Ids and numbers are checked before they
+reach a file: an action id is 1-200 characters, every integer (a query's or a body's) fits
+in 64 bits, every number is finite, and a body's lone surrogates become U+FFFD (I6).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from ...serving.limits import INT64_MAX
+from ...text import storable
 from ..sandbox import MAX_BODY_BYTES, PROTOCOL_VERSION
 from ..sandbox.confine import FileError
 from ..sandbox.service import BadRequest, StaleEpoch, StorageUnavailable
 from . import workfiles
-from .guard import Guard, PayloadTooLarge
+from .guard import MAX_HEADER_BYTES, Guard
 from .registry import Hosted, NotRunning, Sessions
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,9 @@ MAX_OUTPUT_CHUNK = 1024 * 1024
 """Most bytes of output one request returns."""
 THREADS = 256
 """Worker threads for blocking routes (each long-poll holds one)."""
+ActionId = Path(min_length=1, max_length=200)
+"""An action id as ``/actions`` takes one (it names a journal file)."""
+Epoch = Query(None, ge=0, le=INT64_MAX)
 
 _ERRORS: list[tuple[type[BaseException], int, str]] = [
     (StaleEpoch, 409, "StaleEpoch"),
@@ -57,12 +68,12 @@ _ERRORS: list[tuple[type[BaseException], int, str]] = [
     (FileError, 400, "PathRefused"),
     (NotRunning, 404, "SandboxNotRunning"),
     (StorageUnavailable, 507, "StorageUnavailable"),
-    (PayloadTooLarge, 413, "PayloadTooLarge"),
 ]
 
 
-def create_app(sessions: Sessions, token: str, max_body_bytes: int = MAX_BODY_BYTES) -> Guard:
-    """The ASGI app: ``Guard`` (token, size) around the FastAPI routes.
+def create_app(sessions: Sessions, token: str, max_body_bytes: int = MAX_BODY_BYTES,
+               max_header_bytes: int = MAX_HEADER_BYTES) -> Guard:
+    """The ASGI app: ``Guard`` (token, sizes) around the FastAPI routes.
 
     ``guard.app`` is the FastAPI app (its ``routes`` list every endpoint).
     """
@@ -70,7 +81,7 @@ def create_app(sessions: Sessions, token: str, max_body_bytes: int = MAX_BODY_BY
                   openapi_url=None, lifespan=_lifespan)
     _errors(app)
     _routes(app, sessions)
-    return Guard(app, token, max_body_bytes)
+    return Guard(app, token, max_body_bytes, max_header_bytes)
 
 
 async def _lifespan(app: FastAPI) -> Any:
@@ -103,10 +114,17 @@ def _errors(app: FastAPI) -> None:
         code = "NotFound" if status == 404 else "MethodNotAllowed" if status == 405 else "HTTP"
         return _error(status, code, f"{request.method} {request.url.path}: {exc}")
 
+    def gone(request: Request, exc: Exception) -> Response:
+        # the client left, or its body was cut at the limit (it has its 413): no one reads
+        # this answer, and it is no failure of the server's
+        logger.debug("%s %s: the client went away", request.method, request.url.path)
+        return Response(status_code=400)
+
     def internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("%s %s failed", request.method, request.url.path)
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
+    app.add_exception_handler(ClientDisconnect, gone)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, internal)
@@ -123,13 +141,14 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
         env = body.get("env") or {}
         names = body.get("secret_names") or []
         if not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and "\0" not in v
-                for k, v in env.items()):
-            raise BadRequest("env must map variable names to strings without NUL")
+                isinstance(k, str) and k and not set(k) & {"=", "\0"} and isinstance(v, str)
+                and "\0" not in v for k, v in env.items()):
+            raise BadRequest("env must map variable names (without '=' or NUL) to strings "
+                             "without NUL")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise BadRequest("secret_names must be a list of names")
         chars = body.get("max_output_chars")
-        if chars is not None and (not isinstance(chars, int) or chars <= 0):
+        if chars is not None and (type(chars) is not int or chars <= 0):
             raise BadRequest("max_output_chars must be a positive integer")
         return sessions.start(session_id, body.get("epoch", "next"), env, names, chars)
 
@@ -156,17 +175,18 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
         return record
 
     @app.get("/v1/sessions/{session_id}/actions/{action_id}")
-    def action(session_id: str, action_id: str, wait_s: float = 0.0,
-               epoch: int | None = None) -> dict[str, Any]:
+    def action(session_id: str, action_id: str = ActionId, wait_s: float = 0.0,
+               epoch: int | None = Epoch) -> dict[str, Any]:
         hosted = sessions.get(session_id)
         hosted.service.check_epoch(epoch)
         with _busy(hosted):
             return _checked(hosted, hosted.journal.wait(action_id, _wait(wait_s)))
 
     @app.get("/v1/sessions/{session_id}/actions/{action_id}/output")
-    def output(session_id: str, action_id: str, offset: int = Query(0, ge=0),
-               limit: int = Query(MAX_OUTPUT_CHUNK, gt=0),
-               epoch: int | None = None) -> dict[str, Any]:
+    def output(session_id: str, action_id: str = ActionId,
+               offset: int = Query(0, ge=0, le=INT64_MAX),
+               limit: int = Query(MAX_OUTPUT_CHUNK, gt=0, le=INT64_MAX),
+               epoch: int | None = Epoch) -> dict[str, Any]:
         hosted = sessions.get(session_id)
         hosted.service.check_epoch(epoch)
         state = hosted.journal.read(action_id)["state"]
@@ -177,7 +197,7 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
 
     @app.put("/v1/sessions/{session_id}/files")
     async def upload(session_id: str, request: Request, path: str,
-                     epoch: int | None = None) -> dict[str, Any]:
+                     epoch: int | None = Epoch) -> dict[str, Any]:
         hosted = sessions.get(session_id)
         hosted.service.check_epoch(epoch)
         data = await request.body()
@@ -186,7 +206,7 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
         return {"path": path, "size": size}
 
     @app.get("/v1/sessions/{session_id}/files")
-    def download(session_id: str, path: str, epoch: int | None = None) -> Response:
+    def download(session_id: str, path: str, epoch: int | None = Epoch) -> Response:
         hosted = sessions.get(session_id)
         hosted.service.check_epoch(epoch)
         data = workfiles.download(hosted.service.workspace, path, MAX_BODY_BYTES)
@@ -194,12 +214,17 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, whatever its content type says; ``{}`` when empty."""
+    """The body as a JSON object, whatever its content type says; ``{}`` when empty.
+    Integers fit in 64 bits, numbers are finite (no ``NaN``), and lone surrogates in its
+    strings become U+FFFD, so nothing in it fails later on a file, a clock or a shell."""
     raw = await request.body()
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
+        body = storable(json.loads(raw, parse_int=_int64, parse_float=_finite,
+                                   parse_constant=_no_constant))
+    except RecursionError as e:
+        raise BadRequest("the body is nested too deeply") from e
     except ValueError as e:
         raise BadRequest(f"the body is not JSON: {e}") from e
     if not isinstance(body, dict):
@@ -207,9 +232,28 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ValueError(f"the integer {text[:30]}... does not fit in 64 bits")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:30]} is too large")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
+
+
 def _wait(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise BadRequest("wait_s must be a number >= 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise BadRequest("wait_s must be a finite number >= 0")
     return min(MAX_WAIT_S, float(value))
 
 

@@ -3,17 +3,22 @@
 ``Guard`` is plain ASGI, outside FastAPI: it reads the ``Authorization`` header from the
 request's scope and compares it in constant time with the server's token; a request
 without the right one gets 401 and ``Connection: close`` at once, and its body is never
-read (``receive`` is never called). A body declared larger than ``max_body_bytes`` gets
-413 the same way, and one that turns out larger while it is read (chunked) raises
-``PayloadTooLarge`` (answered 413 by the app). Only HTTP is served: a websocket is closed.
+read (``receive`` is never called). Then ``serving.asgi.RequestLimits``: a header block
+over ``max_header_bytes`` gets 431, a body declared larger than ``max_body_bytes`` 413,
+both the same way, unread; one that turns out larger while it is read (chunked) is cut
+at the limit with 413. Only HTTP is served: a websocket is closed.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from ...serving.asgi import RequestLimits
+from ...serving.limits import Notes
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,20 +26,34 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+logger = logging.getLogger(__name__)
 
-class PayloadTooLarge(Exception):
-    """A request body grew past the limit while it was read."""
+LIMIT_CODES = {400: "BadRequest", 413: "PayloadTooLarge", 431: "HeadersTooLarge",
+               503: "TooManyConnections"}
+"""The error name of each refusal made from a request's size or its connection."""
+MAX_HEADER_BYTES = 16 * 1024
+"""The request line and headers of one request (a longer one is refused unread)."""
+
+
+def limit_error_body(status: int, message: str) -> bytes:
+    """The server's error body for a request or connection refused by its limits."""
+    return json.dumps({"error": LIMIT_CODES.get(status, "HTTP"), "message": message}).encode()
 
 
 class Guard:
-    """Wraps an ASGI app: token first, size second, then the app."""
+    """Wraps an ASGI app: token first, sizes second, then the app."""
 
-    def __init__(self, app: ASGIApp, token: str, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, token: str, max_body_bytes: int,
+                 max_header_bytes: int = MAX_HEADER_BYTES) -> None:
         if not token:
             raise ValueError("the runtime server needs a non-empty token")
         self.app = app
         self._expected = f"Bearer {token}".encode()
         self.max_body_bytes = max_body_bytes
+        self.notes = Notes(logger)
+        self._sized = RequestLimits(app, max_body_bytes=max_body_bytes,
+                                    max_header_bytes=max_header_bytes,
+                                    error_body=limit_error_body, notes=self.notes)
         self.refused = 0
         """Requests refused for a missing or wrong token (tests read it)."""
 
@@ -46,39 +65,20 @@ class Guard:
         if kind != "http":
             await send({"type": "websocket.close", "code": 1008})
             return
-        headers = scope.get("headers") or []
         given = b""
-        length: bytes | None = None
-        for name, value in headers:
+        for name, value in scope.get("headers") or []:
             if name == b"authorization":
                 given = value
-            elif name == b"content-length":
-                length = value
         if not hmac.compare_digest(given, self._expected):
             self.refused += 1
+            client = scope.get("client")
+            self.notes.note("unauthorized request", str(client[0]) if client else "?",
+                            f"{scope.get('method')} {str(scope.get('path'))[:100]}, "
+                            "refused with 401 unread")
             await _refuse(send, 401, "Unauthorized", "missing or wrong bearer token",
                           [(b"www-authenticate", b"Bearer")])
             return
-        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await _refuse(send, 413, "PayloadTooLarge",
-                          f"the body may hold at most {self.max_body_bytes} bytes")
-            return
-        await self.app(scope, self._counted(receive), send)
-
-    def _counted(self, receive: Receive) -> Receive:
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message.get("type") == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise PayloadTooLarge(
-                        f"the body may hold at most {self.max_body_bytes} bytes")
-            return message
-
-        return counted
+        await self._sized(scope, receive, send)
 
 
 async def _refuse(send: Send, status: int, code: str, message: str,

@@ -20,12 +20,20 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...serving.limits import HttpLimits
+from ..sandbox import MAX_BODY_BYTES
 from ..sandbox.util import open_private, wall_time, write_json_atomic
+from .guard import MAX_HEADER_BYTES
 
-MAX_CONNECTIONS = 256
-"""Connections and requests in flight at once; more are answered 503 at once."""
-MAX_HEADER_BYTES = 16 * 1024
-"""The request line and headers of one request (a longer one is refused unread)."""
+MAX_CONNECTIONS = 512
+"""Connections open at once; more are answered 503 and closed at once."""
+MAX_CONNECTIONS_PER_CLIENT = 256
+"""Connections open at once from one address (a trouper host's sessions each hold one
+while they wait on an action)."""
+READ_TIMEOUT_S = 10.0
+"""A request's headers must arrive within this; its body too, plus a second per 16 KiB."""
+KEEP_ALIVE_S = 30.0
+"""An idle connection between requests is kept this long (a client's pool reuses it)."""
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,18 @@ class ServeOptions:
     idle_timeout_s: float = 0.0
     max_output_chars: int = 10_000
     log_level: str = "info"
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_connections: int = MAX_CONNECTIONS
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
+    read_timeout_s: float = READ_TIMEOUT_S
+
+    def limits(self) -> HttpLimits:
+        """What one client may cost the server."""
+        return HttpLimits(
+            max_body_bytes=self.max_body_bytes, max_header_bytes=MAX_HEADER_BYTES,
+            header_timeout_s=self.read_timeout_s, body_timeout_s=self.read_timeout_s,
+            keep_alive_s=KEEP_ALIVE_S, max_connections=self.max_connections,
+            max_connections_per_client=self.max_connections_per_client)
 
 
 def is_loopback(host: str) -> bool:
@@ -140,7 +160,10 @@ def serve(options: ServeOptions) -> None:
     """Check, bind, and serve until SIGTERM or SIGINT; raises ServeError before listening."""
     import uvicorn
 
+    from ...serving.limits import Notes
+    from ...serving.protocol import Door, guarded_protocol
     from .app import create_app
+    from .guard import limit_error_body
     from .registry import Sessions
 
     tls = check_tls(options.tls_cert, options.tls_key)
@@ -158,14 +181,17 @@ def serve(options: ServeOptions) -> None:
         logger.warning("killed %d shell(s) an earlier server boot left: %s", len(killed), killed)
     sock = bind(options.host, options.port)
     port = sock.getsockname()[1]
+    limits = options.limits()
+    # a peer that opens connections without end, or trickles them, gets 503s and closed
+    # connections, not the server's memory (serving/protocol.py)
+    door = Door(limits, limit_error_body, Notes(logger))
     config = uvicorn.Config(
-        create_app(sessions, token), log_config=None, log_level=options.log_level,
-        access_log=False,
+        create_app(sessions, token, limits.max_body_bytes), log_config=None,
+        log_level=options.log_level, access_log=False,
         ssl_certfile=str(options.tls_cert) if tls else None,
-        ssl_keyfile=str(options.tls_key) if tls else None, timeout_keep_alive=30,
-        timeout_graceful_shutdown=5, lifespan="on",
-        # a peer that opens connections without end gets 503s, not the server's memory
-        limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+        ssl_keyfile=str(options.tls_key) if tls else None,
+        timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=5, lifespan="on",
+        http=guarded_protocol(door), h11_max_incomplete_event_size=limits.max_header_bytes)
     server = uvicorn.Server(config)
     scheme = "https" if tls else "http"
     write_json_atomic(str(workdir / "server.json"), {

@@ -25,6 +25,8 @@ def upload(workspace: str, path: str, data: bytes, umask: int) -> int:
             info = os.stat(target.name, dir_fd=target.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             info = None
+        except OSError as e:  # a name too long, a folder in the way...
+            raise FileError(f"Cannot write {path}: {e.strerror or e}.") from e
         if info is not None:
             target.check_regular(info)
         mode = stat.S_IMODE(info.st_mode) if info is not None else 0o666 & ~umask
@@ -66,6 +68,8 @@ def read_text_chunk(path: str, offset: int, limit: int) -> tuple[str, int]:
     character; and the offset to ask for next. An absent file reads as empty."""
     try:
         with open(path, "rb") as src:
+            if offset >= os.fstat(src.fileno()).st_size:
+                return "", offset  # nothing there yet (a seek past 2**62 fails: not asked)
             src.seek(offset)
             data = src.read(limit)
     except FileNotFoundError:
