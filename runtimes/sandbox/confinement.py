@@ -41,9 +41,9 @@ import errno
 import os
 import struct
 from dataclasses import dataclass
-from typing import NoReturn
 
 from . import landlock, seccomp
+from .syscalls import Libc
 
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
                 "/dev/tty", "/dev/ptmx")
@@ -97,7 +97,7 @@ class Prepared:
         Raises OSError naming the step that failed; the child must then not exec.
         """
         self._privileges.drop()
-        seccomp.no_new_privs(self._privileges.libc)
+        seccomp.no_new_privs(self._privileges.calls)
         if self._ruleset is not None:
             self._ruleset.restrict()
         if self._filter is not None:
@@ -114,7 +114,7 @@ def prepare(policy: Policy) -> Prepared:
 
     Raises OSError when the kernel refuses a rule it claims to support.
     """
-    calls = landlock.Syscalls()
+    calls = Libc()
     missing: list[str] = []
     ruleset, split = None, ()
     version = _landlock_abi(calls, missing)
@@ -124,8 +124,8 @@ def prepare(policy: Policy) -> Prepared:
         split = tuple(planned.split)
         missing += _landlock_gaps(version, policy.network)
     try:
-        filter_ = _seccomp_filter(policy.network, missing)
-        privileges = _Privileges(calls.libc, policy.drop_to, missing)
+        filter_ = _seccomp_filter(calls, policy.network, missing)
+        privileges = _Privileges(calls, policy.drop_to, missing)
     except BaseException:
         if ruleset is not None:
             ruleset.close()
@@ -137,16 +137,18 @@ def available() -> dict[str, object]:
     """What this kernel and machine offer, for a status line or the docs:
     ``{"landlock_abi": 7, "seccomp": True, "arch": "x86_64", "euid": 0}``
     (``landlock_abi`` 0: none)."""
+    calls = Libc()
     try:
-        version = landlock.abi(landlock.Syscalls())
+        version = landlock.abi(calls)
     except OSError:
         version = 0
     arch = seccomp.machine()
-    return {"landlock_abi": version, "seccomp": arch in seccomp.ARCHES and seccomp.supported(),
+    return {"landlock_abi": version,
+            "seccomp": arch in seccomp.ARCHES and seccomp.supported(calls),
             "arch": arch, "euid": os.geteuid()}
 
 
-def _landlock_abi(calls: landlock.Syscalls, missing: list[str]) -> int:
+def _landlock_abi(calls: Libc, missing: list[str]) -> int:
     try:
         return landlock.abi(calls)
     except OSError as e:
@@ -181,23 +183,23 @@ def _denied(unreadable: tuple[str, ...]) -> list[str]:
     return sorted(p for p in paths if os.path.lexists(p))
 
 
-def _seccomp_filter(network: bool, missing: list[str]) -> seccomp.Filter | None:
+def _seccomp_filter(calls: Libc, network: bool, missing: list[str]) -> seccomp.Filter | None:
     arch = seccomp.ARCHES.get(seccomp.machine())
     if arch is None:
         missing.append(f"seccomp (arch {seccomp.machine()})")
         return None
-    if not seccomp.supported():
+    if not seccomp.supported(calls):
         missing.append("seccomp (kernel without it)")
         return None
-    return seccomp.Filter(seccomp.program(arch, network))
+    return seccomp.Filter(calls, seccomp.program(arch, network))
 
 
 class _Privileges:
     """Becoming ``drop_to``, or losing every capability, prepared in the parent."""
 
-    def __init__(self, libc: ctypes.CDLL, drop_to: tuple[int, int] | None,
+    def __init__(self, calls: Libc, drop_to: tuple[int, int] | None,
                  missing: list[str]) -> None:
-        self.libc = libc
+        self.calls = calls
         self._become: tuple[int, int] | None = None
         self._last_cap = -1
         """Highest capability to drop from the bounding set; -1: none to drop."""
@@ -225,27 +227,17 @@ class _Privileges:
             except OSError as e:
                 raise OSError(e.errno, f"drop to uid {uid} gid {gid}: {e.strerror}") from e
         for cap in range(self._last_cap + 1):
-            if self.libc.prctl(ctypes.c_int(_PR_CAPBSET_DROP), ctypes.c_ulong(cap),
-                               ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-                if ctypes.get_errno() == errno.EINVAL and cap > 0:
+            try:
+                self.calls.prctl("capability bounding set", _PR_CAPBSET_DROP, cap)
+            except OSError as e:
+                if e.errno == errno.EINVAL and cap > 0:
                     break  # past the kernel's last capability (cap_last_cap unread)
-                _raise(f"capability bounding set ({cap})")
+                raise
         if self._last_cap >= 0:
-            self._prctl("securebits", _PR_SET_SECUREBITS, _SECUREBITS)
+            self.calls.prctl("securebits", _PR_SET_SECUREBITS, _SECUREBITS)
         if self._clear:
-            self._prctl("ambient capabilities", _PR_CAP_AMBIENT, _CAP_AMBIENT_CLEAR_ALL)
-            if self.libc.capset(self._header, self._data) != 0:
-                _raise("capset")
-
-    def _prctl(self, step: str, option: int, arg: int) -> None:
-        if self.libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
-                           ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-            _raise(step)
-
-
-def _raise(step: str) -> NoReturn:
-    code = ctypes.get_errno()
-    raise OSError(code, f"{step}: {os.strerror(code)}")
+            self.calls.prctl("ambient capabilities", _PR_CAP_AMBIENT, _CAP_AMBIENT_CLEAR_ALL)
+            self.calls.capset("capset", self._header, self._data)
 
 
 def _last_cap() -> int:

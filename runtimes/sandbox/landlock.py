@@ -23,6 +23,8 @@ import os
 import struct
 from typing import Callable, Iterable, List, Sequence, Tuple
 
+from .syscalls import Libc
+
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
 """The same numbers on every Linux architecture but alpha (syscalls added since 5.1)."""
 _CREATE_RULESET_VERSION = 1
@@ -110,30 +112,11 @@ def _is_dir(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path)
 
 
-class Syscalls:
-    """libc's ``syscall`` through ctypes, loaded in the parent; errors as OSError."""
-
-    def __init__(self) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.syscall = self.libc.syscall
-        self.syscall.restype = ctypes.c_long
-
-    def call(self, step: str, number: int, *args: object) -> int:
-        """``syscall(number, *args)`` (ctypes values), or OSError naming ``step``."""
-        result = self.syscall(ctypes.c_long(number), *args)
-        if result < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"{step}: {os.strerror(code)}")
-        return result
-
-
-def abi(calls: Syscalls) -> int:
-    """The kernel's Landlock ABI version; 0 without Landlock (or disabled at boot)."""
-    try:
-        return calls.call("landlock_create_ruleset", SYS_CREATE_RULESET, None,
-                          ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
-    except OSError:
-        return 0
+def abi(calls: Libc) -> int:
+    """The kernel's Landlock ABI version; OSError without Landlock (ENOSYS: not built in,
+    EOPNOTSUPP: disabled at boot)."""
+    return calls.syscall("landlock_create_ruleset", SYS_CREATE_RULESET, None,
+                         ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
 
 
 def handled_fs(version: int) -> int:
@@ -146,7 +129,7 @@ def handled_fs(version: int) -> int:
 class Ruleset:
     """A Landlock rule set, built in the parent; ``restrict`` enforces it in the child."""
 
-    def __init__(self, calls: Syscalls, version: int, rules: dict[str, int],
+    def __init__(self, calls: Libc, version: int, rules: dict[str, int],
                  network: bool) -> None:
         """Create the rule set for ABI ``version`` and add ``rules`` (path -> rights);
         without ``network`` (ABI >= 4), TCP bind and connect are handled and never
@@ -157,8 +140,8 @@ class Ruleset:
         scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if version >= 6 else 0
         size = 8 if version < 4 else 16 if version < 6 else 24
         attr = ctypes.create_string_buffer(struct.pack("=QQQ", fs, net, scoped)[:size], size)
-        self.fd = calls.call("landlock_create_ruleset", SYS_CREATE_RULESET, attr,
-                             ctypes.c_size_t(size), ctypes.c_uint32(0))
+        self.fd = calls.syscall("landlock_create_ruleset", SYS_CREATE_RULESET, attr,
+                                ctypes.c_size_t(size), ctypes.c_uint32(0))
         try:
             for path, rights in rules.items():
                 self._add(path, rights & fs)
@@ -174,18 +157,24 @@ class Ruleset:
                 return  # gone (or made a symlink) since the plan: nothing to grant
             raise
         try:
-            attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)
-            self._calls.call(f"landlock_add_rule {path}", SYS_ADD_RULE, ctypes.c_int(self.fd),
-                             ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
+            self._rule(path, fd, rights)
+        except OSError as e:
+            if e.errno != errno.EBADFD:  # an internal file system (a netns file): no grant
+                raise
         finally:
             os.close(fd)
+
+    def _rule(self, path: str, fd: int, rights: int) -> None:
+        attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)
+        self._calls.syscall(f"landlock_add_rule {path}", SYS_ADD_RULE, ctypes.c_int(self.fd),
+                            ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
 
     def restrict(self) -> None:
         """Enforce the rule set on this process (no_new_privs must be set) and close it."""
         fd, self.fd = self.fd, -1
         try:
-            self._calls.call("landlock_restrict_self", SYS_RESTRICT_SELF, ctypes.c_int(fd),
-                             ctypes.c_uint32(0))
+            self._calls.syscall("landlock_restrict_self", SYS_RESTRICT_SELF, ctypes.c_int(fd),
+                                ctypes.c_uint32(0))
         finally:
             os.close(fd)
 

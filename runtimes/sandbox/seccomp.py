@@ -26,6 +26,8 @@ import struct
 import sys
 from typing import Tuple, Union
 
+from .syscalls import Libc
+
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _PR_GET_SECCOMP, _MODE_FILTER = 38, 22, 21, 2
@@ -143,11 +145,13 @@ def _offset(labels: dict[str, int], label: str | int | None, at: int) -> int:
     return offset
 
 
-def supported() -> bool:
+def supported(calls: Libc) -> bool:
     """Whether this kernel has seccomp (PR_GET_SECCOMP answers)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(ctypes.c_int(_PR_GET_SECCOMP), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0), ctypes.c_ulong(0)) >= 0
+    try:
+        calls.prctl("PR_GET_SECCOMP", _PR_GET_SECCOMP)
+    except OSError:
+        return False
+    return True
 
 
 class _Fprog(ctypes.Structure):
@@ -157,23 +161,17 @@ class _Fprog(ctypes.Structure):
 class Filter:
     """A filter program in memory, ready for ``install`` (in the child, after fork)."""
 
-    def __init__(self, code: bytes) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
+    def __init__(self, calls: Libc, code: bytes) -> None:
+        self._calls = calls
         self._buffer = ctypes.create_string_buffer(code, len(code))
         self._fprog = _Fprog(len(code) // 8, ctypes.addressof(self._buffer))
+        self._pointer = ctypes.pointer(self._fprog)
 
     def install(self) -> None:
         """Install the filter on this thread (no_new_privs must be set); OSError if refused."""
-        if self._libc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_MODE_FILTER),
-                            ctypes.byref(self._fprog), ctypes.c_ulong(0),
-                            ctypes.c_ulong(0)) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"seccomp filter: {os.strerror(code)}")
+        self._calls.prctl("seccomp filter", _PR_SET_SECCOMP, _MODE_FILTER, self._pointer)
 
 
-def no_new_privs(libc: ctypes.CDLL) -> None:
+def no_new_privs(calls: Libc) -> None:
     """Set PR_SET_NO_NEW_PRIVS: no exec gains privileges (setuid bits, file caps) again."""
-    if libc.prctl(ctypes.c_int(_PR_SET_NO_NEW_PRIVS), ctypes.c_ulong(1), ctypes.c_ulong(0),
-                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"no_new_privs: {os.strerror(code)}")
+    calls.prctl("no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
