@@ -153,7 +153,9 @@ class SQLiteEventStore(SQLiteConnections):
             args += [AgentState(s).value for s in states]
         if cursor:
             created, _, rowid = cursor.rpartition("|")
-            if not created or not rowid.isdigit():
+            # ASCII digits that fit SQLite's 64-bit integer: a rowid past them failed the
+            # query's binding (OverflowError), not the cursor
+            if not created or not (rowid.isascii() and rowid.isdigit()) or len(rowid) > 18:
                 raise InvalidRequest(f"not a cursor of this store: {cursor!r}")
             where.append("(created_at < ? OR (created_at = ? AND rowid < ?))")
             args += [created, created, int(rowid)]

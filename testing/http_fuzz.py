@@ -36,8 +36,10 @@ HOSTILE_IDS = ["a" * 256, "..", "%2e%2e", "%00", "a%00b", "%2F", "%C3%A9t%C3%A9-
 """Path ids, as they go on the request line (already encoded)."""
 HOSTILE_NUMBERS = ["9223372036854775808", "9223372036854775807", "-1", "-9223372036854775809",
                    "1e309", "-1e309", "nan", "inf", "", "0x10", "%D9%A1%D9%A2", "1" * 5000,
-                   "true", "%00", "%ED%A0%80", "1.5", " 1", "99999999999999999999999999"]
-"""Query and header values, as they go on the request line (already encoded)."""
+                   "true", "%00", "%ED%A0%80", "1.5", " 1", "99999999999999999999999999",
+                   "x%7C99999999999999999999", "x%7C%D9%A1"]
+"""Query and header values, as they go on the request line (already encoded); the last
+two are cursor-like (``created|rowid``) with a rowid past 64 bits and an Arabic digit."""
 HOSTILE_VALUES: list[Any] = [2**63, -(2**63) - 1, 10**30, 1.5e308, -1, 0, True, None, "",
                              "\ud800", "x\udfffy", [], {}, [1, "a"], {"a": {"b": []}},
                              "a" * 5000, -0.0]
