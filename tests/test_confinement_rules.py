@@ -1,0 +1,80 @@
+"""The confinement's rules without a kernel: the Landlock plan and the seccomp program.
+
+``landlock.plan`` is checked on a real folder tree; the BPF program is run by a small
+classic-BPF interpreter here, for every architecture it is written for (aarch64 included,
+which this machine may not be), against the table of what it must refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+import pytest
+
+from trouper.runtimes.sandbox import landlock, seccomp
+
+
+def test_plan_splits_only_along_the_way_to_denied_paths(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / "project" / "src").mkdir(parents=True)
+    (home / ".bashrc").write_text("")
+    (home / "link").symlink_to(home / ".ssh")
+    plan = landlock.plan([(str(home), landlock.WRITE)], [str(home / ".ssh")])
+    assert plan.rules == {str(home / "project"): landlock.WRITE,
+                          str(home / ".bashrc"): landlock.WRITE & landlock.FILE_RIGHTS}
+    assert plan.split == [str(home)]
+    assert landlock.plan([(str(home), landlock.READ)], [str(home / ".ssh")]).split == []
+    assert landlock.plan([(str(home), landlock.WRITE)], [str(home)]).rules == {}
+    assert landlock.plan([(str(home), 7)], [str(tmp_path / "other")]).rules == {str(home): 7}
+
+
+def verdict(code: bytes, audit: int, nr: int, *args: int) -> str:
+    """What the filter ``code`` answers to syscall ``nr`` (a small cBPF interpreter)."""
+    data = struct.pack("<IIQ6Q", nr, audit, 0, *(list(args) + [0] * 6)[:6])
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = struct.unpack_from("=HBBI", code, 8 * pc)
+        pc += 1
+        if op == 0x20:  # ld [k]
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op == 0x06:  # ret k
+            return {0x7FFF0000: "allow", 0x80000000: "kill"}.get(k) or os.strerror(k & 0xFFFF)
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += jt if taken else jf
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.ARCHES))
+def test_the_seccomp_program_decides_as_the_table_says(machine: str) -> None:
+    arch = seccomp.ARCHES[machine]
+    nr, audit = arch.numbers, arch.audit
+    closed, opened = seccomp.program(arch, False), seccomp.program(arch, True)
+    eperm, creat, tmpfile = os.strerror(1), 0o100, 0o20200000
+    assert verdict(closed, audit ^ 1, 0) == "kill"  # another arch (ia32, arm)
+    assert verdict(closed, audit, nr["openat"], 0, 0, 0) == "allow"
+    for name in ("fchmod", "fchmodat", "fchmodat2", "chmod"):
+        if name in nr:
+            at = 2 if name.startswith("fchmodat") else 1
+            mode = [0] * at
+            assert verdict(closed, audit, nr[name], *mode, 0o4755) == eperm, name
+            assert verdict(closed, audit, nr[name], *mode, 0o2770) == eperm, name
+            assert verdict(closed, audit, nr[name], *mode, (1 << 40) | 0o755) == "allow"
+    for flags in (creat | 1, tmpfile | 2):
+        assert verdict(closed, audit, nr["openat"], 0, 0, flags, 0o4755) == eperm
+        assert verdict(closed, audit, nr["openat"], 0, 0, flags, 0o644) == "allow"
+    assert verdict(closed, audit, nr["openat"], 0, 0, 1, 0o4755) == "allow"  # no create
+    assert verdict(closed, audit, nr["mknodat"], 0, 0, stat.S_IFREG | 0o4755) == eperm
+    for name in ("openat2", "io_uring_setup", "io_uring_enter", "io_uring_register"):
+        assert verdict(opened, audit, nr[name]) == os.strerror(38), name  # ENOSYS
+    for name in ("socket", "socketpair"):
+        assert verdict(closed, audit, nr[name], socket.AF_INET) == os.strerror(13)
+        assert verdict(closed, audit, nr[name], socket.AF_UNIX) == "allow"
+        assert verdict(opened, audit, nr[name], socket.AF_INET6) == "allow"
+    if arch.x32:
+        assert verdict(opened, audit, 0x40000000 | nr["openat"], 0, 0, 0) == "kill"
+        assert verdict(opened, audit, 0xFFFFFFFF) == "allow"  # a tracer's skipped syscall
