@@ -76,6 +76,12 @@ def main(debug: bool) -> None:
                    "runtime server (needs --url; its token in TROUPER_RUNTIME_TOKEN).")
 @click.option("--image", help="The image of a --runtime docker session (any image with sh).")
 @click.option("--url", "runtime_url", help="The runtime server of a --runtime remote session.")
+@click.option("--no-network", is_flag=True,
+              help="--runtime local: the shell opens no network socket (Docker has none "
+                   "unless its config gives one).")
+@click.option("--unconfined", is_flag=True,
+              help="--runtime local: the shell runs with all your rights (no Landlock or "
+                   "seccomp): only for a task and a model you trust.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
               help="Folder the agent works in (default: a new folder under the home).")
 @home_option
@@ -93,8 +99,8 @@ def main(debug: bool) -> None:
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
-        runtime: str, image: str | None, runtime_url: str | None, workspace: Path | None,
-        home: Path | None,
+        runtime: str, image: str | None, runtime_url: str | None, no_network: bool,
+        unconfined: bool, workspace: Path | None, home: Path | None,
         script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
         setup: str | None, confirm: str, timeout_s: float, verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
@@ -115,8 +121,13 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
     if (runtime == "remote") != (runtime_url is not None):
         raise click.UsageError("--url goes with --runtime remote, and --runtime remote "
                                "needs --url")
+    if (no_network or unconfined) and runtime != "local":
+        raise click.UsageError("--no-network and --unconfined go with --runtime local")
+    if no_network and unconfined:
+        raise click.UsageError("--no-network needs the confinement that --unconfined turns off")
     chosen: Any = ({"kind": "docker", "image": image} if runtime == "docker" else
-                   {"kind": "remote", "url": runtime_url} if runtime == "remote" else runtime)
+                   {"kind": "remote", "url": runtime_url} if runtime == "remote" else
+                   {"kind": "local", "network": not no_network, "confine": not unconfined})
     llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
     if api_key:
         llm["api_key"] = api_key

@@ -124,6 +124,20 @@ def test_script_ending_without_finish_exits_non_zero_with_reason(tmp_path):
     assert unscripted.returncode == 2 and "--script" in unscripted.stderr
 
 
+def test_no_network_cuts_the_local_shell_off_the_network(tmp_path):
+    probe = ("python3 -c \"import socket; socket.socket(socket.AF_INET); print('open')\" "
+             "> out.txt 2>&1; true")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool": "run", "args": {"command": probe}},
+                                  {"tool": "finish", "args": {"message": "done"}}]))
+    for flag, shown in (("--no-network", "PermissionError"), (None, "open")):
+        workspace = tmp_path / f"ws-{flag}"
+        result = trouper_cmd("run", "probe", "--script", str(script), "--workspace",
+                             str(workspace), *([flag] if flag else []), home=tmp_path / "home")
+        assert result.returncode == 0, result.stderr
+        assert shown in (workspace / "out.txt").read_text()
+
+
 def test_timeout_pauses_the_session_and_says_how_to_resume_it(tmp_path):
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"tool": "run", "args": {"command": "sleep 600"}}]))

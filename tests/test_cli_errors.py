@@ -90,6 +90,10 @@ def test_a_task_without_a_model_says_how_to_give_one(tmp_path):
     (["run", "t", "--modle", "x"], "'--model'?"),
     (["run", "t", "--model", "m", "--max-iterations", "0"], "--max-iterations"),
     (["nosuchcommand"], "No such command"),
+    (["run", "t", "--model", "m", "--runtime", "docker", "--image", "i", "--no-network"],
+     "--no-network and --unconfined go with --runtime local"),
+    (["run", "t", "--model", "m", "--no-network", "--unconfined"],
+     "--no-network needs the confinement"),
 ])
 def test_click_usage_errors_are_one_line_with_the_help_hint(tmp_path, args, words):
     line = one_error_line(trouper_cmd(*args, home=tmp_path), USAGE)
