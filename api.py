@@ -177,8 +177,8 @@ class Trouper:
             raise InvalidRequest("this Trouper is closed")
         session_id = new_session_id() if session_id is None else _free_id(self, session_id)
         named = workspace is not None
-        folder = _workspace_path(workspace) if named else self.home.default_workspace(
-            session_id)
+        folder = _workspace_path(workspace, self.home.root) if named else \
+            self.home.default_workspace(session_id)
         config = _session_config(task, llm, runtime, folder, secrets, options, named)
         secrets = dict(secrets or {})
         # all checked and nothing made so far: a refusal above leaves no trace
@@ -341,13 +341,21 @@ def _session_config(
     return config
 
 
-def _workspace_path(workspace: Any) -> Path:
-    """The absolute path of a workspace the user named; ConfigError if it is no path."""
+def _workspace_path(workspace: Any, home: Path) -> Path:
+    """The absolute path of a workspace the user named; ConfigError if it is no path, or
+    if it holds the trouper ``home`` (the agent's file tools and shell would reach every
+    session's secrets)."""
     try:
-        return Path(workspace).expanduser().resolve()
+        folder = Path(workspace).expanduser().resolve()
     except (TypeError, ValueError, OSError, RuntimeError) as exc:  # a NUL, a symlink loop
         raise ConfigError(f"workspace: not a usable path ({type(exc).__name__})",
                           field="workspace") from None
+    home = home.resolve()
+    if home == folder or folder in home.parents:
+        raise ConfigError(f"workspace: {folder} holds the trouper home {home}, where every "
+                          "session's secrets are: give the agent a folder inside it that "
+                          "does not, or use another home (TROUPER_HOME)", field="workspace")
+    return folder
 
 
 def _masked_error(exc: ConfigError, llm: Any, secrets: Any) -> ConfigError:

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def trouper_home(tmp_path: Path) -> Path:
-    """A fresh trouper home folder for this test."""
-    return tmp_path / "trouper-home"
+def trouper_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh trouper home folder for this test, beside ``tmp_path`` (which may then be
+    a session's workspace: a workspace never holds the home)."""
+    return tmp_path_factory.mktemp("trouper-home")
 
 
 @pytest.fixture

@@ -150,7 +150,7 @@ def test_the_runtime_is_stored_typed_and_read_by_name_too():
     named = SessionConfig(task="t", llm={"model": "m"}, workspace="/w", runtime="local")
     assert named.runtime == LocalRuntime()
     assert SessionConfig.model_validate_json(named.model_dump_json()).runtime == LocalRuntime()
-    assert '"runtime":{"kind":"local"}' in named.model_dump_json()
+    assert '"runtime":{"kind":"local","confine":true,' in named.model_dump_json()
 
 
 @pytest.mark.parametrize("llm, field", [
@@ -167,6 +167,14 @@ def test_a_workspace_that_is_a_file(refused, tmp_path):
     (tmp_path / "file").write_text("x")
     error = refused(workspace=tmp_path / "file")
     assert error.field == "workspace" and "is not a folder" in str(error)
+
+
+@pytest.mark.parametrize("where", ["the home", "its parent"])
+def test_a_workspace_that_holds_the_trouper_home_is_refused(refused, trouper_home, where):
+    """The agent's shell and file tools would reach every session's secrets.json."""
+    workspace = trouper_home if where == "the home" else trouper_home.parent
+    error = refused(workspace=workspace)
+    assert error.field == "workspace" and "holds the trouper home" in str(error)
 
 
 def test_a_workspace_whose_parent_is_missing_names_it_and_makes_nothing(refused, tmp_path):

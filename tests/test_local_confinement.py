@@ -145,3 +145,34 @@ def test_options_are_checked_before_anything_starts():
         LocalRuntime(confine=False, network=False)
     assert json.loads(LocalRuntime(writable=("~/cache",)).model_dump_json())["writable"][0] \
         .endswith("/cache")
+
+
+def test_the_file_tools_refuse_what_the_shell_may_not_read(tmp_path, user_home):
+    """A workspace that is the user's home holds ``~/.ssh``: the file tools, which run in
+    the (unconfined) sandbox server, refuse it as the confined shell would."""
+    from trouper.messages.actions import EditFile, ReadFile, WriteFile
+    from trouper.runtimes.local import LocalSandbox
+
+    sandbox = LocalSandbox("tools", user_home, tmp_path / "th" / "sessions" / "tools" / "runtime")
+    sandbox.start()
+    try:
+        def do(action_id: str, action) -> str:
+            outcome = sandbox.runtime.execute(action_id, action, timeout_s=20,
+                                              no_output_timeout_s=10)
+            return f"{outcome.status}: {outcome.content}"
+
+        key = ".ssh/id_ed25519"
+        for n, action in enumerate([
+            ReadFile(path=key), ReadFile(path=str(user_home / key)),
+            WriteFile(path=".ssh/authorized_keys", content="ssh-ed25519 AAAA attacker"),
+            EditFile(path=".aws/credentials", old="aws", new="AWS"),
+            ReadFile(path=".ssh/../.ssh/id_ed25519"),
+        ]):
+            shown = do(f"t{n}", action)
+            assert shown.startswith("error:") and "permission denied" in shown, shown
+            assert SSH_KEY not in shown
+        assert not (user_home / ".ssh" / "authorized_keys").exists()
+        assert (user_home / ".aws" / "credentials").read_text() == AWS_KEY
+        assert do("ok", ReadFile(path="notes.txt")).startswith("ok:")  # the rest is there
+    finally:
+        sandbox.stop()

@@ -29,6 +29,7 @@ from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
 from .shell import Shell, ShellResult, Spawn
+from .shell_policy import unreadable_refusal
 from .util import read_json, write_json_atomic
 from .workers import Workers
 
@@ -127,6 +128,9 @@ class Service:
         if container is not None:  # a shell dying with its container, even when idle
             self.shell.on_exit = lambda: self._container_gone(None)
         self.max_output_chars = max_output_chars
+        self.unreadable = tuple(map(os.path.realpath, confinement.unreadable)) if (
+            confinement and not container) else ()
+        """What the file tools refuse as the confined shell would (its unreadable paths)."""
         self._epoch_path = os.path.join(state_dir, "epoch.json")
         stored = read_json(self._epoch_path) or {}
         self.epoch = max(epoch, int(stored.get("epoch", 0)))
@@ -249,6 +253,9 @@ class Service:
         if action["kind"] == "clone":
             return clone(self.workspace, action["url"], action.get("branch"), timeout_s,
                          self.shell_umask)
+        refused = unreadable_refusal(self.workspace, action["path"], self.unreadable)
+        if refused is not None:
+            return {"status": "error", "content": refused}
         do = self._file_action(action)
 
         def whole() -> Outcome:  # the deadline covers saving the full text too (same disk)

@@ -78,3 +78,16 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
                     "beneath)%s", ", ".join(probe.split),
                     f"; its TMPDIR is {tmpdir}" if tmpdir else "")
     return ShellConfinement(policy, probe.missing, probe.split, tmpdir)
+
+
+def unreadable_refusal(workspace: str, path: str, unreadable: tuple[str, ...]) -> str | None:
+    """Why the file tools refuse ``path`` (relative to ``workspace``, or absolute): it lies
+    in a path the confined shell may not read (a credential store inside the workspace,
+    such as ``~/.ssh`` when the workspace is a home folder). None when they may go on.
+    ``workspace`` and ``unreadable`` are real paths; the tools refuse every symlink, so
+    the path's text is where it leads."""
+    full = os.path.normpath(os.path.join(workspace, path))
+    for denied in unreadable:
+        if full == denied or full.startswith(denied.rstrip("/") + "/"):
+            return f"{path}: permission denied: the sandbox may not read or write it"
+    return None
