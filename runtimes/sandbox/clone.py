@@ -4,6 +4,10 @@ It runs where the sandbox server runs (this machine for the local and Docker run
 the remote host for a runtime server), so a path on that machine is a repository too,
 and the image of a container needs no git. git never prompts (no terminal, no askpass):
 a repository that needs credentials fails at once with git's own words.
+
+When the server runs as root and the workspace is someone else's (a Docker runtime's
+workspace handed to its container's uid), the cloned tree is given to the workspace's
+owner (``owners.chown_tree``), so the shell can change every file of it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import shutil
 import signal
 import subprocess
 from typing import Any
+
+from .owners import chown_tree
 
 _TAIL_CHARS = 4000
 """git's output kept in the outcome (its last characters: the error is at the end)."""
@@ -51,15 +57,22 @@ def clone(
         return {"status": "error", "exit_code": process.returncode,
                 "content": f"git clone {url} failed (exit status {process.returncode}):\n"
                            f"{output}"}
-    head = subprocess.run([git, "rev-parse", "--abbrev-ref", "HEAD"], cwd=workspace,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=30).stdout.strip()
-    commit = subprocess.run([git, "rev-parse", "--short", "HEAD"], cwd=workspace,
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            timeout=30).stdout.strip()
+    owner = os.stat(workspace)
+    if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+        chown_tree(workspace, owner.st_uid, owner.st_gid)  # root only; a no-op otherwise
+    head, commit = _rev_parse(git, workspace, "--abbrev-ref"), _rev_parse(git, workspace, "--short")
     note = f"Cloned {url} into the workspace: {head or branch or 'HEAD'} at {commit}."
     return {"status": "ok", "exit_code": 0,
             "content": f"{output}\n{note}".strip()}
+
+
+def _rev_parse(git: str, workspace: str, how: str) -> str:
+    """``git rev-parse <how> HEAD`` in ``workspace``: its tree may belong to another user
+    than this process (git would call it of dubious ownership), so it is named safe."""
+    safe = f"safe.directory={os.path.realpath(workspace)}"
+    argv = [git, "-c", safe, "rev-parse", how, "HEAD"]
+    return subprocess.run(argv, cwd=workspace, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=30).stdout.strip()
 
 
 def _error(text: str) -> dict[str, Any]:

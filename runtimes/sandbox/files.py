@@ -10,7 +10,11 @@ is renamed or swapped meanwhile can lead outside. The policy, simple and safe:
   blocking (opened ``O_NONBLOCK``, checked with ``fstat`` on the descriptor);
 - a write goes to a temporary file beside the target, then renames over it: it never
   writes through a symlink or into a file with other hard links (those are refused),
-  keeps an existing file's mode, and gives a new one ``0666 & ~umask`` (the shell's).
+  keeps an existing file's mode but its setuid and setgid bits (the kernel clears them
+  on any write but root's), and gives a new one ``0666 & ~umask`` (the shell's);
+- when the server runs as root (a Docker runtime's, whose shell runs as the workspace's
+  owner), a new file or folder takes the owner of the folder it is made in and a
+  rewritten file keeps its owner (``owners``), so the shell can still change them.
 
 This guards against the agent's mistakes, not against a hostile one: ``run`` can do
 anything the user can. ``FileError`` messages are written for the agent: they become the
@@ -67,7 +71,7 @@ def write_file(workspace: str, path: str, content: str, umask: int | None = None
     umask = process_umask() if umask is None else umask
     with locate(workspace, path, create_mode=0o777 & ~umask) as target:
         existing = _existing(target)
-        mode = stat.S_IMODE(existing.st_mode) if existing else 0o666 & ~umask
+        mode = _kept_mode(existing) if existing else 0o666 & ~umask
         _replace(target, content, mode)
     verb = "Overwrote" if existing else "Created"
     return f"{verb} {path} ({len(content)} characters, {_count_lines(content)} lines)."
@@ -92,7 +96,7 @@ def edit_file(workspace: str, path: str, old: str, new: str) -> str:
                 "include more surrounding lines to make it unique."
             )
         line = text[: text.index(old)].count("\n") + 1
-        _replace(target, text.replace(old, new, 1), stat.S_IMODE(info.st_mode))
+        _replace(target, text.replace(old, new, 1), _kept_mode(info))
     return f"Edited {path}: replaced 1 occurrence starting at line {line}."
 
 
@@ -214,6 +218,11 @@ def _check_writable(target: Target, info: os.stat_result) -> None:
             f"this copy alone, break the link first with run: cp -p '{target.path}' "
             f"'{target.path}.copy' && mv '{target.path}.copy' '{target.path}'"
         )
+
+
+def _kept_mode(info: os.stat_result) -> int:
+    """The mode a rewritten file keeps: its own, without setuid and setgid."""
+    return stat.S_IMODE(info.st_mode) & ~(stat.S_ISUID | stat.S_ISGID)
 
 
 def _replace(target: Target, content: str, mode: int) -> None:

@@ -18,6 +18,8 @@ import os
 import secrets
 from typing import Any, BinaryIO, Callable
 
+from .owners import adopt_owner
+
 O_PATH = getattr(os, "O_PATH", 0)
 """Linux: a descriptor that names a file without opening it (no FIFO or device open)."""
 DIR_FLAGS = (O_PATH or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -84,6 +86,7 @@ def _step(dir_fd: int, name: str, create_mode: int | None) -> int:
             return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
         made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                        dir_fd=dir_fd)
+        adopt_owner(made, dir_fd)  # root: the parent folder's owner, not root
         os.fchmod(made, create_mode)  # mkdir's mode is masked by the umask: be exact
         return made
     finally:
@@ -97,7 +100,9 @@ def replace_file(
     writes: a temporary file beside it (``O_EXCL``), then a rename over ``name``.
 
     The rename replaces the directory entry: a symlink or a hard link that sits at
-    ``name`` is swapped out, never written through.
+    ``name`` is swapped out, never written through. When this process is root, the new
+    file takes the owner of the regular file it replaces, or else the folder's
+    (``owners.adopt_owner``).
     """
     tmp = f".{name[:180]}.{secrets.token_hex(4)}{_TMP_SUFFIX}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -106,6 +111,7 @@ def replace_file(
         with os.fdopen(fd, "wb") as out:
             write(out)
             out.flush()
+            adopt_owner(out.fileno(), dir_fd, name)  # before the mode: a chown clears setuid
             os.fchmod(out.fileno(), mode)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
