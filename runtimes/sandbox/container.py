@@ -11,9 +11,16 @@ nothing but ``sh`` is needed in the image.
   value from the CLI's environment.
 - The shell reads its input from a FIFO in a host folder bind-mounted read-only into the
   container (``io_dir`` at ``io_mount``), not from the tty: so there is no echo and no
-  line editing, whatever the shell. Each command is written to a file there and sent as
-  ``__trouper_line=N; . /mount/FILE </dev/null``: any text, any length, never ``$'..'``
-  quoting (not POSIX). A syntax error stays inside the ``.`` and the prompt still comes.
+  line editing, whatever the shell. The FIFO is owner-only (0600) and belongs to the
+  container's uid (given to it when this server is root). Each command travels through
+  the FIFO itself, never through a file (a revealed secret would rest on disk), as
+  ``__trouper_line=N; \\eval "$(\\command printf '<text>')" </dev/null`` with every byte
+  outside a safe printable set written as a ``\\ooo`` octal escape (``encode_line``):
+  any text of any length, decoded by builtins only (no ``$'..'``, which is not POSIX); a
+  syntax error stays inside the ``eval`` and the prompt still comes. The backslashes keep
+  an alias, and ``command`` a function, of the agent's from taking the protocol's names.
+- The shell's ``HOME`` is the image's for its uid when that folder is writable, else
+  ``/tmp`` (an unprivileged uid the image does not know gets ``/``).
 - PS1 carries the marker (ash and dash expand ``$?`` and variables in PS1); the shell's
   tty turns ``\\n`` into ``\\r\\n``, turned back here.
 - The host pty's foreground group is the docker CLI, not the job: killing the job, or the
@@ -23,15 +30,18 @@ nothing but ``sh`` is needed in the image.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pty
 import re
 import secrets
+import select
 import subprocess
 import termios
 
 from .bash import LINE_ID_VAR, BashProcess, _close_inherited_fds, _default_signals
+from .owners import numeric_ids
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +49,17 @@ PASSED_NAMES = ("TERM", "PAGER", "GIT_PAGER", "HISTFILE", "PS1", "PS2")
 """Variables of the server's shell environment that go into the container (by name)."""
 HELPER_TIMEOUT_S = 10.0
 """Limit for one helper ``docker exec`` (kill a job, kill the shell, inspect)."""
+INPUT_STALL_S = 30.0
+"""Longest wait for the shell to take more of a command from its FIFO (a dead shell
+never reads: the write gives up, and the command ends with the shell)."""
+_SAFE_BYTES = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 !\"#$&()*+,-./:;<=>?@[]^_`{|}~"
+)
+"""Bytes a command's text keeps as they are inside ``printf '...'``: printable ASCII but
+``'`` (ends the quotes), ``\\`` and ``%`` (printf's own escapes)."""
+_ESCAPED = tuple(chr(b) if b in _SAFE_BYTES else f"\\{b:03o}" for b in range(256))
+_HOME_FIX = '[ -d "$HOME" ] && [ -w "$HOME" ] || HOME=/tmp; export HOME; '
+"""The shell's HOME must be a folder its uid can write (else ``/tmp``)."""
 
 _KILL_SCRIPT = r"""
 s=$1
@@ -81,9 +102,10 @@ class ContainerShell:
         self.workdir = workdir
         """The workspace's path inside the container."""
         self.io_dir = io_dir
-        """Host folder (bind-mounted read-only at ``io_mount``) for the FIFO and commands."""
+        """Host folder (bind-mounted read-only at ``io_mount``) for the shell's FIFO."""
         self.io_mount = io_mount
         self.user = user
+        """``uid:gid`` of the shell (None: the image's user)."""
         self.names = list(names or [])
         """Names of the variables (the session's env) passed into the container."""
 
@@ -126,8 +148,22 @@ class ContainerShell:
             return "gone"
         return (done.stdout.strip() or "gone") if done.returncode == 0 else "gone"
 
+    def make_fifo(self, path: str) -> int:
+        """Make the shell's FIFO at ``path``; a descriptor open on it (``O_RDWR``: never
+        blocks, and the shell never sees end-of-file while it is open; non-blocking
+        writes). Owner-only, and its owner is the shell's uid: given to it when this
+        process is root; a user other than this process's (not root) gets it 0604."""
+        os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        owner = _ids(self.user)
+        if os.geteuid() == 0 and owner is not None:
+            os.fchown(fd, *owner)
+        elif owner is None or owner[0] != os.geteuid():
+            os.fchmod(fd, 0o604)  # the container's user must open it; the home keeps others out
+        return fd
+
     def clean_io(self) -> None:
-        """Remove every FIFO and command file left in ``io_dir`` (by an earlier server)."""
+        """Remove every FIFO (and command file of an older trouper) left in ``io_dir``."""
         try:
             names = os.listdir(self.io_dir)
         except OSError:
@@ -145,19 +181,17 @@ class ContainerProcess(BashProcess):
     def __init__(self, where: ContainerShell, env: dict[str, str], umask: int | None) -> None:
         self.where = where
         self.umask = umask
+        self.ps1 = env.get("PS1", "")
+        """The prompt (the protocol's marker), set by the first line."""
         self.nonce = secrets.token_hex(6)
         self.fifo = os.path.join(where.io_dir, f"in-{self.nonce}")
-        os.mkfifo(self.fifo, 0o600)
-        os.chmod(self.fifo, 0o644)  # the container's user may not be this one
-        # O_RDWR: never blocks, and the shell never sees end-of-file while this is open
-        self.input_fd = os.open(self.fifo, os.O_RDWR | os.O_CLOEXEC)
+        self.input_fd = where.make_fifo(self.fifo)
         self.shell_pid: int | None = None
         """The pid of ``sh -i`` inside the container (its own pid namespace)."""
         self._early = b""
         self._cr = False
-        self._sent: list[str] = []
         fifo_inside = f"{where.io_mount}/in-{self.nonce}"
-        script = f'echo "__TRPPID$$__"; exec sh -i <{fifo_inside}'
+        script = f'{_HOME_FIX}echo "__TRPPID$$__"; exec sh -i <{fifo_inside}'
         names = [n for n in PASSED_NAMES if n in env] + [n for n in where.names if n in env]
         argv = where.exec_argv("sh", "-c", script, tty=True, names=names)
         self.pid, self.fd = pty.fork()
@@ -175,34 +209,31 @@ class ContainerProcess(BashProcess):
             pass
 
     def send_init(self) -> None:
-        """Line 1: PS1 kept but no longer exported, PS2 empty, the umask, no ENV."""
+        """Line 1: PS1 set again, not exported (bash as sh drops an inherited PS1 in the
+        non-interactive ``sh -c`` that starts it), PS2 empty, the umask, no ENV, and no
+        line editing in bash (its readline would echo every line it reads, even from a
+        FIFO: the commands' octal text, secrets and all, would be in the output)."""
         umask = f" umask {self.umask:03o};" if self.umask is not None else ""
-        self._write_input(
-            f"{LINE_ID_VAR}=1; __trp=$PS1; unset PS1 ENV; PS1=$__trp; unset __trp; PS2=;"
-            f"{umask}\n"
-        )
+        ps1 = self.ps1.replace("'", "'\\''")
+        self._write_input(f"{LINE_ID_VAR}=1; unset PS1 ENV; PS1='{ps1}'; PS2=;{umask} "
+                          '[ -z "${BASH_VERSION-}" ] || set +o emacs +o vi\n')
 
     def send(self, line_id: int, command: str) -> None:
-        """Write ``command`` to a file beside the FIFO and have the shell source it."""
-        self._forget_sent()
-        name = f"cmd-{self.nonce}-{line_id}"
-        path = os.path.join(self.where.io_dir, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        try:
-            os.fchmod(fd, 0o644)
-            data = command.replace("\x00", "").encode("utf-8", "surrogateescape") + b"\n"
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        self._sent.append(path)
-        self._write_input(f"{LINE_ID_VAR}={line_id}; . {self.where.io_mount}/{name} </dev/null\n")
+        """Send ``command`` through the FIFO as one line (``encode_line``)."""
+        self._write_input(encode_line(line_id, command))
 
-    def _write_input(self, line: str) -> None:
-        data = line.encode("utf-8")
+    def _write_input(self, line: str | bytes) -> None:
+        """Write all of ``line`` to the FIFO; OSError when the shell has taken none of it
+        for ``INPUT_STALL_S`` (a pipe holds 64 KiB: a longer command waits on the shell)."""
+        data = line.encode("utf-8") if isinstance(line, str) else line
         while data:
-            data = data[os.write(self.input_fd, data):]
+            try:
+                data = data[os.write(self.input_fd, data):]
+            except BlockingIOError:
+                _, ready, _ = select.select([], [self.input_fd], [], INPUT_STALL_S)
+                if not ready:
+                    raise OSError(errno.ETIMEDOUT, "the shell stopped reading its input "
+                                  f"for {INPUT_STALL_S:g} s") from None
 
     def read(self, timeout_s: float | None) -> bytes | None:
         """Output, with ``\\r\\n`` back to ``\\n`` and the shell's pid report taken out."""
@@ -238,24 +269,35 @@ class ContainerProcess(BashProcess):
         super().kill_all()
 
     def close(self) -> None:
-        """Close the pty and the FIFO; remove the FIFO and the command files."""
+        """Close the pty and the FIFO; remove the FIFO."""
         super().close()
         if self.input_fd >= 0:
             fd, self.input_fd = self.input_fd, -1
             os.close(fd)
-        self._forget_sent()
         try:
             os.unlink(self.fifo)
         except OSError:
             pass
 
-    def _forget_sent(self) -> None:
-        for path in self._sent:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        self._sent = []
+
+def encode_line(line_id: int, command: str) -> bytes:
+    """``command`` as the input line ``line_id`` a POSIX sh decodes with builtins alone:
+    ``__trouper_line=N; \\eval "$(\\command printf '<text>')" </dev/null``, every byte of
+    the text (UTF-8; NUL dropped, as a shell cannot hold it) outside ``_SAFE_BYTES`` as a
+    three-digit octal escape. Standard input is /dev/null: a command waiting for input
+    would otherwise hang until its timeout."""
+    data = command.replace("\x00", "").encode("utf-8", "surrogateescape")
+    text = "".join(map(_ESCAPED.__getitem__, data))
+    line = f"{LINE_ID_VAR}={line_id}; \\eval \"$(\\command printf '{text}')\" </dev/null\n"
+    return line.encode("ascii")
+
+
+def _ids(user: str | None) -> tuple[int, int] | None:
+    """``(uid, gid)`` of a numeric, not root ``uid[:gid]``; None else (the image's user)."""
+    try:
+        return numeric_ids(user or "")
+    except ValueError:
+        return None
 
 
 def _raw(attrs: list) -> list:
