@@ -32,6 +32,7 @@ from pydantic_core import ErrorDetails
 from .confirmation import ConfirmationPolicy
 from .exceptions import ConfigError
 from .runtimes import BACKENDS
+from .runtimes.sandbox.owners import checked_user
 from .text import LONE_SURROGATE, storable
 
 
@@ -157,14 +158,17 @@ class DockerRuntime(Config):
     cpus: float = Field(default=2.0, gt=0)
     pids_limit: int = Field(default=512, gt=0)
     user: str | None = None
-    """``uid:gid`` the shell runs as; ``None``: the host user's, so files the agent makes
-    in the workspace are yours."""
+    """Numeric ``uid[:gid]`` the shell runs as (gid: the uid), never 0 nor a name. ``None``:
+    yours; when trouper is root, the workspace owner's or ``TROUPER_SANDBOX_UID``, never
+    root (docs/runtimes.md)."""
     workdir: str = "/workspace"
     """Where the workspace is mounted inside the container."""
     keep: bool = False
     """Keep the container when the session stops (it is removed by default)."""
     start_timeout_s: float = Field(default=120.0, gt=0)
     """Limit for finding the image, creating and starting the container."""
+
+    _user_numeric = field_validator("user")(checked_user)
 
     @field_validator("network")
     @classmethod

@@ -78,6 +78,10 @@ class Settings(BaseModel):
     sandbox_idle_timeout_s: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     """A local sandbox server with no request for this long exits (a restarted program
     can re-attach to it within that time)."""
+    sandbox_uid: int = Field(default=65532, gt=0, lt=2**32 - 1)
+    """The uid, and gid, a Docker sandbox runs as when trouper runs as root and the
+    workspace is root's (the workspace is then handed to it): never root. An unprivileged
+    id no account of this machine uses is best (65532 is the usual "nonroot")."""
 
     unanswered_probe_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     """A user's command its child has not answered for this long makes the parent probe

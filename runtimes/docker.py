@@ -9,12 +9,16 @@ re-attaches to both and reads each action's real outcome. Nothing is needed in t
 but a POSIX ``sh``; on the host, the docker CLI and the ``docker`` Python SDK.
 
 The container: labelled ``trouper.session``, ``trouper.owner`` (this trouper home) and
-``trouper.epoch``; ``--init``; the host user's uid:gid unless ``config.user``; every
-capability dropped, ``no-new-privileges``; memory, CPU and pids limits; network ``none``
-by default; the workspace bind-mounted at ``config.workdir`` and the shell's input folder
-read-only at ``/.trouper``; no port, no Docker socket, no secret in its config (secrets
-reach each ``docker exec`` by name). Its main process is ``sh -c 'read _'``: it needs only
-sh and waits forever on the open stdin.
+``trouper.epoch``; ``--init``; never root: ``config.user``, else the caller's uid:gid, or
+when trouper is root the workspace owner's or ``TROUPER_SANDBOX_UID`` with the workspace
+handed to it (``docker_user.py``); every capability dropped, ``no-new-privileges``, and
+Docker's default seccomp profile with no setuid/setgid bit (``docker_seccomp.py``);
+memory, CPU and pids limits; network ``none`` by default; the workspace bind-mounted at
+``config.workdir`` and the shell's input folder (0700, the container user's) read-only at
+``/.trouper``; no port, no Docker socket, no secret in its config (secrets reach each
+``docker exec`` by name). Its main process is ``sh -c 'read _'``: it needs only sh and
+waits forever on the open stdin. A container without these (root, or Docker's default
+profile: an older trouper's) is replaced, like a dead one.
 
 A dead container (killed, OOM, removed by someone) is seen by ``alive`` with its cause;
 the next ``start`` stops the old server, removes the dead container and starts a new one
@@ -39,6 +43,7 @@ from ..exceptions import RuntimeUnavailable
 from ..messages.causes import RuntimeFailure
 from ..paths import private_dir
 from .base import SandboxHealth
+from .docker_seccomp import profile_json
 from .docker_support import (
     IO_MOUNT,
     LABEL_EPOCH,
@@ -50,6 +55,7 @@ from .docker_support import (
     find_container,
     owner_of,
 )
+from .docker_user import choose_user, hand_over, prepare_io, user_of
 from .local import PASSED_ENV, LocalSandbox, _read_json
 
 logger = logging.getLogger(__name__)
@@ -96,7 +102,9 @@ class DockerSandbox(LocalSandbox):
         self.progress = progress
         """Told each phase of a start; the RuntimeProxy sets it to forward them."""
         self.owner = owner_of(self.state_dir)
-        self.user = config.user or f"{os.getuid()}:{os.getgid()}"
+        self.user = ""
+        """``uid:gid`` of the container (never root); chosen, or read from the container
+        attached to, by ``start``."""
         self.container_id: str | None = None
         self._docker: Any = None  # the docker SDK client, made when first needed
 
@@ -112,15 +120,21 @@ class DockerSandbox(LocalSandbox):
         both; claim ``epoch`` (None: the next one the server counts). True when attached."""
         private_dir(self.state_dir)
         os.chmod(self.state_dir, 0o700)
-        self.io_dir.mkdir(exist_ok=True)
-        os.chmod(self.io_dir, 0o755)  # the container's user may not be this one
+        self.workspace.mkdir(parents=True, exist_ok=True)
         container = find_container(self.docker, self.session_id, self.owner)
-        if container is not None and container.status != "running":
-            self._say("replace", f"container {container.short_id} is {container.status}: "
-                      f"{container_failure(container)}; replacing it")
+        unfit = self._unfit(container) if container is not None else None
+        if container is not None and unfit:
+            self._say("replace", f"container {container.short_id} {unfit}; replacing it")
             self._stop_server()
             self._remove(container)
             container = None
+        try:
+            ids = self._user(container)
+            prepare_io(self.io_dir, ids)
+        except OSError as e:
+            raise RuntimeUnavailable(f"session {self.session_id}: cannot prepare the "
+                                     f"workspace or the shell's input folder: {e}") from e
+        self.user = f"{ids[0]}:{ids[1]}"
         info = self._live_server(ping=False)
         if info is not None and (container is None or info.get("container") != container.id):
             self._stop_server()  # it serves a container that is gone
@@ -138,6 +152,30 @@ class DockerSandbox(LocalSandbox):
         self._say("ready", f"container {container.short_id} "
                   f"{'started' if created else 'attached'} (epoch {self.epoch})")
         return attached and not created
+
+    def _unfit(self, container: Any) -> str | None:
+        """Why ``container`` cannot serve (not running, or made without the confinement
+        this trouper gives: by an older one); None when it can."""
+        if container.status != "running":
+            return f"is {container.status}: {container_failure(container)}"
+        options = container.attrs.get("HostConfig", {}).get("SecurityOpt") or []
+        if user_of(container.attrs.get("Config", {}).get("User")) is None or not any(
+                option.startswith("seccomp=") for option in options):
+            return "runs as root or with Docker's default seccomp profile (an older trouper's)"
+        return None
+
+    def _user(self, container: Any) -> tuple[int, int]:
+        """The running ``container``'s uid:gid, or (None) the one a new container gets,
+        the workspace handed to it when trouper is root and the workspace root's."""
+        if container is not None:
+            return user_of(container.attrs["Config"]["User"])  # type: ignore[return-value]
+        info = self.workspace.stat()
+        ids, hand = choose_user(self.config.user, (info.st_uid, info.st_gid))
+        if hand:
+            self._say("workspace", f"handing the workspace to {ids[0]}:{ids[1]} (trouper "
+                      "runs as root; the sandbox never does)")
+            hand_over(self.workspace, ids)
+        return ids
 
     def alive(self) -> SandboxHealth:
         """The container runs (asked of the engine) and the server answers."""
@@ -250,7 +288,8 @@ class DockerSandbox(LocalSandbox):
             "name": f"trouper-{self.session_id}-{os.urandom(3).hex()}",
             "labels": labels, "init": True, "user": self.user,
             "working_dir": config.workdir, "stdin_open": True, "tty": False,
-            "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges", f"seccomp={profile_json()}"],
             "mem_limit": config.memory, "nano_cpus": int(config.cpus * 1e9),
             "pids_limit": config.pids_limit, "network_mode": config.network,
             "tmpfs": {"/tmp": "rw,nosuid,nodev,mode=1777"},  # images without a /tmp too

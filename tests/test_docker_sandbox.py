@@ -17,6 +17,7 @@ from trouper.exceptions import RuntimeUnavailable
 from trouper.messages.actions import ReadFile, RunCommand, WriteFile
 from trouper.messages.causes import RuntimeFailure
 from trouper.runtimes.docker import DockerSandbox
+from trouper.runtimes.docker_seccomp import profile_json
 from trouper.runtimes.docker_support import (
     LABEL_OWNER,
     LABEL_SESSION,
@@ -25,6 +26,7 @@ from trouper.runtimes.docker_support import (
     owner_of_home,
     session_keeper,
 )
+from trouper.settings import settings
 from trouper.testing import wait_until
 from trouper.testing.runtime_contract import SandboxContract
 
@@ -74,14 +76,15 @@ def run(sandbox: DockerSandbox, action_id: str, command: str, **limits: Any) -> 
                                    **{**LIMITS, **limits})
 
 
-def test_the_container_is_labelled_confined_and_runs_as_the_host_user(make, docker_client):
+def test_the_container_is_labelled_confined_and_never_runs_as_root(make, docker_client):
     sandbox = make(memory="256m", cpus=0.5, pids_limit=64)
     sandbox.start()
     container = docker_client.containers.get(sandbox.container_id)
     labels, host = container.labels, container.attrs["HostConfig"]
     assert labels[LABEL_SESSION] == "s-1" and labels[LABEL_OWNER] == sandbox.owner
     assert labels["trouper.epoch"] == "1"
-    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == [
+        "no-new-privileges", f"seccomp={profile_json()}"]
     assert host["Init"] is True and host["NetworkMode"] == "none"
     assert (host["Memory"], host["NanoCpus"], host["PidsLimit"]) == (256 << 20, 5 * 10**8, 64)
     env = container.attrs["Config"].get("Env") or []
@@ -89,9 +92,12 @@ def test_the_container_is_labelled_confined_and_runs_as_the_host_user(make, dock
     mounts = {m["Destination"]: m for m in container.attrs["Mounts"]}
     assert set(mounts) == {"/workspace", "/.trouper"} and not mounts["/.trouper"]["RW"]
     assert "docker.sock" not in str(mounts)
+    # you, or when trouper is root (the workspace is root's) the dedicated uid and gid
+    ids = (os.getuid(), os.getgid()) if os.geteuid() else (settings().sandbox_uid,) * 2
+    assert container.attrs["Config"]["User"] == f"{ids[0]}:{ids[1]}"
     outcome = run(sandbox, "a1", "id -u; id -g; touch made-here; pwd")
-    assert outcome.content.split() == [str(os.getuid()), str(os.getgid()), "/workspace"]
-    assert (sandbox.workspace / "made-here").stat().st_uid == os.getuid()
+    assert outcome.content.split() == [str(ids[0]), str(ids[1]), "/workspace"]
+    assert (sandbox.workspace / "made-here").stat().st_uid == ids[0]
 
 
 def test_a_configured_user_owns_the_files_the_agent_makes(make, tmp_path):
