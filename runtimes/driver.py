@@ -121,7 +121,13 @@ class RuntimeDriver:
     waiting: list[tuple[Any, Any]] = field(default_factory=list)
     """Requests (and who sent them) held until the sandbox is ready."""
     closes: list[tuple[CloseSandbox, Any]] = field(default_factory=list)
-    """CloseSandbox requests not answered yet: all are answered when the stop is done."""
+    """CloseSandbox requests not answered yet: all are answered when the stop is done
+    and every request in flight has come back."""
+    in_flight: int = 0
+    """Executes and resolves on a worker: what they bring back (an action's outcome, the
+    one a stop gave it included) is answered before a close is."""
+    stopped: bool = False
+    """The last stop is done (the closes wait for ``in_flight`` alone)."""
     blocked: dict[str, float] = field(default_factory=dict)
     """Actions the sandbox could not journal, with the wait before the next try."""
 
@@ -252,16 +258,37 @@ class RuntimeDriver:
 
     def _close_now(self) -> list[Effect]:
         """Stop the sandbox (idempotent) and answer every close waiting for it."""
+        self.stopped = False
         return [Work(self.sandbox.stop, self._closed)]
 
     def _closed(self, _result: object, error: BaseException | None) -> list[Effect]:
         if error is not None:
             logger.warning("session %s: the sandbox did not stop cleanly: %s",
                            self.session_id, mask_known(str(error)))
+        self.stopped = True
+        return self._answer_closes()
+
+    def _answer_closes(self) -> list[Effect]:
+        """Once stopped, with nothing in flight: answer every close (after what the
+        requests in flight brought back, so an action's outcome precedes its end)."""
+        if not self.stopped or self.in_flight:
+            return []
         closes, self.closes = self.closes, []
         return [Reply(sender, SandboxClosed(request_id=msg.request_id,
                                             session_id=self.session_id))
                 for msg, sender in closes]
+
+    def _request(self, fn: Callable[[], Any], then: Done) -> Work:
+        """``Work`` for a request to the sandbox, counted in ``in_flight``. One that fails
+        after a close began was cut short by it: the close's answer says so."""
+        self.in_flight += 1
+
+        def done(result: Any, error: BaseException | None) -> list[Effect]:
+            self.in_flight -= 1
+            out = [] if self.stopping and error is not None else then(result, error)
+            return out + self._answer_closes()
+
+        return Work(fn, done)
 
     # -- actions ---------------------------------------------------------------
 
@@ -308,7 +335,7 @@ class RuntimeDriver:
                                               action_id=msg.action_id, outcome=outcome)))
             return out
 
-        return [Work(work, done)]
+        return [self._request(work, done)]
 
     def _journal_blocked(self, msg: Execute, sender: Any,
                          error: StoreUnavailable) -> list[Effect]:
@@ -337,8 +364,8 @@ class RuntimeDriver:
                                            action_id=msg.action_id, state=record.state,
                                            outcome=record.outcome))]
 
-        return [Work(lambda: runtime.resolve(msg.action_id,
-                                             wait_s=settings().journal_resolve_wait_s), done)]
+        return [self._request(lambda: runtime.resolve(
+            msg.action_id, wait_s=settings().journal_resolve_wait_s), done)]
 
 
 def _cause(error: BaseException | None) -> RuntimeFailure:

@@ -164,3 +164,28 @@ def test_a_failed_health_check_reports_once_and_exits():
     effects = run(driver.health_due("timer"))
     assert [type(e) for e in effects] == [ToParent, Exit]
     assert run(driver.health_due("timer")) == [Drop("timer", "the proxy is stopping")]
+
+
+def test_a_close_answers_after_the_action_in_flight_came_back_with_its_outcome():
+    """What the sandbox's stop brings back (an action's outcome, the one the stop gave it)
+    goes out before the close's answer, so the core records it before the end."""
+    driver, sandbox, _ = ready()
+    held = Held()
+    assert run(driver.execute(execute(), "controller"), held) == []  # on its worker
+    close = CloseSandbox(request_id="end")
+    assert run(driver.close(close, "core")) == []  # stopped, but the action is not back
+    assert sandbox.stops == 1
+    effects = finish(held)
+    assert replies(effects) == [Executed(session_id=SID, action_id="a1", outcome=OK),
+                                SandboxClosed(request_id="end", session_id=SID)]
+
+
+def test_a_request_the_close_cut_short_is_not_a_failure():
+    driver, sandbox, _ = ready()
+    held = Held()
+    run(driver.execute(execute(), "controller"), held)
+    run(driver.close(CloseSandbox(request_id="end"), "core"))
+    sandbox.runtime.execute_errors.append(RuntimeUnavailable("connection refused"))
+    effects = finish(held)  # the server was stopped under it: no RuntimeFailed, no exit
+    assert [type(e) for e in effects] == [Reply]
+    assert replies(effects) == [SandboxClosed(request_id="end", session_id=SID)]
