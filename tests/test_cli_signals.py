@@ -190,9 +190,10 @@ def _carry_on(home: Path, session_id: str, script: Path, by_cli: bool) -> None:
         assert session.state == AgentState.FINISHED
     assert check_log(events) == []
     killed = next(e for e in events if e.kind == "observation").outcome
-    # the shell killed with the server (status error), or the command alone (exit 137):
-    # either way it ended unfinished and was never run again (I2)
-    assert killed.status == "error" or killed.exit_code == 128 + signal.SIGKILL, killed
+    # the shell killed with the server (interrupted: the sandbox stopped, or error), or the
+    # command alone (exit 137): either way it ended unfinished and was never run again (I2)
+    assert killed.status in ("interrupted", "error") or killed.exit_code == 128 + signal.SIGKILL, \
+        killed
     assert sum(1 for e in events if e.kind == "action") == 2
 
 

@@ -66,6 +66,14 @@ def _bash(confinement: Policy | None) -> Spawn | None:
     return None if confinement is None else functools.partial(BashProcess, policy=confinement)
 
 
+STOPPED_NOTE = (
+    "\n[Interrupted: trouper stopped this sandbox while the command ran (the session was "
+    "stopped, or the program running it closed): the command, its shell and every job the "
+    "shell started were killed. It was not run again; check its effects before repeating "
+    "it.]")
+"""The note of a command killed by the sandbox's close."""
+
+
 class StaleEpoch(Exception):
     """The request carries an older epoch than the one claimed."""
 
@@ -137,6 +145,9 @@ class Service:
         self._lock = threading.Lock()
         self._workers = Workers()
         """Threads performing an action, until its outcome is journaled."""
+        self.closing = False
+        """``close`` began: a command that ends now was killed by it (a container's shell
+        reports its killed job as a plain exit 137, a local one its own death)."""
 
     def start(self) -> None:
         """Start the shell and persist the epoch claimed at launch."""
@@ -145,7 +156,9 @@ class Service:
 
     def close(self, journal_wait_s: float = 3.0) -> None:
         """Kill the shell and everything it started, then give the actions that ran in it
-        up to ``journal_wait_s`` to journal their outcome (killed: an error, not unknown)."""
+        up to ``journal_wait_s`` to journal their outcome (killed: ``interrupted``, saying
+        the sandbox was stopped; not unknown)."""
+        self.closing = True
         self.shell.close()
         deadline = time.monotonic() + journal_wait_s
         for done in self._workers.running():
@@ -319,6 +332,8 @@ class Service:
         return self._outcome(action_id, result)
 
     def _outcome(self, action_id: str, result: ShellResult) -> Outcome:
+        if self.closing and result.timed_out is None:  # it ended as the close killed it
+            result.status, result.note = "interrupted", STOPPED_NOTE
         output, elided, full_path = "", 0, None
         if result.pending is not None:
             output, elided, full_path = fit_pending(
