@@ -6,6 +6,7 @@ import functools
 import os
 import resource
 import signal
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -100,6 +101,32 @@ def start_time(pid: int) -> int | None:
     good, where a pid alone may be reused (``pid_max`` is 32768 on many machines)."""
     fields = stat_fields(pid)
     return int(fields[19]) if len(fields) > 19 else None
+
+
+def session_members(sid: int) -> dict[int, int]:
+    """The live processes of the session ``sid`` (its leader included), each with its
+    start time (``end_processes`` then ends those very processes, never a reused pid)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(entry) if entry.isdigit() else []
+        if len(fields) > 19 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):
+            found[int(entry)] = int(fields[19])
+    return found
+
+
+def end_processes(known: dict[int, int], wait_s: float) -> list[int]:
+    """SIGKILL each process of ``known`` (pid -> start time) still running as itself and
+    wait up to ``wait_s`` for all to be gone; the pids still there after it."""
+    def left() -> list[int]:
+        return [pid for pid, started in known.items()
+                if pid_alive(pid) and start_time(pid) == started]
+
+    for pid in left():
+        signal_quietly(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while (remaining := left()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll interval: the condition is their exit, just above
+    return remaining
 
 
 def published_pid(path: os.PathLike[str] | str) -> int | None:

@@ -34,11 +34,13 @@ from ..messages.causes import RuntimeFailure
 from ..paths import creator_umask, private_dir
 from ..processes import (
     children_of,
+    end_processes,
     is_bash,
     lock_holder,
     pid_alive,
     process_group,
     process_name,
+    session_members,
     signal_quietly,
 )
 from ..settings import settings
@@ -204,9 +206,10 @@ class LocalSandbox:
         if info is None or client is None:
             return
         pid = int(info["pid"])
-        shell_pid = None
+        shell_pid, shell = None, {}
         try:
             shell_pid = client.alive().get("shell_pid")
+            shell = session_members(int(shell_pid)) if shell_pid else {}  # its jobs too
             client.shutdown()
         except StaleEpoch:
             logger.warning(
@@ -223,6 +226,7 @@ class LocalSandbox:
             client.close()
         if not self._wait_exit(pid, 3.0):
             self._kill_server(pid, shell_pid)
+        end_processes(shell, 2.0)  # the server killed them: gone before this returns
         self._forget_info(pid)
 
     # ---- finding, starting, killing ----
