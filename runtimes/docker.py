@@ -54,6 +54,7 @@ from .docker_support import (
     docker_client,
     find_container,
     owner_of,
+    session_containers,
 )
 from .docker_user import choose_user, hand_over, prepare_io, user_of
 from .local import PASSED_ENV, LocalSandbox, _read_json
@@ -206,13 +207,15 @@ class DockerSandbox(LocalSandbox):
                                     f"{container_failure(container)}")
 
     def stop(self) -> None:
-        """Stop the server, then remove the container (unless ``config.keep``). A sandbox
-        claimed by a newer proxy is left alone, container and all."""
+        """Stop the server (the shell and its jobs with it), then remove the session's
+        containers: every one, dead ones a replace could not remove included, but with
+        ``config.keep`` the newest. A sandbox claimed by a newer proxy is left alone,
+        container and all."""
         super().stop()
         if self.server_pid() is not None:
             return  # a newer epoch holds it (LocalSandbox.stop left it running)
-        container = find_container(self.docker, self.session_id, self.owner)
-        if container is not None and not self.config.keep:
+        found = session_containers(self.docker, self.session_id, self.owner)
+        for container in found[1:] if self.config.keep else found:
             self._remove(container)
         self.container_id = None
 

@@ -80,9 +80,15 @@ def list_containers(client: Any, labels: list[str]) -> list[Any]:
 
 def find_container(client: Any, session_id: str, owner: str) -> Any:
     """The container of ``session_id`` made by ``owner`` (the newest, if several); None."""
+    found = session_containers(client, session_id, owner)
+    return found[0] if found else None
+
+
+def session_containers(client: Any, session_id: str, owner: str) -> list[Any]:
+    """Every container of ``session_id`` made by ``owner``, running or not, newest first."""
     found = list_containers(client, [f"{LABEL_SESSION}={session_id}", f"{LABEL_OWNER}={owner}"])
     found.sort(key=lambda c: c.attrs.get("Created", ""), reverse=True)
-    return found[0] if found else None
+    return found
 
 
 def container_failure(container: Any) -> str:
