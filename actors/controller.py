@@ -30,11 +30,13 @@ from ..core.effects import (
     BrokerBack,
     CancelModel,
     Effect,
+    EndSandbox,
     ReadInstructions,
     RestartRuntime,
     RunAction,
     RuntimeDown,
     RuntimeReplaced,
+    SandboxEnded,
     StartTimer,
     TimerFired,
 )
@@ -62,6 +64,7 @@ from ..messages.protocol import (
     RuntimeFailed,
     RuntimeProgress,
     RuntimeReady,
+    SandboxClosed,
     StartSession,
     UserCommand,
 )
@@ -259,6 +262,11 @@ class Controller(StoreFaultMode, LoopWatch):
             self.runtime = msg.runtime
             self.feed(RuntimeReplaced())
 
+    def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
+        """The sandbox an ``EndSandbox`` asked to end is ended (split: from the parent)."""
+        if self.from_parent(msg, sender, "who ends the sandbox"):
+            self.feed(SandboxEnded())
+
     def on_resend_history(self, msg: ResendHistory, sender: ActorAddress) -> None:
         """The broker lacks the history a request built on: send the request whole, if it
         is still the one the core waits for (a stale one is dropped)."""
@@ -307,6 +315,8 @@ class Controller(StoreFaultMode, LoopWatch):
             self.after(effect.delay_s, effect.name, effect.token)
         elif isinstance(effect, RestartRuntime):
             self.send(self._parent_address, wiring.RestartRuntime(reason=effect.reason))
+        elif isinstance(effect, EndSandbox):  # its supervisor owns the proxy's lifecycle
+            self.send(self._parent_address, wiring.EndSandbox(reason=effect.reason))
         elif isinstance(effect, Answer):
             self._answer(effect)
         elif isinstance(effect, ReadInstructions) and self.core is not None:

@@ -14,7 +14,7 @@ from thespian.actors import ActorAddress, ActorExitRequest
 
 from ..masking import mask_known, remember_secrets, session_maskers
 from ..messages.protocol import CloseSandbox, Execute, ResolveAction, SandboxClosed
-from ..messages.tree import BootRuntime
+from ..messages.tree import BootRuntime, CloseFor
 from ..paths import Home
 from ..runtimes.driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
 from ..runtimes.session_sandbox import session_sandbox
@@ -31,6 +31,8 @@ class RuntimeProxy(TrouperActor):
         self.driver: RuntimeDriver | None = None
         self._early: list[tuple[Execute | ResolveAction, ActorAddress]] = []
         """Requests that came before the boot: handed to the driver once it exists."""
+        self.closing_only = False
+        """A one-shot closer (``CloseFor``): it exits once the sandbox is stopped."""
 
     @property
     def session_id(self) -> str:
@@ -54,6 +56,18 @@ class RuntimeProxy(TrouperActor):
         early, self._early = self._early, []
         for request, requester in early:
             self.perform(self.driver.handle(request, requester))
+
+    def on_close_for(self, msg: CloseFor, sender: ActorAddress) -> None:
+        """A one-shot closer's whole life: the session's proxy is down and its sandbox is
+        to close. Stop it (a backend stops what runs without having started it), answer
+        ``SandboxClosed``, exit."""
+        self.set_parent(sender)
+        start = msg.start
+        remember_secrets(session_maskers(start.secrets, start.config.llm,
+                                        start.config.runtime)[0].pairs)
+        self._stopping, self.closing_only = True, True
+        self.driver = RuntimeDriver(start.session_id, session_sandbox(start))
+        self.perform(self.driver.close(CloseSandbox(request_id=msg.request_id), sender))
 
     def _progress_from_worker(self, phase: str, detail: str) -> None:
         """Called on the worker thread that starts the sandbox: hand it to the actor."""
@@ -115,6 +129,8 @@ class RuntimeProxy(TrouperActor):
                 self.send(self._parent_address, effect.msg)
             elif isinstance(effect, Reply):
                 self.send(effect.to, effect.msg)
+                if self.closing_only and isinstance(effect.msg, SandboxClosed):
+                    self.send(self.myAddress, ActorExitRequest())  # its work is done
             elif isinstance(effect, Work):
                 then = effect.then
                 self.background.submit(effect.fn,

@@ -31,7 +31,14 @@ from typing import Any
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
-from ..core.effects import AskJournal, BrokerBack, Effect, RestartRuntime, RunAction
+from ..core.effects import (
+    AskJournal,
+    BrokerBack,
+    Effect,
+    EndSandbox,
+    RestartRuntime,
+    RunAction,
+)
 from ..masking import remember_secrets, session_maskers
 from ..messages.events import SETTLED_STATES
 from ..messages.protocol import (
@@ -146,6 +153,8 @@ class SessionHost(Controller):
                 session_id=self.session_id, action_id=effect.action_id)))
         elif isinstance(effect, RestartRuntime):
             self.perform_runtime(hosted.restart(effect.reason))
+        elif isinstance(effect, EndSandbox):
+            self.perform_runtime(hosted.end(effect.reason))
         else:
             super()._perform(effect)
 
@@ -158,7 +167,7 @@ class SessionHost(Controller):
             super().on_relay(msg, sender)
             return
         answer: Any
-        if self.hosted is None or self.hosted.driver is None:
+        if self.hosted is None or self.hosted.driver is None or self.hosted.ended:
             answer = Refused(request_id=inner.request_id, session_id=inner.session_id,
                              error=Refusal.INVALID_REQUEST,
                              message="no sandbox driver is running in this session now")

@@ -18,7 +18,6 @@ from typing import Any
 
 from thespian.actors import ActorAddress
 
-from ..messages.protocol import CloseSandbox as CloseSandboxMsg
 from ..messages.protocol import (
     Refusal,
     Refused,
@@ -26,7 +25,6 @@ from ..messages.protocol import (
     RuntimeFailure,
     RuntimeProgress,
     RuntimeReady,
-    SandboxClosed,
     StartSession,
     StoreFault,
     UserCommand,
@@ -45,8 +43,6 @@ from ..messages.tree import (
     RestartRuntime,
     Rewire,
     RuntimeGaveUp,
-    Shutdown,
-    ShutdownDone,
     Superseded,
     Working,
 )
@@ -55,12 +51,12 @@ from ..restarts import give_up_text
 from .controller import Controller
 from .in_flight import CommandsInFlight, taken_text
 from .runtime_proxy import RuntimeProxy
-from .supervision import ChildSpec, Supervisor
+from .sandbox_closing import CONTROLLER, RUNTIME, SandboxClosing
+from .supervision import ChildSpec
 
 logger = logging.getLogger(__name__)
 
-RUNTIME, CONTROLLER = "runtime", "controller"
-class SessionSupervisor(Supervisor):
+class SessionSupervisor(SandboxClosing):
     role = "session"
     runtime_class: type = RuntimeProxy
     """The actor that owns the sandbox; a test puts a fake in its place."""
@@ -72,8 +68,6 @@ class SessionSupervisor(Supervisor):
         self.broker: ActorAddress | None = None
         self.ready: RuntimeReady | None = None
         self.held: list[Relay] = []
-        self.closing: list[tuple[Shutdown, ActorAddress]] = []
-        """Shutdowns waiting for the sandbox to close; each is answered once."""
         self.first_reply: ActorAddress | None = None
         self.down_for_good = ""
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
@@ -116,11 +110,6 @@ class SessionSupervisor(Supervisor):
 
     # -- runtime lifecycle ------------------------------------------------------------
 
-    def _to_controller(self, msg: Any) -> None:
-        controller = self.child(CONTROLLER)
-        if controller is not None:
-            self.send(controller, msg)
-
     def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
         if self._from(sender, RUNTIME, msg):
             self.ready = msg
@@ -137,7 +126,12 @@ class SessionSupervisor(Supervisor):
             self.ready = None
             self._to_controller(msg)
 
+    def runtime_ended(self) -> None:
+        self.ready = None  # else a restarted Controller would be told it is ready
+
     def on_child_down(self, role: str, reason: str) -> None:
+        if role == RUNTIME:
+            self.runtime_lost()
         if role == CONTROLLER:  # what it may not be handed again is refused now
             for relay in self.in_flight.spent():
                 self._refuse(relay, relay.msg, Refusal.INVALID_REQUEST, taken_text(reason))
@@ -163,6 +157,7 @@ class SessionSupervisor(Supervisor):
         what = "the sandbox" if role == RUNTIME else "the agent loop"
         text, resumes_at = give_up_text(what, self.policy, reason, retry_in_s)
         if role == RUNTIME:
+            self.runtime_lost()
             self.ready = None  # else a restarted Controller would be told it is ready
             self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
         else:
@@ -188,6 +183,8 @@ class SessionSupervisor(Supervisor):
         self._downtime_settled()
 
     def on_helper_exited(self, address: ActorAddress) -> None:
+        if self.closer_exited(address):
+            return
         if self.recording is not None:  # it died before it answered
             logger.error("session %s: the stand-in Controller exited before it recorded "
                          "the downtime", self.session_id)
@@ -234,7 +231,8 @@ class SessionSupervisor(Supervisor):
             self.send(self._parent_address, msg)  # the root owns the broker
 
     def on_restart_runtime(self, msg: RestartRuntime, sender: ActorAddress) -> None:
-        if self._from(sender, CONTROLLER, msg):
+        if self._from(sender, CONTROLLER, msg) and not self.shut:
+            self.ended = False  # the session goes on (after a stop: a fresh sandbox)
             self.restart_child(RUNTIME, msg.reason)
 
     def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
@@ -312,25 +310,3 @@ class SessionSupervisor(Supervisor):
             return
         self.broker = msg.broker
         self._to_controller(Rewire(broker=msg.broker, reason="the LLM broker restarted"))
-
-    # -- shutdown --------------------------------------------------------------------
-
-    def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
-        runtime = self.child(RUNTIME)
-        if not msg.stop_sandboxes or runtime is None:
-            self.send(sender, ShutdownDone(request_id=msg.request_id))
-            return
-        self.closing.append((msg, sender))
-        if len(self.closing) == 1:  # one close at a time; every Shutdown waits for it
-            self.send(runtime, CloseSandboxMsg(request_id=msg.request_id))
-
-    def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
-        if not self.closing:
-            self.drop(msg, "no shutdown is waiting for it")
-            return
-        if not self._from(sender, RUNTIME, msg):
-            return
-        closing, self.closing = self.closing, []
-        closed = [msg.session_id] if msg.session_id else []  # "": none was running
-        for request, reply_to in closing:
-            self.send(reply_to, ShutdownDone(request_id=request.request_id, sessions=closed))

@@ -15,15 +15,15 @@ from ..messages.events import AgentState, ConfirmationEvent, MessageEvent, Obser
 from ..messages.outcomes import Outcome
 from ..messages.protocol import UserCommand
 from .effects import Answer, RestartRuntime
-from .loop import SessionLoop
-from .states import RESUMABLE, Why
+from .ending import SandboxEnding
+from .states import ENDS_SANDBOX, RESUMABLE, Why
 
 logger = logging.getLogger(__name__)
 
 NOT_RUN_STOPPED = "Not run: the user stopped the session first."
 
 
-class UserCommands(SessionLoop):
+class UserCommands(SandboxEnding):
     """What each user command does to the session (``SessionCore`` takes them)."""
 
     def _on_user_command(self, cmd: UserCommand) -> None:
@@ -37,7 +37,11 @@ class UserCommands(SessionLoop):
             error = self._carry_out(cmd)
         finally:
             self.command_id = None  # a refused command appended nothing
-        self._out.append(Answer(cmd.request_id, error, self.view.last_seq))
+        answer = Answer(cmd.request_id, error, self.view.last_seq)
+        if cmd.command == "stop":
+            self._answer_stop(answer)  # once the sandbox has ended
+        else:
+            self._out.append(answer)
 
     def _carry_out(self, cmd: UserCommand) -> str | None:
         return {
@@ -75,7 +79,7 @@ class UserCommands(SessionLoop):
         if state not in RESUMABLE:
             return f"cannot resume a session that is {state.value}"
         self.lift_cooldown = state == AgentState.RATE_LIMITED
-        if self.runtime_down:
+        if self.runtime_down and state not in ENDS_SANDBOX:  # (leaving STOPPED starts one)
             self.runtime_down = False
             self._out.append(RestartRuntime("resumed by the user"))
         self._transition(Why.USER_RESUME, AgentState.RUNNING, RESUMED_BY_USER)

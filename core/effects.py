@@ -72,6 +72,16 @@ class RestartRuntime:
 
 
 @dataclass(frozen=True)
+class EndSandbox:
+    """The session stopped: end its sandbox now (the shell, every job it started, and the
+    container unless ``keep``), then feed back ``SandboxEnded``. The requests in flight to
+    it come back first (an action's real outcome, when it has one); nothing starts in it
+    after this, and only ``RestartRuntime`` brings a fresh one."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Answer:
     """Answer the user's command ``request_id``: accepted (``error`` None) or refused."""
 
@@ -81,7 +91,7 @@ class Answer:
 
 
 Effect = Append | AskModel | CancelModel | RunAction | AskJournal | StartTimer | \
-    RestartRuntime | Answer | ReadInstructions
+    RestartRuntime | EndSandbox | Answer | ReadInstructions
 
 
 # -- inputs the actor layer turns into plain facts ----------------------------------
@@ -102,6 +112,12 @@ class BrokerBack:
 class RuntimeReplaced:
     """A fresh runtime proxy was started: what was dispatched to the old one must be
     asked of the journal before anything runs."""
+
+
+@dataclass(frozen=True)
+class SandboxEnded:
+    """The sandbox an ``EndSandbox`` asked to end is ended (or its end was given up on:
+    nothing more comes back from it either way)."""
 
 
 @dataclass(frozen=True)

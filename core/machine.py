@@ -24,6 +24,7 @@ from ..messages.events import (
     CarriesCommand,
     Event,
     PromptCondensed,
+    RuntimeEvent,
     StateChanged,
 )
 from ..messages.protocol import (
@@ -97,6 +98,11 @@ class SessionMachine:
         """The user command being carried out, until its first event is appended."""
         self.lift_cooldown = False
         self.back_reason = BACK_AFTER_SANDBOX
+        self.ending = False
+        """An ``EndSandbox`` was asked and its ``SandboxEnded`` has not come."""
+        self.sandbox_ended = False
+        """The log's last word on the sandbox is that it was ended (``RuntimeEvent``
+        ``closed``), and no fresh one was asked for since."""
         self._out: list[Effect] = []
         self._now: datetime | None = None
 
@@ -160,6 +166,9 @@ class SessionMachine:
                 del self.taken[next(iter(self.taken))]
         if isinstance(event, PromptCondensed):
             self.cut = max(self.cut, event.cut)
+        elif isinstance(event, RuntimeEvent) and event.phase in ("closed", "started",
+                                                                  "attached"):
+            self.sandbox_ended = event.phase == "closed"
         self.prompt.add(event)
 
     def _transition(self, why: Why, state: AgentState, reason: str = "",
@@ -179,9 +188,14 @@ class SessionMachine:
             return True
         logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
                     state.value, reason)
+        before = view.state
         self._append(*along, StateChanged(state=state, reason=reason, cause=why,
                                                  resumes_at=resumes_at))
+        self._moved(before, state)
         return True
+
+    def _moved(self, before: AgentState, after: AgentState) -> None:
+        """The session moved from ``before`` to ``after`` (its record appended)."""
 
     def _masked(self, text: str | None) -> str | None:
         return None if text is None else self.masker.mask_text(text)

@@ -52,6 +52,7 @@ from .effects import (
     Effect,
     RuntimeDown,
     RuntimeReplaced,
+    SandboxEnded,
     StartTimer,
     TimerFired,
 )
@@ -71,6 +72,7 @@ class SessionCore(UserCommands):
                 self._append(MessageEvent(source="user", text=self.config.task),
                              *self._setup_steps())
             self._schedule_lift()
+            self._end_if_stopped(restored=True)
         return self._take()
 
     def set_instructions(self, text: str | None) -> None:
@@ -89,6 +91,7 @@ class SessionCore(UserCommands):
                                type(msg).__name__)
             else:
                 handler(self, msg)
+            self._end_if_stopped()
         return self._take()
 
     def store_back(self, before: SessionView, now: datetime) -> list[Effect]:
@@ -105,6 +108,7 @@ class SessionCore(UserCommands):
                 if self.runtime_ready:
                     self._ask_journal()
                 self._recovered()
+            self._end_if_stopped()
         return self._take()
 
     # -- runtime inputs ------------------------------------------------------------------
@@ -263,7 +267,9 @@ class SessionCore(UserCommands):
                                     self.lift_token))
 
     def _on_timer(self, msg: TimerFired) -> None:
-        if msg.name != "lift":
+        if msg.name == "end_answer":
+            self._end_waited(msg.token)
+        elif msg.name != "lift":
             logger.warning("session %s: no timer named %r", self.session_id, msg.name)
         elif msg.token == self.lift_token and self.view.state == AgentState.RATE_LIMITED:
             self._transition(Why.LIMIT_LIFTED, AgentState.RUNNING,
@@ -289,6 +295,7 @@ class SessionCore(UserCommands):
         RuntimeProgress: _on_runtime_progress,
         RuntimeDown: _on_runtime_down,
         RuntimeReplaced: _on_runtime_replaced,
+        SandboxEnded: UserCommands._on_sandbox_ended,
         BrokerBack: _on_broker_back,
         Executed: _on_executed,
         Resolved: _on_resolved,

@@ -18,6 +18,11 @@ RESUMABLE = frozenset({S.PAUSED, S.ERROR, S.STOPPED, S.RATE_LIMITED, S.AWAITING_
                        S.AWAITING_USER_CONFIRMATION})
 """States a user's resume moves back to RUNNING."""
 
+ENDS_SANDBOX = frozenset({S.STOPPED})
+"""States whose sandbox is ended as the session enters them (the shell, its jobs, the
+container): leaving one starts a fresh sandbox. The other settled states keep theirs
+until the session stands down (``settled_stand_down_s``)."""
+
 
 TRANSITIONS: dict[Why, tuple[frozenset[AgentState], AgentState | None]] = {
     Why.RUNTIME_READY: (frozenset({S.LOADING}), S.RUNNING),

@@ -150,7 +150,9 @@ class RecordDowntime(Frozen):
 
 class CloseFor(Frozen):
     """RootSupervisor -> a one-shot SessionHost: the tree closes while this hosted
-    session's host is down; stop its sandbox, answer ``ShutdownDone`` and exit."""
+    session's host is down; stop its sandbox, answer ``ShutdownDone`` and exit. In the
+    split layout, SessionSupervisor -> a one-shot RuntimeProxy: the sandbox is to close
+    while the session's proxy is down; stop it, answer ``SandboxClosed`` and exit."""
 
     kind: Literal["close_for"] = "close_for"
     start: StartSession
@@ -244,6 +246,14 @@ class RestartRuntime(Frozen):
     """Controller -> SessionSupervisor: a user's resume; start a fresh runtime proxy."""
 
     kind: Literal["restart_runtime"] = "restart_runtime"
+    reason: str
+
+
+class EndSandbox(Frozen):
+    """Controller -> SessionSupervisor: the session stopped; end its sandbox now and answer
+    ``SandboxClosed``. No runtime proxy starts again until ``RestartRuntime``."""
+
+    kind: Literal["end_sandbox"] = "end_sandbox"
     reason: str
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.effects import RuntimeDown, RuntimeReplaced
+from ..core.effects import RuntimeDown, RuntimeReplaced, SandboxEnded
 from ..masking import mask_known
 from ..messages.protocol import (
     CloseSandbox,
@@ -34,6 +34,7 @@ from ..messages.protocol import (
     RuntimeFailed,
     RuntimeFailure,
     RuntimeReady,
+    SandboxClosed,
 )
 from ..messages.tree import Superseded
 from ..restarts import RestartBudget, RestartPolicy, give_up_text
@@ -41,6 +42,9 @@ from .base import Sandbox
 from .driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
 
 logger = logging.getLogger(__name__)
+
+END = "end"
+"""The request id of the sandbox close an ``end`` makes."""
 
 CORE = "core"
 """Who asked, for the requests that come from the session core (the driver's replies to
@@ -80,6 +84,8 @@ class HostedRuntime:
         self.ready = False
         self.closing = False
         """Told to close, or stood down: no incarnation starts after this."""
+        self.ended = False
+        """The session stopped (``end``): no incarnation starts until ``restart``."""
         self.unfinished_start: int | None = None
         """A failed incarnation whose sandbox start still runs on a worker: no new one
         starts until it is done (two starts at once could both claim the sandbox, and the
@@ -92,6 +98,8 @@ class HostedRuntime:
     # -- lifecycle -------------------------------------------------------------
 
     def boot(self) -> list[HostedEffect]:
+        if self.ended:  # a session restored stopped: no sandbox until it goes on
+            return []
         return self._start()
 
     def _start(self) -> list[HostedEffect]:
@@ -114,13 +122,14 @@ class HostedRuntime:
         sandbox was given up on); a live one is let go first."""
         if self.closing:
             return [Drop(reason, "the sandbox is closing")]
+        self.ended = False
         self.budget.restarted(by_hand=True)
         self._let_go()
         return self._replace(reason)
 
     def crash(self, reason: str) -> list[HostedEffect]:
         """Fail the live incarnation as a killed proxy would (the fault harness)."""
-        if self.driver is None:
+        if self.driver is None or self.ended:
             return [Drop(reason, "no sandbox driver is running")]
         return self._failed(reason)
 
@@ -132,6 +141,18 @@ class HostedRuntime:
         if self.driver is not None:
             return self._wrap(self.driver.close(msg, reply_to), self.incarnation)
         self.pending_closes.append((msg, reply_to))
+        return [] if self.unfinished_start is not None else self._close_down()
+
+    def end(self, reason: str) -> list[HostedEffect]:
+        """The session stopped: stop the sandbox now, as ``close`` does, and tell the core
+        (``SandboxEnded``) once it is stopped and what was in flight has come back. No
+        incarnation starts after this until ``restart`` (the session goes on)."""
+        logger.info("session %s: ending the sandbox (%s)", self.session_id, reason)
+        self.ended = True
+        msg = CloseSandbox(request_id=END)
+        if self.driver is not None:
+            return self._wrap(self.driver.close(msg, CORE), self.incarnation)
+        self.pending_closes.append((msg, CORE))
         return [] if self.unfinished_start is not None else self._close_down()
 
     def _close_down(self) -> list[HostedEffect]:
@@ -166,7 +187,7 @@ class HostedRuntime:
         """The incarnation failed (what a proxy's exit was): replace it under the policy."""
         was_ready = self.ready
         self._let_go()
-        if self.closing:  # closed, or stood down: nobody waits for this sandbox now
+        if self.closing or self.ended:  # closed, stood down or stopped: none is wanted now
             return []
         out: list[HostedEffect] = []
         if was_ready:  # one that reported its failure first already told the core
@@ -216,12 +237,12 @@ class HostedRuntime:
         if incarnation != self.incarnation:
             return [Drop(name, "a timer of a replaced sandbox driver")]
         if name == "restart":
-            if self.driver is not None or self.given_up or self.closing:
-                return [Drop(name, "the sandbox is back, given up or closing")]
+            if self.driver is not None or self.given_up or self.closing or self.ended:
+                return [Drop(name, "the sandbox is back, given up, closing or ended")]
             return self._replace(inner)
         if name == "cooldown_over":
-            if not self.given_up or self.closing:
-                return [Drop(name, "the sandbox is back or closing")]
+            if not self.given_up or self.closing or self.ended:
+                return [Drop(name, "the sandbox is back, closing or ended")]
             self.budget.restarted(by_hand=False)
             return self._replace(f"cooldown over after give-up round {self.budget.rounds}; "
                                  "trying again")
@@ -241,8 +262,11 @@ class HostedRuntime:
                 out.append(Drop(effect, "from a sandbox driver that failed"))
             elif isinstance(effect, ToParent):
                 out += self._report(effect.msg)
+            elif isinstance(effect, Reply) and effect.to == CORE:
+                ended = isinstance(effect.msg, SandboxClosed)  # only an end replies it here
+                out.append(ToCore(SandboxEnded() if ended else effect.msg))
             elif isinstance(effect, Reply):
-                out.append(ToCore(effect.msg) if effect.to == CORE else effect)
+                out.append(effect)
             elif isinstance(effect, Work):
                 out.append(Work(effect.fn, self._then(effect, incarnation)))
             elif isinstance(effect, After):
@@ -272,7 +296,8 @@ class HostedRuntime:
         reason, self.deferred = self.deferred, None
         if self.pending_closes:
             return self._close_down()
-        if reason is None or self.driver is not None or self.closing or self.given_up:
+        if reason is None or self.driver is not None or self.closing or self.given_up \
+                or self.ended:
             return []
         return self._replace(reason)
 

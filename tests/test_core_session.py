@@ -20,10 +20,12 @@ from trouper.core.effects import (
     AskModel,
     BrokerBack,
     CancelModel,
+    EndSandbox,
     RestartRuntime,
     RunAction,
     RuntimeDown,
     RuntimeReplaced,
+    SandboxEnded,
     StartTimer,
     TimerFired,
 )
@@ -143,7 +145,18 @@ def executed(core: SessionCore, run: RunAction, clock: Clock, **outcome: Any) ->
 def command(core: SessionCore, clock: Clock, name: str, text: str = "") -> tuple[Any, list]:
     effects = core.handle(UserCommand(request_id=f"r-{name}", session_id="s-1", command=name,
                                       text=text), clock.tick())
+    if [e for e in effects if isinstance(e, EndSandbox)]:  # a stop's answer waits for it
+        effects += core.handle(SandboxEnded(), clock.tick())
     return only(effects, Answer), effects
+
+
+def stop(core: SessionCore, clock: Clock) -> list[Any]:
+    """A user's stop, the sandbox running: its end is asked for, and the answer waits."""
+    effects = core.handle(UserCommand(request_id="r-stop", session_id="s-1", command="stop"),
+                          clock.tick())
+    only(effects, EndSandbox)
+    assert not [e for e in effects if isinstance(e, Answer)]
+    return effects
 
 
 # -- a step -------------------------------------------------------------------------------
@@ -226,8 +239,13 @@ def test_max_iterations_stops_the_session_and_a_resume_gives_as_many_again():
     effects = executed(core, run, clock)
     assert core.view.state == S.STOPPED and "max_iterations" in core.view.reason
     assert not [e for e in effects if isinstance(e, AskModel)]
+    only(effects, EndSandbox)  # stopped: its sandbox ends (a resume gets a fresh one)
+    core.handle(SandboxEnded(), clock.tick())
     reply, effects = command(core, clock, "resume")
     assert reply.error is None and core.view.state == S.RUNNING
+    only(effects, RestartRuntime)
+    effects = core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=False),
+                          clock.tick())
     only(effects, AskModel)
 
 
@@ -450,13 +468,15 @@ def test_stop_rejects_what_never_ran_but_leaves_the_dispatched_action_to_its_out
     core, clock, ask = running()
     effects = answer(core, ask, clock, call("run", command="a"), call("run", command="b"))
     run = only(effects, RunAction)
-    reply, effects = command(core, clock, "stop")
-    assert reply.error is None and core.view.state == S.STOPPED
+    effects = stop(core, clock)
+    assert core.view.state == S.STOPPED
     assert list(core.view.pending) == [run.request.action_id]
-    effects = executed(core, run, clock)
+    effects = executed(core, run, clock)  # what the sandbox's end brought back first
     assert [type(e) for e in appended(effects)] == [ObservationEvent]
     assert core.view.pending == {} and core.view.state == S.STOPPED
     assert not [e for e in effects if isinstance(e, RunAction | AskModel)]
+    reply = only(core.handle(SandboxEnded(), clock.tick()), Answer)
+    assert reply.error is None and core.view.pending == {}
 
 
 @pytest.mark.parametrize("journal", ["absent", "finished"])
@@ -471,8 +491,8 @@ def test_stop_while_the_journal_is_asked_records_the_action_once_and_runs_nothin
                 clock.tick())
     asked = core.handle(RuntimeReady(session_id="s-1", epoch=2, attached=True), clock.tick())
     assert only(asked, AskJournal).action_id == run.request.action_id
-    reply, _ = command(core, clock, "stop")
-    assert reply.error is None and core.view.state == S.STOPPED
+    stop(core, clock)
+    assert core.view.state == S.STOPPED
     assert list(core.view.pending) == [run.request.action_id]  # the journal answers for it
     outcome = Outcome(status="ok", content="made") if journal == "finished" else None
     effects = core.handle(Resolved(session_id="s-1", action_id=run.request.action_id,
@@ -533,7 +553,7 @@ def test_the_table_refuses_a_transition_from_a_state_it_does_not_list():
     assert not allowed(Why.LIMIT_LIFTED, S.PAUSED, S.RUNNING)
     assert allowed(Why.STORE_BACK, S.PAUSED, S.PAUSED)
     core, clock, _ = running()
-    command(core, clock, "stop")
+    stop(core, clock)
     core.handle(RuntimeDown(reason="gave up", resumes_at=clock.now), clock.tick())
     assert core.view.state == S.STOPPED  # a stopped session is not pulled into ERROR
     assert {why for why, _, _ in table()} == {why.value for why in TRANSITIONS}

@@ -228,3 +228,32 @@ def test_a_driver_failed_while_its_sandbox_starts_is_replaced_once_that_start_is
     assert to_core(effects) == [RuntimeReplaced(),
                                 RuntimeReady(session_id=SID, epoch=7, attached=False)]
     assert len(sandboxes) == 2 and runtime.incarnation == 2
+
+
+# -- a stopped session's sandbox ends -----------------------------------------------------
+
+
+def test_an_end_stops_the_sandbox_tells_the_core_and_starts_nothing_until_a_restart():
+    from trouper.core.effects import SandboxEnded
+
+    runtime, sandboxes, clock = booted()
+    effects = run(runtime.end("stopped by the user"))
+    assert to_core(effects) == [SandboxEnded()] and sandboxes[0].stops == 1
+    assert to_core(run(runtime.crash("a fault injected"))) == []  # no driver runs to fail
+    assert [type(e) for e in run(runtime.on_timer((runtime.incarnation, "restart", "late")))
+            ] == [Drop]
+    assert len(sandboxes) == 1  # nothing started again
+    effects = run(runtime.restart("the session goes on"))
+    assert to_core(effects) == [RuntimeReplaced(), RuntimeReady(session_id=SID, epoch=7,
+                                                                attached=False)]
+    assert len(sandboxes) == 2
+
+
+def test_an_end_with_no_driver_running_stops_what_is_left_and_a_restored_one_boots_none():
+    from trouper.core.effects import SandboxEnded
+
+    runtime, sandboxes, _ = hosted()
+    effects = run(runtime.end("restored stopped"))  # before the boot, as a restored core asks
+    assert to_core(effects) == [SandboxEnded()]
+    assert [s.stops for s in sandboxes] == [1]  # a stop-only driver: nothing was started
+    assert run(runtime.boot()) == [] and len(sandboxes) == 1
