@@ -131,6 +131,8 @@ class ActorSystemHandle:
         self._root_up = threading.Event()
         """Set while a booted root runs: a request that its root's death ended waits for
         the next one and is asked again (the same request id: carried out once)."""
+        self.held_at_close: list[str] | None = None
+        """The sessions the tree ran when ``close`` shut it down (None: it did not say)."""
         self.on_new_root: Callable[[], None] | None = None
         """Called (in the watch's thread) once a root that died was replaced: the
         ``Trouper`` resumes the sessions that were working."""
@@ -321,7 +323,7 @@ class ActorSystemHandle:
             done = self._ask(Shutdown(request_id=request_id, stop_sandboxes=stop_sandboxes),
                              request_id, 20.0)
             if isinstance(done, ShutdownDone):
-                closed = list(done.sessions)
+                closed, self.held_at_close = list(done.sessions), done.held
                 logger.info("closed sandboxes of %d session(s)", len(closed))
         except (TrouperError, ActorSystemException) as exc:
             logger.warning("graceful shutdown incomplete: %s", exc)

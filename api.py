@@ -36,7 +36,7 @@ from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserComman
 from .messages.tree import Layout
 from .paths import Home, default_home, private_dir
 from .restarts import RestartPolicy
-from .runtimes.docker_support import gc_at_start
+from .runtimes.docker_support import gc_at_start, sweep_at_close
 from .session import Session, new_session_id
 from .session_secrets import (
     read_runtime_token,
@@ -103,6 +103,8 @@ class Trouper:
             layout=layout or given.session_layout,
         )
         self._closed = False
+        self._containers: dict[str, bool] = {}
+        """The docker sessions this program ran (id -> keep): none outlives its close."""
         self.store: EventStore  # opened once the actor system runs (see below)
         try:
             # forked first: SQLite's lock table survives a fork, and an actor forked while
@@ -125,11 +127,23 @@ class Trouper:
 
     def close(self, stop_sandboxes: bool = True) -> list[str]:
         """Stop every actor (and, by default, every sandbox). Idempotent. Returns the ids
-        of the sessions whose sandboxes this call closed (empty when called again)."""
+        of the sessions whose sandboxes this call closed (empty when called again).
+
+        No container of this program's sessions outlives it, ``stop_sandboxes`` or not:
+        whatever the tree could not stop is removed once it is down (within
+        ``docker_support.CLOSE_SWEEP_S``), but the newest of a ``keep`` session. A session
+        still working resumes, at the next open, in a fresh container. With
+        ``stop_sandboxes=False`` the local sandbox servers are left to be re-attached
+        (they end by themselves when idle)."""
         if self._closed:
             return []
         self._closed = True
         closed = self._system.close(stop_sandboxes=stop_sandboxes)
+        held = self._system.held_at_close  # None: the tree did not say; all this ran
+        ours = {sid: keep for sid, keep in self._containers.items()
+                if held is None or sid in held}
+        if ours:
+            sweep_at_close(self.home.root, ours)
         store = getattr(self, "store", None)  # absent when the actor system failed to open
         if store is not None:
             store.close()
@@ -191,7 +205,7 @@ class Trouper:
         write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
         # the task and every other field stored masked; the keys are left out
         self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
-        self._expect_sandbox(config)
+        self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
@@ -263,7 +277,7 @@ class Trouper:
         token = read_runtime_token(self.home, session_id)
         config = with_runtime_token(config, token)
         remember_secrets(session_maskers(secrets, config.llm, config.runtime)[0].pairs)
-        self._expect_sandbox(config)
+        self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),
@@ -278,8 +292,11 @@ class Trouper:
 
         return connect(url, token=token, home=home)
 
-    def _expect_sandbox(self, config: SessionConfig) -> None:
-        """The sandbox server of a local or docker session is forked by the zygote."""
+    def _expect_sandbox(self, session_id: str, config: SessionConfig) -> None:
+        """The sandbox server of a local or docker session is forked by the zygote; a
+        docker session's containers are this program's to remove at its close."""
+        if config.runtime.kind == "docker":
+            self._containers[session_id] = bool(getattr(config.runtime, "keep", False))
         if config.runtime.kind != "remote":
             self._system.expect_sandboxes()
 

@@ -68,6 +68,8 @@ class _Closing:
 
     reply_to: list[ActorAddress]
     waiting: set[str]
+    held: list[str]
+    """The sessions the tree ran when the shutdown came."""
     done: list[str] = field(default_factory=list)
 
 
@@ -285,12 +287,14 @@ class RootSupervisor(HostedSessions):
             under_way.reply_to.append(sender)
             return
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
+        held = sorted(set(self.kept) | {r.removeprefix("session:") for r in self._children
+                                        if r.startswith("session:")})
         # a hosted session whose host is down has nobody to stop its sandbox: a stand-in
         closers = self.start_closers(msg) if msg.stop_sandboxes else set()
         if not sessions and not closers:
-            self.send(sender, ShutdownDone(request_id=msg.request_id))
+            self.send(sender, ShutdownDone(request_id=msg.request_id, held=held))
             return
-        self.pending_shutdown[msg.request_id] = _Closing([sender], sessions | closers)
+        self.pending_shutdown[msg.request_id] = _Closing([sender], sessions | closers, held)
         for role in sessions:
             self.send(self.child(role), msg)
         self.after(settings().shutdown_deadline_s, "shutdown_deadline", msg.request_id)
@@ -329,4 +333,5 @@ class RootSupervisor(HostedSessions):
     def _shutdown_over(self, request_id: str) -> None:
         closing = self.pending_shutdown.pop(request_id)
         for reply_to in closing.reply_to:
-            self.send(reply_to, ShutdownDone(request_id=request_id, sessions=closing.done))
+            self.send(reply_to, ShutdownDone(request_id=request_id, sessions=closing.done,
+                                             held=closing.held))

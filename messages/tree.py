@@ -47,6 +47,10 @@ class ShutdownDone(Frozen):
     kind: Literal["shutdown_done"] = "shutdown_done"
     request_id: str
     sessions: list[str] = Field(default_factory=list)
+    """The sessions whose sandboxes were closed."""
+    held: list[str] | None = None
+    """The root's answer: every session whose actors the tree ran when the shutdown came
+    (the program removes what is left of their containers); None from below the root."""
 
 
 class Relay(Frozen):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,56 @@ def gc_at_start(home: Path, records: list[Any]) -> None:
     if removed:
         logger.info("removed %d container(s) of ended sessions: %s", len(removed),
                     ", ".join(removed))
+
+
+CLOSE_SWEEP_S = 15.0
+"""Longest a program's close waits for the sweep of its containers (an engine that does
+not answer is left to the sweep's thread, and to the next start's gc)."""
+
+
+def sweep_at_close(home: Path, sessions: dict[str, bool],
+                   deadline_s: float = CLOSE_SWEEP_S) -> list[str]:
+    """At a program's close, after its actors are down: remove every container left of
+    ``sessions`` (session id -> its config's ``keep``) labelled with ``home``'s owner,
+    whatever left it (a replace that could not remove a dead one, a close cut short, a
+    session still working at close: it resumes later in a fresh container). A ``keep``
+    session keeps its newest. Bounded by ``deadline_s`` and never raises; the names of the
+    containers removed within it."""
+    removed: list[str] = []
+
+    def sweep() -> None:
+        client = docker_client(deadline_s)
+        owner = owner_of_home(home)
+        seen: set[str] = set()
+        for container in sorted(list_containers(client, [f"{LABEL_OWNER}={owner}"]),
+                                key=lambda c: c.attrs.get("Created", ""), reverse=True):
+            session_id = (container.labels or {}).get(LABEL_SESSION, "")
+            if session_id not in sessions:
+                continue
+            if sessions[session_id] and session_id not in seen:
+                seen.add(session_id)  # keep: its newest stays, while the session exists
+                continue
+            try:
+                container.remove(force=True)
+            except Exception as e:  # noqa: BLE001 - removed meanwhile, or refused: the rest go on
+                logger.warning("cannot remove container %s of session %s: %s",
+                               container.name, session_id, e)
+                continue
+            removed.append(str(container.name))
+
+    def guarded() -> None:
+        try:
+            sweep()
+        except Exception as e:  # noqa: BLE001 - a close goes on; the next start's gc remains
+            logger.warning("the sweep of this program's containers at its close failed: %s", e)
+
+    thread = threading.Thread(target=guarded, name="trouper-docker-sweep", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        logger.warning("the sweep of this program's containers did not end within %g s "
+                       "(the Docker engine does not answer?); left to run on", deadline_s)
+    elif removed:
+        logger.info("removed %d container(s) left at close: %s", len(removed),
+                    ", ".join(removed))
+    return list(removed)

@@ -45,12 +45,12 @@ def test_a_trouper_starting_removes_the_containers_of_ended_sessions(
                                             workspace=tmp_path / "ws")
             assert session.wait(timeout=120) == AgentState.FINISHED
         finally:
-            trouper.close(stop_sandboxes=False)  # the finished session's container stays
-        left = list_containers(docker_client, [f"{LABEL_SESSION}={session.id}"])
-        assert len(left) == 1
+            trouper.close(stop_sandboxes=False)  # its containers go with the program
+        assert list_containers(docker_client, [f"{LABEL_SESSION}={session.id}"]) == []
+        left = labelled(docker_client, home, session.id)  # as a program killed outright left
         orphan = labelled(docker_client, home, "s-not-in-the-store")
         with Trouper(home=home):
-            assert left[0].id not in ids(docker_client)
+            assert left.id not in ids(docker_client)
             assert orphan.id not in ids(docker_client)
             assert stranger.id in ids(docker_client)
     finally:
