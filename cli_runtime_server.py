@@ -7,6 +7,7 @@ docs/runtimes.md (Remote) and docs/cli.md.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -52,16 +53,27 @@ file_path = click.Path(dir_okay=False, path_type=Path)
               type=click.FloatRange(0, min_open=True, max=3600),
               help="A request's headers must arrive within this (its body too, plus a "
                    "second per 16 KiB): a client that trickles them is dropped.")
+@click.option("--no-network", is_flag=True,
+              help="The sessions' shells open no network socket (Unix sockets only).")
+@click.option("--unreadable", multiple=True, type=click.Path(path_type=str),
+              help="A path no shell may read (repeat it); beside the workdir, the token and "
+                   "TLS key files and the usual credential stores.")
+@click.option("--writable", multiple=True, type=click.Path(file_okay=False, path_type=str),
+              help="A folder every shell may write (repeat it), beside its workspace and "
+                   "the temporary folders.")
 def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
                    tls_cert: Path | None, tls_key: Path | None, insecure: bool,
                    idle_timeout_s: float, max_output_chars: int, log_level: str,
                    max_body_bytes: int, max_connections: int, max_connections_per_client: int,
-                   read_timeout_s: float) -> None:
+                   read_timeout_s: float, no_network: bool, unreadable: tuple[str, ...],
+                   writable: tuple[str, ...]) -> None:
     """Serve sandboxes for remote trouper sessions (FastAPI + uvicorn) until stopped.
 
     Each session gets a persistent shell in <workdir>/<session id>/workspace and an
     on-disk journal, so a restarted server reports finished actions truthfully and an
-    interrupted one as unknown, and never runs an action twice.
+    interrupted one as unknown, and never runs an action twice. Shells are confined as
+    the local runtime's (Landlock, seccomp) and never run as root: a server started as
+    root runs them as the workspace's owner or TROUPER_SANDBOX_UID (65532).
     """
     from .runtimes.remote_server.serve import ServeError, ServeOptions, serve
 
@@ -70,7 +82,9 @@ def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
         tls_key=tls_key, insecure=insecure, idle_timeout_s=idle_timeout_s,
         max_output_chars=max_output_chars, log_level=log_level,
         max_body_bytes=max_body_bytes, max_connections=max_connections,
-        max_connections_per_client=max_connections_per_client, read_timeout_s=read_timeout_s)
+        max_connections_per_client=max_connections_per_client, read_timeout_s=read_timeout_s,
+        network=not no_network, unreadable=tuple(os.path.abspath(p) for p in unreadable),
+        writable=tuple(os.path.abspath(p) for p in writable))
     try:
         serve(options)
     except ServeError as exc:

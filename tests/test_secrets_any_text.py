@@ -21,7 +21,8 @@ FINISH = {"tool": "finish", "args": {"message": "done"}}
 
 def test_a_lone_surrogate_secret_is_masked_in_the_api_and_the_store(scripted, tmp_path):
     _, llm = scripted([{"tool": "run", "args": {"command": 'echo "[$LONE]"'}}, FINISH])
-    body = json.dumps({"task": f"use {LONE} please", "llm": llm, "workspace": str(tmp_path),
+    body = json.dumps({"task": f"use {LONE} please", "llm": llm,
+                       "workspace": str(tmp_path / "work"),
                        "secrets": {"LONE": LONE}, "max_iterations": 5})
     assert "\\ud800" in body  # JSON carries the lone surrogate as an escape
     with running_daemon(tmp_path / "home") as daemon:

@@ -29,7 +29,9 @@ from ...processes import start_time
 from ..sandbox.journal import Journal
 from ..sandbox.mask import TextMasker
 from ..sandbox.service import BadRequest, Service
+from ..sandbox.shell_policy import ShellConfinement
 from ..sandbox.util import private_dir, read_json, write_json_atomic
+from .shell_rules import ShellRules
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +76,13 @@ class FencedJournal(Journal):
 class Hosted:
     """One session's running sandbox."""
 
-    def __init__(self, session_id: str, service: Service, journal: FencedJournal) -> None:
+    def __init__(self, session_id: str, service: Service, journal: FencedJournal,
+                 confined: ShellConfinement) -> None:
         self.session_id = session_id
         self.service = service
         self.journal = journal
+        self.confined = confined
+        """The shell's confinement (its private temporary folder goes with the shell)."""
         self.last_used = time.monotonic()
         self.busy = 0
         """Requests in progress (a long-poll keeps the sandbox from idling out)."""
@@ -98,6 +103,11 @@ class Hosted:
     def dead(self) -> bool:
         return self.journal.dead
 
+    def close(self) -> None:
+        """Kill the shell and its jobs; remove the shell's private temporary folder."""
+        self.service.close()
+        self.confined.remove_tmpdir()
+
     def health(self) -> dict[str, Any]:
         return {"running": not self.dead, "epoch": self.service.epoch,
                 "boot_id": self.journal.boot_id, "shell_pid": self.service.shell.pid}
@@ -107,8 +117,11 @@ class Sessions:
     """The registry: starts, finds, stops and crashes sessions' sandboxes."""
 
     def __init__(self, workdir: Path, server_token: str = "", *, shell_umask: int = 0o022,
-                 idle_timeout_s: float = 0.0, max_output_chars: int = 10_000) -> None:
+                 idle_timeout_s: float = 0.0, max_output_chars: int = 10_000,
+                 shells: ShellRules | None = None) -> None:
         self.workdir = Path(workdir).resolve()
+        self.shells = shells or ShellRules()
+        """How the sessions' shells are confined (and whom they run as, when root)."""
         self.boot_id = secrets.token_hex(8)
         self.server_token = server_token
         self.shell_umask = shell_umask
@@ -179,7 +192,7 @@ class Sessions:
             return False
         hosted.service.check_epoch(epoch)
         self._drop(hosted)
-        hosted.service.close()
+        hosted.close()
         _forget_shell(self.session_dir(session_id) / "state")
         logger.info("session %s: sandbox stopped", session_id)
         return True
@@ -194,7 +207,7 @@ class Sessions:
         pid = hosted.service.shell.pid
         hosted.journal.kill()
         self._drop(hosted)
-        hosted.service.close()
+        hosted.close()
         _forget_shell(self.session_dir(session_id) / "state")
         logger.warning("session %s: sandbox crashed on request (shell pid %d)", session_id, pid)
         return pid
@@ -205,7 +218,7 @@ class Sessions:
         with self._lock:
             hosted, self._hosted = list(self._hosted.values()), {}
         for one in hosted:
-            one.service.close()
+            one.close()
             _forget_shell(self.session_dir(one.session_id) / "state")
 
     def count(self) -> int:
@@ -276,15 +289,21 @@ class Sessions:
         if self.server_token:
             masked[TOKEN_NAME] = self.server_token
         boot_id = f"{self.boot_id}-{secrets.token_hex(4)}"
+        confined = self.shells.confine(workspace, self.workdir, shell_env)
         service = Service(
             str(state), str(workspace), shell_env, boot_id, 0,
             max_output_chars or self.max_output_chars, masker=TextMasker(masked),
-            shell_umask=self.shell_umask, journal_class=FencedJournal)
+            shell_umask=self.shell_umask, journal_class=FencedJournal,
+            confinement=confined.policy)
         journal = service.journal
         assert isinstance(journal, FencedJournal)
-        service.start()
+        try:
+            service.start()
+        except BaseException:
+            confined.remove_tmpdir()
+            raise
         _remember_shell(state, service.shell.pid)
-        hosted = Hosted(session_id, service, journal)
+        hosted = Hosted(session_id, service, journal, confined)
         with self._lock:
             self._hosted[session_id] = hosted
         return hosted

@@ -24,6 +24,7 @@ from ...serving.limits import HttpLimits
 from ..sandbox import MAX_BODY_BYTES
 from ..sandbox.util import open_private, wall_time, write_json_atomic
 from .guard import MAX_HEADER_BYTES
+from .shell_rules import ShellRules
 
 MAX_CONNECTIONS = 512
 """Connections open at once; more are answered 503 and closed at once."""
@@ -62,6 +63,20 @@ class ServeOptions:
     max_connections: int = MAX_CONNECTIONS
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
     read_timeout_s: float = READ_TIMEOUT_S
+    network: bool = True
+    """Whether the sessions' shells may open network sockets."""
+    unreadable: tuple[str, ...] = ()
+    """More paths no shell may read (beside the workdir, the token and TLS key files and
+    the usual credential stores)."""
+    writable: tuple[str, ...] = ()
+    """More folders every shell may write (beside its workspace and the temporary ones)."""
+
+    def shell_rules(self) -> ShellRules:
+        """How the sessions' shells are confined."""
+        secret_files = [str(p.expanduser().resolve()) for p in (self.token_file, self.tls_key)
+                        if p is not None]
+        return ShellRules(network=self.network, unreadable=self.unreadable,
+                          writable=self.writable, secret_files=tuple(secret_files))
 
     def limits(self) -> HttpLimits:
         """What one client may cost the server."""
@@ -174,7 +189,8 @@ def serve(options: ServeOptions) -> None:
     workdir = options.workdir.expanduser().resolve()
     sessions = Sessions(workdir, token, shell_umask=started_umask,
                         idle_timeout_s=options.idle_timeout_s,
-                        max_output_chars=options.max_output_chars)
+                        max_output_chars=options.max_output_chars,
+                        shells=options.shell_rules())
     lock_fd = lock_workdir(workdir)
     killed = sessions.kill_leftovers()
     if killed:

@@ -34,16 +34,9 @@ class ShellError(Exception):
 class ShellResult:
     """What one call on the shell gives back; the service turns it into an outcome."""
 
-    def __init__(
-        self,
-        status: str,
-        note: str = "",
-        pending: Pending | None = None,
-        source_path: str = "",
-        exit_code: int | None = None,
-        timed_out: str | None = None,
-        still_running: bool = False,
-    ) -> None:
+    def __init__(self, status: str, note: str = "", pending: Pending | None = None,
+                 source_path: str = "", exit_code: int | None = None,
+                 timed_out: str | None = None, still_running: bool = False) -> None:
         self.status = status
         self.note = note
         """Text shown after the output (timeouts, restarts, refusals)."""
@@ -125,7 +118,7 @@ class Shell:
         """Start bash and wait until it is ready for commands (raises ShellError)."""
         try:
             bash = self._spawn(self.workspace, self._env, self._umask)
-        except OSError as e:
+        except OSError as e:  # a confinement the kernel refused
             raise ShellError(f"the shell could not be started: {e}") from e
         parser = PromptParser(self._prefix)
         with self._cond:

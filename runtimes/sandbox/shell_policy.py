@@ -87,7 +87,10 @@ def unreadable_refusal(workspace: str, path: str, unreadable: tuple[str, ...]) -
     ``workspace`` and ``unreadable`` are real paths; the tools refuse every symlink, so
     the path's text is where it leads."""
     full = os.path.normpath(os.path.join(workspace, path))
-    for denied in unreadable:
+    if not full.startswith(workspace.rstrip("/") + "/"):
+        return None  # outside the workspace: the tools refuse it themselves, and say so
+    inside = [d for d in unreadable if d.startswith(workspace.rstrip("/") + "/")]
+    for denied in inside:  # one around the workspace does not count: it is granted whole
         if full == denied or full.startswith(denied.rstrip("/") + "/"):
             return f"{path}: permission denied: the sandbox may not read or write it"
     return None
