@@ -33,6 +33,19 @@ def test_plan_splits_only_along_the_way_to_denied_paths(tmp_path: Path) -> None:
     assert landlock.plan([(str(home), 7)], [str(tmp_path / "other")]).rules == {str(home): 7}
 
 
+def test_a_large_file_in_a_split_folder_gets_no_rule_that_would_pin_it(tmp_path: Path) -> None:
+    """A rule keeps its file allocated, deleted or not, while a shell's domain lives: a
+    user who frees a full disk by deleting a big file in the home must get the space."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".gitconfig").write_text("[user]\n")
+    with open(home / "big.iso", "wb") as big:
+        big.truncate(landlock.PINNED_FILE_LIMIT + 1)
+    plan = landlock.plan([(str(tmp_path), landlock.READ)], [str(home / ".ssh")])
+    assert str(home / ".gitconfig") in plan.rules and str(home / "big.iso") not in plan.rules
+    assert landlock.plan([(str(home / "big.iso"), landlock.READ)], []).rules  # granted whole
+
+
 def verdict(code: bytes, audit: int, nr: int, *args: int) -> str:
     """What the filter ``code`` answers to syscall ``nr`` (a small cBPF interpreter)."""
     data = struct.pack("<IIQ6Q", nr, audit, 0, *(list(args) + [0] * 6)[:6])

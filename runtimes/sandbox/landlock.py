@@ -8,6 +8,11 @@ Children that are symlinks are skipped (their target is covered where it lives);
 get file rights only. A folder split this way keeps its children's rights but loses the
 rights on its own entries (create, remove, rename directly in it).
 
+A rule holds its file: a file deleted while a shell's domain lives is not freed until
+that shell ends. So a file over ``PINNED_FILE_LIMIT`` bytes directly in a split folder
+(a large download in your home, next to ``~/.ssh``) gets no rule and is unreadable to the
+shell: deleting it frees the disk at once, as a user freeing space expects.
+
 Rights are used best-effort by ABI: 1 the base rights, 2 REFER (rename across folders),
 3 TRUNCATE, 4 TCP bind/connect, 5 IOCTL_DEV, 6 scoping of signals and abstract UNIX
 sockets, 9 RESOLVE_UNIX (connecting to a pathname UNIX socket: granted with read, so a
@@ -50,6 +55,10 @@ FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV | RESOLVE_
 _FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
 _FS_ALL = (1 << 17) - 1
 """Every right up to RESOLVE_UNIX (ABI 9); ABI 5 to 8 stop at IOCTL_DEV."""
+
+PINNED_FILE_LIMIT = 1 << 20
+"""Largest file directly in a split folder that gets a rule of its own (and so stays
+allocated, even deleted, while a confined shell lives)."""
 
 Grant = Tuple[str, int]
 """A path (resolved) and the Landlock rights beneath it."""
@@ -96,8 +105,16 @@ def _grant(path: str, rights: int, is_dir: bool, denied: list[str], listdir: Lis
     if rights & MAKE_REG:
         out.split.append(path)
     for name, child_is_dir, is_symlink in listdir(path):
-        if not is_symlink:
+        if not is_symlink and (child_is_dir or not _large(prefix + name)):
             _grant(prefix + name, rights, child_is_dir, inside, listdir, out)
+
+
+def _large(path: str) -> bool:
+    """Whether a file is too large to pin with a rule of its own (PINNED_FILE_LIMIT)."""
+    try:
+        return os.stat(path, follow_symlinks=False).st_size > PINNED_FILE_LIMIT
+    except OSError:
+        return False
 
 
 def _scan(path: str) -> list[tuple[str, bool, bool]]:
