@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import SecretStr
 
 from .actor_system import ActorSystemHandle
-from .config import LLMConfig, RuntimeConfig, SessionConfig, session_config
+from .config import LLMConfig, RuntimeConfig, SessionConfig
+from .config_check import session_config
 from .exceptions import (
     ConfigError,
     InvalidRequest,
@@ -344,7 +345,7 @@ def _session_config(
     options: dict[str, Any],
     named_workspace: bool,
 ) -> SessionConfig:
-    """The checked config (see ``config.session_config``, then the model's provider and
+    """The checked config (see ``config_check.session_config``, then the model's provider and
     key); every ConfigError leaves masked with the values it was given."""
     from .llm.credentials import check_llm  # litellm, here: after the actors' fork
 

@@ -188,7 +188,7 @@ def run_remote(client: Any, *, task: str | None, model: str | None, base_url: st
                api_key: str | None, runtime: str, workspace: Path | None,
                script: Path | None, max_iterations: int, timeout_s: float, verbose: bool,
                **more: Any) -> int:
-    from .config import OPTIONS
+    from .config_check import OPTIONS
 
     if task is None:
         raise click.UsageError("--daemon needs a TASK (the demo runs in this process: "

@@ -19,7 +19,8 @@ import re
 
 import litellm
 
-from ..config import LLMConfig, Problem, config_error
+from ..config import LLMConfig
+from ..config_check import Problem, config_error
 from ..exceptions import MissingCredentials
 from .errors import sdk_refused_to_start
 

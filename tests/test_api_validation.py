@@ -123,7 +123,8 @@ def test_a_docker_runtime_by_name_alone_needs_its_image(refused):
                                      {"kind": "docker", "image": "debian", "network": "bridge",
                                       "user": "1000:1000", "keep": True}])
 def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
-    from trouper.config import DockerRuntime, runtime_problems, session_config
+    from trouper.config import DockerRuntime
+    from trouper.config_check import runtime_problems, session_config
 
     assert runtime_problems(runtime) == []
     assert runtime_problems(DockerRuntime(image="x")) == []
@@ -133,7 +134,8 @@ def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
 
 
 def test_the_remote_runtime_is_accepted_and_its_url_checked(refused, tmp_path):
-    from trouper.config import RemoteRuntime, session_config
+    from trouper.config import RemoteRuntime
+    from trouper.config_check import session_config
 
     runtime = {"kind": "remote", "url": "http://127.0.0.1:9", "token": SECRET}
     config = session_config("t", LLM, runtime, tmp_path, {}, {})
