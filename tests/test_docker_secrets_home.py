@@ -6,6 +6,7 @@ default workspace), as in tests/test_secrets_home.py, whose search this reuses."
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from trouper.config import DockerRuntime
 from trouper.testing import FakeLLMServer, load_script
 
 sys.path.insert(0, str(Path(__file__).parent))  # the grep of test_secrets_home
+from test_home_private import _readable_by_others  # noqa: E402
 from test_secrets_home import API_KEY, FANCY, PLAIN, leaks  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -35,6 +37,7 @@ def test_a_docker_sessions_revealed_secret_rests_in_no_file(tmp_path, docker_hom
     home = docker_homes(tmp_path / "home")
     server = FakeLLMServer(load_script(STEPS)).start()
     llm = {"model": "hosted_vllm/scripted", "base_url": server.url, "api_key": API_KEY}
+    umask = os.umask(0)  # owner-only whatever the umask: the input folder and FIFO too
     try:
         with Trouper(home=home) as t:
             session = t.start_session("use the secrets", llm=llm, runtime=RUNTIME,
@@ -49,7 +52,10 @@ def test_a_docker_sessions_revealed_secret_rests_in_no_file(tmp_path, docker_hom
             assert found == []
             runtime = str(home / "sessions" / session.id / "runtime")
             assert any(name.startswith(runtime) for name in sources)  # the journal, read
+            assert _readable_by_others(home) == []
         found, _ = leaks(home, session.id)
         assert found == []
+        assert _readable_by_others(home) == []
     finally:
+        os.umask(umask)
         server.stop()
