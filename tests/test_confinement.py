@@ -108,10 +108,14 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[Path]:
+    """The runner, beside a copy of the sandbox package: all readable by uid 65532 too
+    (the repository may lie in a folder only its owner can enter, as a CI clone does)."""
     folder = Path(tempfile.mkdtemp(prefix="trouper-confine-"))
-    folder.chmod(0o755)  # readable by uid 65532 too
+    shutil.copytree(Path(confinement.__file__).parent, folder / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "runner.py").write_text(RUNNER)
-    (folder / "runner.py").chmod(0o644)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     yield folder / "runner.py"
     shutil.rmtree(folder)
 
@@ -126,7 +130,7 @@ def confined(runner: Path, script: str, writable: tuple = (), unreadable: tuple 
                        if os.path.exists(p)), "")
         if not python:
             pytest.skip("no system python3 that uid 65532 can run")
-    spec = {"path": str(Path(confinement.__file__).parent.parent), "script": script,
+    spec = {"path": str(runner.parent), "script": script,
             "policy": {"writable": [str(p) for p in writable],
                        "unreadable": [str(p) for p in unreadable],
                        "network": network, "drop_to": drop_to},
