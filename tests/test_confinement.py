@@ -349,9 +349,12 @@ def test_openat2_and_io_uring_are_not_there(runner: Path) -> None:
              "libc.syscall.restype = ctypes.c_long; buf = ctypes.create_string_buffer(128); "
              "print('openat2=%d' % (libc.syscall(437, -100, b'/', buf, 24) < 0 and "
              "ctypes.get_errno())); print('io_uring=%d' % (libc.syscall(425, 1, buf) < 0 "
-             "and ctypes.get_errno()))")
+             "and ctypes.get_errno())); print('keyctl=%d' % (libc.syscall("
+             f"{confinement.seccomp.ARCHES[confinement.seccomp.machine()].numbers['keyctl']}, "
+             "0, -3, 0) < 0 and ctypes.get_errno()))")  # the session keyring's id
     run = confined(runner, f"{sys.executable} -c \"{probe}\"; ls / > /dev/null; echo ls=$?")
-    assert statuses(run.out) == {"openat2": 38, "io_uring": 38, "ls": 0}, run.err  # ENOSYS
+    assert statuses(run.out) == {"openat2": 38, "io_uring": 38, "keyctl": 38, "ls": 0}, \
+        run.err  # ENOSYS
 
 
 @needs_seccomp

@@ -82,7 +82,8 @@ def test_the_seccomp_program_decides_as_the_table_says(machine: str) -> None:
         assert verdict(closed, audit, nr["openat"], 0, 0, flags, 0o644) == "allow"
     assert verdict(closed, audit, nr["openat"], 0, 0, 1, 0o4755) == "allow"  # no create
     assert verdict(closed, audit, nr["mknodat"], 0, 0, stat.S_IFREG | 0o4755) == eperm
-    for name in ("openat2", "io_uring_setup", "io_uring_enter", "io_uring_register"):
+    for name in ("openat2", "io_uring_setup", "io_uring_enter", "io_uring_register",
+                 "keyctl", "add_key", "request_key"):
         assert verdict(opened, audit, nr[name]) == os.strerror(38), name  # ENOSYS
     for name in ("socket", "socketpair"):
         assert verdict(closed, audit, nr[name], socket.AF_INET) == os.strerror(13)

@@ -9,6 +9,8 @@ What it refuses (everything else is allowed):
   ``openat``;
 - io_uring (``io_uring_setup``, ``_enter``, ``_register``: ENOSYS), which performs
   operations (sockets, opens) without the syscalls a filter sees;
+- the kernel's keyrings (``keyctl``, ``add_key``, ``request_key``: ENOSYS), where the
+  user's session may keep credentials (Docker's default profile refuses them too);
 - without network: ``socket`` and ``socketpair`` of any domain but AF_UNIX (EACCES).
 
 The filter first checks the audit architecture and kills the process on another one (an
@@ -55,13 +57,16 @@ _NEW = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
 ARCHES = {
     "x86_64": Arch(0xC000003E, dict(_NEW, chmod=90, fchmod=91, fchmodat=268, creat=85,
                                     mknod=133, mknodat=259, open=2, openat=257,
-                                    socket=41, socketpair=53), x32=True),
+                                    socket=41, socketpair=53, add_key=248, request_key=249,
+                                    keyctl=250), x32=True),
     "aarch64": Arch(0xC00000B7, dict(_NEW, fchmod=52, fchmodat=53, mknodat=33, openat=56,
-                                     socket=198, socketpair=199)),
+                                     socket=198, socketpair=199, add_key=217,
+                                     request_key=218, keyctl=219)),
 }
 """Machines (``os.uname().machine``) the filter is written for, little-endian both."""
 
-_ENOSYS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "openat2")
+_ENOSYS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "openat2", "keyctl",
+           "add_key", "request_key")
 _MODE_ARG = {"chmod": 1, "fchmod": 1, "creat": 1, "mknod": 1, "fchmodat": 2,
              "fchmodat2": 2, "mknodat": 2}
 _OPEN_ARGS = {"open": (1, 2), "openat": (2, 3)}
