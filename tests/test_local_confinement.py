@@ -176,3 +176,25 @@ def test_the_file_tools_refuse_what_the_shell_may_not_read(tmp_path, user_home):
         assert do("ok", ReadFile(path="notes.txt")).startswith("ok:")  # the rest is there
     finally:
         sandbox.stop()
+
+
+def test_a_restarted_shell_is_confined_as_the_first(tmp_path, user_home):
+    """The sandbox prepares its rule set once; every shell it starts applies it."""
+    from trouper.messages.actions import RunCommand
+    from trouper.runtimes.local import LocalSandbox
+
+    sandbox = LocalSandbox("again", tmp_path / "ws", tmp_path / "th" / "sessions" / "again"
+                           / "runtime")
+    sandbox.start()
+    try:
+        def run(action_id: str, command: str) -> str:
+            return sandbox.runtime.execute(action_id, RunCommand(command=command),
+                                           timeout_s=20, no_output_timeout_s=10).content
+
+        first = run("r1", "echo $$")
+        assert "new shell was started" in run("r2", "kill -9 $$")
+        assert run("r3", "echo $$").split()[0] != first.split()[0]
+        shown = run("r4", "cat ~/.ssh/id_ed25519; chmod 4755 /bin/sh 2>&1 | head -1")
+        assert "Permission denied" in shown and SSH_KEY not in shown
+    finally:
+        sandbox.stop()

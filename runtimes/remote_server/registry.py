@@ -82,7 +82,8 @@ class Hosted:
         self.service = service
         self.journal = journal
         self.confined = confined
-        """The shell's confinement (its private temporary folder goes with the shell)."""
+        """The shell's confinement (its rule set and private temporary folder go with the
+        sandbox)."""
         self.last_used = time.monotonic()
         self.busy = 0
         """Requests in progress (a long-poll keeps the sandbox from idling out)."""
@@ -106,7 +107,7 @@ class Hosted:
     def close(self) -> None:
         """Kill the shell and its jobs; remove the shell's private temporary folder."""
         self.service.close()
-        self.confined.remove_tmpdir()
+        self.confined.close()
 
     def health(self) -> dict[str, Any]:
         return {"running": not self.dead, "epoch": self.service.epoch,
@@ -294,13 +295,13 @@ class Sessions:
             str(state), str(workspace), shell_env, boot_id, 0,
             max_output_chars or self.max_output_chars, masker=TextMasker(masked),
             shell_umask=self.shell_umask, journal_class=FencedJournal,
-            confinement=confined.policy)
+            confinement=confined)
         journal = service.journal
         assert isinstance(journal, FencedJournal)
         try:
             service.start()
         except BaseException:
-            confined.remove_tmpdir()
+            confined.close()
             raise
         _remember_shell(state, service.shell.pid)
         hosted = Hosted(session_id, service, journal, confined)

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         shell_umask=started_umask if args.shell_umask is None else args.shell_umask,
         file_timeout_s=args.file_timeout_s,
         container=container,
-        confinement=confined.policy if confined is not None else None,
+        confinement=confined,
     )
     service.start()
     server = SandboxServer(
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         _serve(server)
     finally:
         if confined is not None:
-            confined.remove_tmpdir()
+            confined.close()
     if (read_json(info_path) or {}).get("boot_id") == boot_id:
         os.unlink(info_path)
     logger.info("sandbox server %s stopped", boot_id)

@@ -23,7 +23,7 @@ import termios
 import time
 from typing import Optional, Tuple
 
-from .confinement import Policy, Prepared, prepare
+from .confinement import Prepared
 
 MARKER_SUFFIX = "__"
 _WINSIZE = (50, 200)
@@ -117,20 +117,14 @@ class BashProcess:
     """An interactive bash on a pty: write lines, read output, interrupt, kill."""
 
     def __init__(self, workspace: str, env: dict[str, str], umask: int | None = None,
-                 policy: Policy | None = None) -> None:
+                 confined: Prepared | None = None) -> None:
         """Start bash in ``workspace`` with ``env``; ``umask`` (default: this process's)
-        is the one its commands create files with; ``policy`` (None: none) confines it.
-
-        Raises OSError when the confinement cannot be prepared (nothing was started)."""
+        is the one its commands create files with; ``confined`` (None: not) confines it
+        (applied in the child; the caller keeps it for the next shell)."""
         bash = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
-        prepared = prepare(policy) if policy is not None else None
-        try:
-            self.pid, self.fd = pty.fork()
-            if self.pid == 0:  # the child: never returns
-                _exec_bash(bash, workspace, env, umask, prepared)
-        finally:
-            if prepared is not None:
-                prepared.close()
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: never returns
+            _exec_bash(bash, workspace, env, umask, confined)
         self.apply_modes()
         self.exit_status: int | None = None
         """Set once bash has exited and was reaped (negative: killed by that signal)."""

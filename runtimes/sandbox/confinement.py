@@ -28,10 +28,11 @@ What this does not stop: connecting to a pathname UNIX socket (the Docker socket
 D-Bus session bus, an ssh-agent) below Landlock ABI 9, even under an unreadable path, and
 so asking a daemon to act for the shell; seeing that an unreadable path exists (``stat``,
 ``cd`` into it, its name in a listing of its folder); reading another process's
-``/proc/<pid>/cmdline``; the kernel keyrings where seccomp is missing. Rules bind to the files that exist at
-``prepare``: an entry made later directly in a split folder (or replaced by rename) is
-neither readable nor writable for that shell, and an unreadable path made later is not
-protected until the next shell.
+``/proc/<pid>/cmdline``; the kernel keyrings where seccomp is missing. Rules bind to the
+files that exist at ``prepare``: an entry made later directly in a split folder (or
+replaced by rename) is neither readable nor writable for that shell, and an unreadable
+path made later is not protected until the sandbox's next start (its rule set serves
+every shell of it).
 """
 
 from __future__ import annotations

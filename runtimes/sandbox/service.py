@@ -23,13 +23,12 @@ from typing import Any, Callable, Dict
 from . import files
 from .bash import BashProcess
 from .clone import clone
-from .confinement import Policy
 from .container import ContainerShell
 from .journal import Journal
 from .mask import TextMasker
 from .output import fit_pending, fit_text
 from .shell import Shell, ShellResult, Spawn
-from .shell_policy import unreadable_refusal
+from .shell_policy import ShellConfinement, unreadable_refusal
 from .util import read_json, write_json_atomic
 from .workers import Workers
 
@@ -61,9 +60,10 @@ after the streams of its exec processes close)."""
 GONE_CONFIRM_TRIES = 5
 
 
-def _bash(confinement: Policy | None) -> Spawn | None:
+def _bash(confinement: ShellConfinement | None) -> Spawn | None:
     """The local shell's ``spawn``: bash confined by ``confinement`` (None: bash as is)."""
-    return None if confinement is None else functools.partial(BashProcess, policy=confinement)
+    return None if confinement is None else functools.partial(
+        BashProcess, confined=confinement.prepared)
 
 
 STOPPED_NOTE = (
@@ -109,7 +109,7 @@ class Service:
         file_timeout_s: float = files.FILE_TIMEOUT_S,
         container: ContainerShell | None = None,
         journal_class: type[Journal] = Journal,
-        confinement: Policy | None = None,
+        confinement: ShellConfinement | None = None,
     ) -> None:
         self.workspace = os.path.realpath(workspace)
         self.container = container
@@ -136,7 +136,7 @@ class Service:
         if container is not None:  # a shell dying with its container, even when idle
             self.shell.on_exit = lambda: self._container_gone(None)
         self.max_output_chars = max_output_chars
-        self.unreadable = tuple(map(os.path.realpath, confinement.unreadable)) if (
+        self.unreadable = tuple(map(os.path.realpath, confinement.policy.unreadable)) if (
             confinement and not container) else ()
         """What the file tools refuse as the confined shell would (its unreadable paths)."""
         self._epoch_path = os.path.join(state_dir, "epoch.json")

@@ -17,16 +17,19 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 
-from .confinement import Policy, prepare
+from .confinement import Policy, Prepared, prepare
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ShellConfinement:
-    """The policy to start each shell with, and what this machine applies of it."""
+    """The policy every shell of a sandbox starts with, prepared once (its Landlock rule
+    set serves each shell: a restart costs no walk), and what this machine applies."""
 
     policy: Policy
+    prepared: Prepared
+    """Applied in each shell's child; closed with ``close`` when the sandbox ends."""
     missing: tuple[str, ...]
     """What could not be applied here (``Prepared.missing``): said once, in the log and
     in ``report``."""
@@ -40,8 +43,9 @@ class ShellConfinement:
         return {"missing": list(self.missing), "split": list(self.split),
                 "network": self.policy.network, "tmpdir": self.tmpdir}
 
-    def remove_tmpdir(self) -> None:
-        """Remove the private temporary folder (idempotent)."""
+    def close(self) -> None:
+        """Release the rule set and remove the private temporary folder (idempotent)."""
+        self.prepared.close()
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
@@ -58,7 +62,6 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
     policy = Policy(writable=(workspace, *temporary, *writable), unreadable=unreadable,
                     network=network, drop_to=drop_to)
     probe = prepare(policy)
-    probe.close()
     tmpdir = None
     split_temp = [folder for folder in probe.split if folder in temporary]
     dropped = drop_to is not None and os.geteuid() == 0
@@ -67,6 +70,8 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
         if dropped:
             os.chown(tmpdir, *drop_to)  # type: ignore[misc]
         policy = replace(policy, writable=(*policy.writable, tmpdir))
+        probe.close()
+        probe = prepare(policy)
         if env is not None:
             env["TMPDIR"] = tmpdir
             if dropped:
@@ -77,7 +82,7 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
         logger.info("the shell cannot add entries directly in %s (an unreadable path lies "
                     "beneath)%s", ", ".join(probe.split),
                     f"; its TMPDIR is {tmpdir}" if tmpdir else "")
-    return ShellConfinement(policy, probe.missing, probe.split, tmpdir)
+    return ShellConfinement(policy, probe, probe.missing, probe.split, tmpdir)
 
 
 def unreadable_refusal(workspace: str, path: str, unreadable: tuple[str, ...]) -> str | None:
