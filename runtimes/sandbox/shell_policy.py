@@ -61,21 +61,19 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
     Logs what is missing on this machine."""
     policy = Policy(writable=(workspace, *temporary, *writable), unreadable=unreadable,
                     network=network, drop_to=drop_to)
-    probe = prepare(policy)
     tmpdir = None
-    split_temp = [folder for folder in probe.split if folder in temporary]
+    split_temp = _split(temporary, unreadable)
     dropped = drop_to is not None and os.geteuid() == 0
     if (split_temp or dropped) and temporary:
         tmpdir = tempfile.mkdtemp(prefix="trouper-shell-", dir=(split_temp or temporary)[0])
         if dropped:
             os.chown(tmpdir, *drop_to)  # type: ignore[misc]
         policy = replace(policy, writable=(*policy.writable, tmpdir))
-        probe.close()
-        probe = prepare(policy)
         if env is not None:
             env["TMPDIR"] = tmpdir
             if dropped:
                 env["HOME"] = tmpdir
+    probe = prepare(policy)
     for hole in probe.missing:
         logger.warning("the shell is confined without %s", hole)
     if probe.split:
@@ -83,6 +81,14 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
                     "beneath)%s", ", ".join(probe.split),
                     f"; its TMPDIR is {tmpdir}" if tmpdir else "")
     return ShellConfinement(policy, probe, probe.missing, probe.split, tmpdir)
+
+
+def _split(folders: tuple[str, ...], unreadable: tuple[str, ...]) -> list[str]:
+    """The ``folders`` Landlock will split: an existing unreadable path lies beneath (as
+    ``landlock.plan`` finds, known before the walk, so that it is walked once)."""
+    denied = [os.path.realpath(p) for p in unreadable if os.path.lexists(p)]
+    return [f for f in folders
+            if any(d.startswith(os.path.realpath(f).rstrip("/") + "/") for d in denied)]
 
 
 def unreadable_refusal(workspace: str, path: str, unreadable: tuple[str, ...]) -> str | None:
