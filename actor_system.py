@@ -138,7 +138,8 @@ class ActorSystemHandle:
         ``Trouper`` resumes the sessions that were working."""
 
     def open(self) -> None:
-        seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)  # before any actor listens (I7)
+        # before any actor listens: nothing outside gets in (I7, docs/promises.md)
+        seal(os.environ.get(TRANSPORT_KEY_FILE_ENV) or None)
         forking.install()
         if not self._zygote:  # its channel before the first fork: every actor inherits it
             sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")

@@ -1,4 +1,4 @@
-"""A session's state as a fold over its event log (promise I3).
+"""A session's state as a fold over its event log (promise I3, docs/promises.md).
 
 The Controller keeps one ``SessionView`` up to date as it appends; a restarted Controller,
 a reopened ``Trouper`` or a client rebuilds the same view by replaying the log.

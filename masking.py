@@ -1,4 +1,5 @@
-"""Keeping secret values out of what trouper stores, shows, logs and prompts (I7).
+"""Keeping secret values out of what trouper stores, shows, logs and prompts (I7 in
+docs/promises.md).
 
 Two sets, never one. What trouper *masks* is every value it must not leak: the user's
 secrets and every credential it holds (the LLM API key, an operator's transport key

@@ -10,7 +10,8 @@
     <home>/logs/                           trouper.log (actors), thespian.log
 
 Everything trouper creates here, outside the workspaces, is owner-only: folders 0700, files
-0600, whatever the caller's umask (I7). trouper's own processes (the actor system's) run
+0600, whatever the caller's umask (I7 in docs/promises.md). trouper's own processes
+(the actor system's) run
 with umask 077; the sandbox's shell gets the umask of the program that started trouper
 back (``creator_umask``), so the agent's files in a workspace keep their usual modes.
 """

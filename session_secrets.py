@@ -1,4 +1,4 @@
-"""A session's secrets file: the one file that holds secret values (promise I7).
+"""A session's secrets file: the one file that holds secret values (I7, docs/promises.md).
 
 ``<home>/sessions/<id>/secrets.json``, 0600 in a 0700 folder, written by the API when a
 session starts and read back by whatever shows a stored session (so what it shows is

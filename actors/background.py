@@ -1,6 +1,6 @@
 """``Background``: blocking work on worker threads, its results back on the actor's thread.
 
-An actor never blocks in a handler (DESIGN.md, "Thespian, the rules that bite"): it
+An actor never blocks in a handler (docs/promises.md, "Thespian, the rules that bite"): it
 submits the work here, watches ``fileno`` (returned in ``ThespianWatch``), and calls
 ``drain`` when Thespian says the pipe is readable.
 """

@@ -9,7 +9,7 @@ A handler never blocks: long work runs in ``Background`` threads (``background.p
 report through a self-pipe the actor watches (``ThespianWatch``, returned from *every*
 receive call).
 
-Every handler is total (I6): a message an actor cannot use (junk, another actor's
+Every handler is total (I6, docs/promises.md): a message an actor cannot use (junk, another actor's
 protocol, a second boot, a timer it did not set, a late reply) is logged in one line by
 ``drop`` and has no other effect. Only trouper messages reach ``on_<kind>`` handlers, and
 never one of the hooks (``on_child_*``, ``on_timer_*``...), whatever a message calls its kind.

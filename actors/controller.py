@@ -5,7 +5,7 @@ actor turns messages into the core's inputs, performs the effects the core retur
 order (append to the log, ask the broker, send an action to the runtime, start a timer,
 answer a user) and owns the session's log: it is its only writer (claimed with a lease).
 An append that fails stops the effects there, so nothing happens whose record is not
-durable (promise I2). A restarted Controller builds a fresh core from the log (I3).
+durable (I2 in docs/promises.md). A restarted Controller builds a fresh core from the log (I3).
 
 A write the store cannot take (a full disk) puts it in store-fault mode
 (``actors/store_fault.py``).

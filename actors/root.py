@@ -13,7 +13,7 @@ subtree dies with it (every actor dies with its parent) and the program must reo
 ``Trouper``, which restores the sessions from the log. When the program that embeds the
 system dies, Thespian's admin takes the whole system down (``actors/forking.py``).
 
-Since nobody restarts it, every handler is total (I6): a request it cannot serve is
+Nobody restarts it, so every handler is total (I6, docs/promises.md): a request it cannot serve is
 refused, and a report not from the child it names (a session's StoreFault or Superseded,
 a ShutdownDone) is dropped with a log line, never acted on.
 """

@@ -7,7 +7,8 @@ a RuntimeProxy the Controller sends each action to. The SessionHost is the Contr
 under the session's policy as the SessionSupervisor restarted the proxy), and the root
 supervises it directly (``actors/hosted_sessions.py``): two processes and two actor hops
 per action fewer. When it dies its driver dies with it; the next incarnation attaches to
-the sandbox, which outlives both, and asks the journal what the last one left (I2, I3).
+the sandbox, which outlives both, and asks the journal what the last one left (I2, I3 in
+docs/promises.md).
 
 What the runtime says for the core (``RuntimeReady``, ``Executed`` ...) is queued and fed
 to the core once the handler that produced it is done, as a message from a proxy would

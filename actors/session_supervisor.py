@@ -4,7 +4,7 @@ It restarts either child under the session's policy, tells the Controller when t
 runtime went down and came back (so it can resolve in-flight actions from the journal),
 and relays user commands to the Controller, holding them while it restarts.
 
-It acts only on what comes from where it should (I5/I6): lifecycle reports from its
+It heeds only what comes from where it should (I5/I6, docs/promises.md): lifecycle reports from its
 current proxy, requests for the sandbox or the store from its current Controller, the
 broker's move from its parent, commands for its own session. Anything else (a replaced
 incarnation's late report, a second boot, junk) is dropped with a log line.

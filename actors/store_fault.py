@@ -1,4 +1,4 @@
-"""The Controller's store-fault mode (promise I6: a failed write is a state, not a crash).
+"""The Controller's store-fault mode (I6 in docs/promises.md: a failed write is a state).
 
 A failed append raises ``StoreUnavailable`` (disk full, read-only, locked, corrupt). The
 effects after it are not performed, so nothing runs whose intent is not durable (I2),

@@ -1,6 +1,6 @@
 """The actor transport sealed: loopback only, every frame authenticated, no inherited fds.
 
-Out of the box, Thespian's ``multiprocTCPBase`` is an open door (see DESIGN.md, "Thespian,
+Out of the box, Thespian's ``multiprocTCPBase`` is an open door (see docs/promises.md, "Thespian,
 the rules that bite"): every actor listens on ``0.0.0.0`` and unpickles whatever arrives,
 so one framed pickle from anyone who can reach a port runs code as the user. ``seal``
 closes it at three seams of Thespian 4.0.1, checked at start (``TransportSeamMissing`` if

@@ -1,6 +1,6 @@
 """Turning a model response into actions, and malformed tool calls into clear rejections.
 
-Nothing here raises on model input (promise I6): a call that cannot be parsed still
+Nothing here raises on model input (I6 in docs/promises.md): a call that cannot be parsed still
 becomes an ``ActionEvent`` (with ``action=None``) and a ``rejected`` outcome that tells
 the model exactly what was wrong and what the tool expects.
 

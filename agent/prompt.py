@@ -1,7 +1,7 @@
 """The default agent's prompt: system prompt, AGENTS.md, and the session log as messages.
 
 The log is folded into litellm ``messages`` (OpenAI chat format). Only conversation
-events reach the prompt; status events never do (promise I4). Each turn's tool results
+events reach the prompt; status events never do (I4 in docs/promises.md). Each turn's tool results
 follow its assistant message straight away, as providers require, and an action
 without an outcome yet is left out with its tool call, so the list is always valid.
 

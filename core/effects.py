@@ -2,7 +2,8 @@
 
 The core (``core.session``) never performs I/O: every handler returns a list of effects,
 and the Controller actor performs them in order. An ``Append`` that fails stops the list
-there, so nothing after it happens whose record is not durable (promise I2).
+there, so nothing after it happens whose record is not durable (promise I2,
+docs/promises.md).
 """
 
 from __future__ import annotations

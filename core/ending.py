@@ -14,6 +14,8 @@ Leaving STOPPED (a resume, a message) asks for a fresh sandbox (``RestartRuntime
 the end is done, and tells the agent its shell state was reset. A session restored in
 STOPPED ends whatever sandbox is left of it (a program that died mid-stop), once its
 journal has answered for what was in flight.
+
+The promises cited (I1, I2) are defined in docs/promises.md.
 """
 
 from __future__ import annotations

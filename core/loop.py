@@ -2,7 +2,8 @@
 
 ``_advance`` takes the next step when the session is RUNNING and nothing is outstanding:
 the first action without an outcome, else a limit, else a question to the model. An
-action's intent is durable before it runs (I2), its outcome recorded once (I1), and an
+action's intent is durable before it runs (I2 in docs/promises.md), its outcome recorded
+once (I1), and an
 action that may have run on a lost sandbox is asked of the journal, never run again.
 """
 

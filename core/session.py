@@ -6,7 +6,7 @@ effects to perform, in order (``core.effects``). Everything it records goes thro
 ``_append``, which folds the events in at once: the core is its log's only writer, so it
 knows the seq each event will get. The Controller actor (``actors/controller.py``)
 performs the effects; a restarted Controller builds a fresh core from the log
-(``restore``), which is the whole of promise I3.
+(``restore``), which is the whole of promise I3 (docs/promises.md).
 
 The state transitions are the rows of ``core.states.TRANSITIONS``; a transition its row
 does not allow from the current state is logged and skipped, so a late input cannot move

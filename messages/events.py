@@ -4,7 +4,7 @@ schema version ``v``.
 
 Conversation events (``message``, ``action``, ``observation``) build the agent's prompt;
 status events (``state``, ``llm_completed``, ``llm_retry``, ``runtime``) are for clients
-only and never reach a prompt (promise I4).
+only and never reach a prompt (promise I4, docs/promises.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What became of an action: one ``Outcome`` with a status (promise I1)."""
+"""What became of an action: one ``Outcome`` with a status (I1 in docs/promises.md)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Two protocols, kept apart as in SWE-ReX: ``Sandbox`` is the lifecycle a supervis
 watches (start or attach, alive, stop); ``Runtime`` is what the Controller asks for
 (execute an action, resolve an action from the journal).
 
-The journal contract (promise I2):
+The journal contract (promise I2, docs/promises.md):
 - ``execute`` journals the action as *started* before anything runs, *where it runs*
   (the session folder for local, inside the container, on the remote host), and as
   *finished* with its outcome once it ends. Calling ``execute`` again with the same

@@ -12,7 +12,7 @@ rules are unit-tested with a fake backend; the RuntimeProxy actor
 
 Each incarnation carries an epoch; a sandbox that serves a newer epoch refuses this one,
 and the driver then exits (a half-dead proxy never acts after its replacement started:
-promise I2). Once it is told to close it starts nothing more: an ``Execute`` after
+I2 in docs/promises.md). Once it is told to close it starts nothing more: an ``Execute`` after
 ``CloseSandbox`` is dropped (the journal will say it never started, so a restored session
 runs it then), and a close that arrives while the sandbox is starting waits for the
 start, so what the start brings up is stopped too. An action for another session is

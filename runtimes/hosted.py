@@ -13,7 +13,8 @@ Like the driver it imports no Thespian and never blocks; each input returns effe
 ``RuntimeReplaced`` ...), ``ToParent`` (``Superseded``: another Trouper owns the sandbox),
 ``Reply`` (``SandboxClosed``), ``Work``, ``After`` and ``Drop``. What an incarnation that
 failed leaves behind (its workers' results, its timers) is dropped, as a dead proxy's
-late words were: the core asks the journal instead, so nothing runs twice (I2).
+late words were: the core asks the journal instead, so nothing runs twice (I2,
+docs/promises.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The event store: the durable log that is the truth of every session (promise I3).
+"""The event store: the durable log that is the truth of every session (I3, docs/promises.md).
 
 A store is named by a URL: ``sqlite:///abs/path/trouper.db`` today (a ``postgresql://``
 backend can come later, for sessions spread over hosts). ``open_store`` also takes a

@@ -1,4 +1,5 @@
-"""The event store contract: the durable log that is the truth of every session (I3).
+"""The event store contract: the durable log that is the truth of every session (I3 in
+docs/promises.md).
 
 A session is a row (``SessionRecord``: its config, state and the pointer to its latest
 event) plus an append-only log of events numbered 1, 2, 3... with no gap. ``append``

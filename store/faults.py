@@ -4,7 +4,7 @@ A write that fails because of where the store lives (the disk is full, the file 
 mount is read-only, another process holds the lock past the busy timeout, the file is
 corrupt, the disk fails) is not a bug to crash on: it becomes ``StoreUnavailable`` with a
 cause a user can act on, the session waits in ERROR, and it carries on once a write goes
-through again (promise I6).
+through again (promise I6, docs/promises.md).
 """
 
 from __future__ import annotations

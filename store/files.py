@@ -1,4 +1,4 @@
-"""The store's files are owner-only (I7), whatever the umask of the process opening it."""
+"""The store's files are owner-only (I7 in docs/promises.md), whatever the process's umask."""
 
 from __future__ import annotations
 

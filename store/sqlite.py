@@ -2,7 +2,8 @@
 
 Connections, fork safety and SQLite's locks: ``store/sqlite_conn.py``.
 
-Privacy (I7): the database is created owner-only (0600) before SQLite opens it, whatever
+Privacy (I7 in docs/promises.md): the database is created owner-only (0600) before
+SQLite opens it, whatever
 the umask, and SQLite gives its ``-wal`` and ``-shm`` files the database's mode; an
 existing file with looser modes is tightened, and the log says so. What is written is
 masked once more with every secret value this process knows (``masking.known_masker``):

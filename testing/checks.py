@@ -13,7 +13,7 @@ def check_log(events: Sequence[Event], prompts: Sequence[Any] = ()) -> list[str]
     """Every violation found in ``events`` (empty when the log keeps the promises).
 
     Checks: seq contiguous from 1; every action has exactly one outcome, and every
-    outcome answers a known action (I1); optionally, that no status event's text
+    outcome answers a known action (I1 in docs/promises.md); optionally, that no status event's text
     reached a prompt (``prompts``: the ``messages`` lists the model received).
     """
     problems: list[str] = []

@@ -1,4 +1,5 @@
-"""A supervisor hears of every dead child, however close together they die (I5).
+"""A supervisor hears of every dead child, however close together they die (I5 in
+docs/promises.md).
 
 Thespian 4.0.1 reaps, after a parent handled one child's exit, every other child that is
 dead by then, and reports none of them (``actors/reaping.py``). A SessionSupervisor that

@@ -191,7 +191,8 @@ def _carry_on(home: Path, session_id: str, script: Path, by_cli: bool) -> None:
     assert check_log(events) == []
     killed = next(e for e in events if e.kind == "observation").outcome
     # the shell killed with the server (interrupted: the sandbox stopped, or error), or the
-    # command alone (exit 137): either way it ended unfinished and was never run again (I2)
+    # command alone (exit 137): either way it ended unfinished and was never run again
+    # (I2 in docs/promises.md)
     assert killed.status in ("interrupted", "error") or killed.exit_code == 128 + signal.SIGKILL, \
         killed
     assert sum(1 for e in events if e.kind == "action") == 2

@@ -177,7 +177,7 @@ def test_a_new_session_records_its_task_then_asks_the_model_once_the_runtime_is_
 def test_an_action_is_durable_before_it_runs_and_its_outcome_leads_to_the_next_question():
     core, clock, ask = running()
     effects = answer(core, ask, clock, call("run", command="make test"))
-    assert kinds(effects) == ["Append", "RunAction"]  # I2: the intent first
+    assert kinds(effects) == ["Append", "RunAction"]  # I2 (docs/promises.md): intent first
     intent = [e for e in appended(effects) if isinstance(e, ActionEvent)]
     run = only(effects, RunAction)
     assert [e.action_id for e in intent] == [run.request.action_id]

@@ -65,7 +65,7 @@ def test_a_stop_ends_the_sandbox_after_its_record_and_answers_once_it_is_ended()
     assert [o.outcome.status for o in outcomes(effects)] == ["interrupted"]
     effects = core.handle(SandboxEnded(), clock.tick())
     assert only(effects, Answer).error is None
-    assert outcomes(effects) == []  # one outcome (I1)
+    assert outcomes(effects) == []  # one outcome (I1 in docs/promises.md)
     [closed] = appended(effects)
     assert isinstance(closed, RuntimeEvent) and closed.phase == "closed"
     assert core.view.pending == {} and core.view.state == S.STOPPED

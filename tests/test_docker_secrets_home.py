@@ -1,4 +1,4 @@
-"""I7 for the Docker runtime: a session whose commands use a secret (revealed into the
+"""I7 (docs/promises.md) for Docker: a session whose commands use a secret (revealed into the
 command just before it reaches the sandbox) leaves the value in no file but secrets.json,
 while its container still runs and after trouper closed. Every byte under the home is
 read (database, WAL and SHM, logs, the sandbox's state and its shell's input folder, the

@@ -59,7 +59,8 @@ def test_cooldowns_double_and_end(tmp_path):
 
 
 def test_lone_surrogates_and_binary_output_finish(layout, scripted, tmp_path):
-    """Any bytes in, valid text out (I6): nothing a model or a command sends can stop it."""
+    """Any bytes in, valid text out (I6 in docs/promises.md): nothing a model or a command
+    sends can stop it."""
     _, llm = scripted([
         {"tool": "run", "raw_args": '{"command": "echo \\ud800 half a pair \\udfff"}'},
         {"tool": "run", "args": {"command": "head -c 3000 /dev/urandom; printf '\\xff\\xfe\\x00'"}},

@@ -1,4 +1,5 @@
-"""I7: everything trouper writes outside the workspace is owner-only, whatever the umask."""
+"""I7 (docs/promises.md): everything trouper writes outside the workspace is owner-only,
+whatever the umask."""
 
 from __future__ import annotations
 

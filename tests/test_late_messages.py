@@ -1,7 +1,7 @@
 """I5/I6: late, out-of-order and meaningless messages never crash an actor or start an action.
 
 The Controller runs in Thespian's in-process ``simpleSystemBase`` (fine for message
-handling, per DESIGN.md), on a real store in a temp home; its broker and runtime are a
+handling, per docs/promises.md), on a real store in a temp home; its broker and runtime are a
 sink that records what it is sent.
 """
 

@@ -1,4 +1,5 @@
-"""I5/I6 for the RuntimeProxy, the LLMBroker and the SessionHost: every handler is total.
+"""I5/I6 (docs/promises.md) for the RuntimeProxy, the LLMBroker and the SessionHost: every
+handler is total.
 
 Each needs real collaborators (a local sandbox server; an HTTP model server), so each runs
 as a real process of a ``Trouper``'s actor system, created on its own with the test as

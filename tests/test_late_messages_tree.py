@@ -1,4 +1,5 @@
-"""I5/I6 for the supervisors: every handler of the SessionSupervisor and the root is total.
+"""I5/I6 (docs/promises.md) for the supervisors: every handler of the SessionSupervisor and
+the root is total.
 
 Each is driven with messages before its boot, its own protocol out of order or twice, and
 junk; after each batch it must still answer, must have started nothing, and must have

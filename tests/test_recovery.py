@@ -230,7 +230,7 @@ def test_chaos_many_sessions_random_kills_every_action_once(layout, scripted, tm
 
 
 def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
-    """A replaced proxy's epoch is refused by the sandbox (promise I2)."""
+    """A replaced proxy's epoch is refused by the sandbox (promise I2, docs/promises.md)."""
     from trouper.exceptions import StaleEpoch
     from trouper.messages.actions import RunCommand
     from trouper.runtimes.client import SandboxClient

@@ -1,4 +1,5 @@
-"""Any bytes a command prints (I6): valid text for the agent and the journal, the raw bytes
+"""Any bytes a command prints (I6 in docs/promises.md): valid text for the agent and the
+journal, the raw bytes
 (secrets masked) in the full-output file. Driven through a real sandbox server."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The sandbox's action journal (``runtimes/sandbox/journal.py``): what each state means
-across server boots, and that a start the disk refuses never runs (I2)."""
+across server boots, and that a start the disk refuses never runs (I2, docs/promises.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""I7, the grep test: after a real session whose task, tool-call arguments, outputs and model
+"""I7 (docs/promises.md), the grep test: after a real session whose task, tool-call
+arguments, outputs and model
 errors carry secret values, no file under the home holds one but the secrets file.
 
 Every byte of every file is read: the database with its WAL and SHM, the logs, the sandbox's

@@ -1,4 +1,5 @@
-"""I7, two sets: the model may use the user's sandbox secrets, never a credential.
+"""I7 (docs/promises.md), two sets: the model may use the user's sandbox secrets, never a
+credential.
 
 A scripted model that writes ``<secret:LLM_API_KEY>`` (or any other credential's name)
 gets that text in its command and output, never the key; the user's own secret is used.

@@ -61,7 +61,8 @@ def test_stop_ends_the_shell_and_its_jobs_at_once_and_resume_goes_on_in_a_fresh_
     wait_until(lambda: ended(session), 30, "the stopped session's sandbox to end")
     assert alive(shell) == []  # bash, `sleep 1000 &` and the command in flight: all gone
     assert session.wait(timeout=30) == AgentState.STOPPED
-    [interrupted] = outcomes(session)  # one outcome, the stop's, never run again (I1, I2)
+    # one outcome, the stop's, never run again (I1, I2 in docs/promises.md)
+    [interrupted] = outcomes(session)
     assert interrupted.status == "interrupted" and "stopped" in interrupted.content
     assert check_log(list(session.events())) == []
 

@@ -1,4 +1,4 @@
-"""I6: a failed write is a session state with its cause, not a crash loop.
+"""I6 (docs/promises.md): a failed write is a session state with its cause, not a crash loop.
 
 The disk test mounts a small tmpfs for the home (we are root in CI; elsewhere it skips
 with the reason), fills it while a command runs, and frees it again.

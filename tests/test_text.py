@@ -1,4 +1,5 @@
-"""storable(): every lone surrogate becomes U+FFFD (I6), whatever holds it, and clean
+"""storable(): every lone surrogate becomes U+FFFD (I6 in docs/promises.md), whatever
+holds it, and clean
 values come back as the very same object (the fast path checks a container whole)."""
 
 from __future__ import annotations

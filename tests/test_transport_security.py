@@ -1,4 +1,5 @@
-"""I7 attacked: trouper's listeners are loopback-only and no forged frame is unpickled.
+"""I7 attacked (docs/promises.md): trouper's listeners are loopback-only and no forged frame
+is unpickled.
 
 The attack is the one a local user (or, before this, anyone on the network) could make:
 find every port trouper's processes listen on and send each a framed pickle whose

@@ -23,7 +23,8 @@ PayloadTooLarge, 422 InvalidRequest, 431 HeadersTooLarge, 503 TooManyConnections
 507 StorageUnavailable; 500 InternalError is a bug (tests/test_remote_fuzz.py walks every
 route with hostile input and expects none). Ids and numbers are checked before they
 reach a file: an action id is 1-200 characters, every integer (a query's or a body's) fits
-in 64 bits, every number is finite, and a body's lone surrogates become U+FFFD (I6).
+in 64 bits, every number is finite, and a body's lone surrogates become U+FFFD (I6 in
+docs/promises.md).
 """
 
 from __future__ import annotations
