@@ -10,10 +10,12 @@ What it retries, and what it does not: ``start`` waits for the server to answer 
 (up to ``RemoteRuntime.ready_timeout_s``, logging what it waits for); starting an action
 and polling it are retried a few times on a dropped connection or a 502/503/504 (safe:
 the server journals by action id, so a repeat never runs anything twice). Everything
-else fails at once. Failures map onto trouper's exceptions: 409 -> ``StaleEpoch``,
-400/413/422 -> ``InvalidRequest``, 507 -> ``StoreUnavailable``; unreachable, refused,
-timed out, 401, a sandbox that no longer runs and any other 5xx -> ``RemoteUnavailable``
-(a ``RuntimeUnavailable``) whose ``cause`` is the typed ``RuntimeFailure``.
+else fails at once. Executing, resolving and long-polling are ``action_calls.ActionCalls``,
+shared with the local sandbox server's client; failures map onto trouper's exceptions
+through the same table (``call_failures``): 409 -> ``StaleEpoch``, 400/411/413/422 ->
+``InvalidRequest``, 507 -> ``StoreUnavailable``; unreachable, refused, timed out, 401, a
+sandbox that no longer runs and any other 5xx -> ``RemoteUnavailable`` (a
+``RuntimeUnavailable``) whose ``cause`` is the typed ``RuntimeFailure``.
 
 ``kill`` (fault injection) asks the server to SIGKILL the session's shell and its jobs
 and to drop the sandbox as a crash would: what was running reads ``unknown`` afterwards.
@@ -23,7 +25,6 @@ httpx is imported when the first client is made, so importing this module costs 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -36,28 +37,24 @@ from urllib.parse import quote
 
 from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch
 from ..masking import remember_secrets
-from ..messages.actions import RuntimeAction
 from ..messages.causes import RuntimeFailure
-from ..messages.outcomes import Outcome
 from ..tls import default_ssl_context
-from .base import JournalRecord, SandboxHealth
-from .client import _lost, _outcome, _too_large
-from .remote_errors import RemoteUnavailable, refusal, unreachable
-from .sandbox import MAX_BODY_BYTES
+from .action_calls import ActionCalls
+from .base import SandboxHealth
+from .call_failures import answer_json, cause_of
+from .remote_errors import RemoteUnavailable, unreachable
 
 logger = logging.getLogger(__name__)
 
 TOKEN_NAME = "TROUPER_RUNTIME_TOKEN"
 """The token's placeholder wherever it is masked."""
-STOP_MARGIN_S = 60.0
-"""Time past an action's hard timeout allowed for the kill, a shell restart and the reply."""
 RETRIES = (0.2, 0.5, 1.0)
 """Waits before each retry of a safe request."""
 _RETRY_STATUS = frozenset({502, 503, 504})
 _NEVER = "never started"
 
 
-class RemoteSandbox:
+class RemoteSandbox(ActionCalls):
     """One session's sandbox on a runtime server; its own ``runtime`` once started."""
 
     def __init__(
@@ -154,10 +151,8 @@ class RemoteSandbox:
         try:
             answer = self._call("GET", self._path("health"), operation="health",
                                 timeout_s=5.0)
-        except RemoteUnavailable as e:
-            return SandboxHealth(alive=False, cause=e.cause, detail=str(e))
         except RuntimeUnavailable as e:
-            return SandboxHealth(alive=False, cause=RuntimeFailure.FAILED, detail=str(e))
+            return SandboxHealth(alive=False, cause=cause_of(e), detail=str(e))
         if int(answer.get("epoch") or 0) > self._epoch:
             return SandboxHealth(alive=False, cause=RuntimeFailure.SUPERSEDED, detail=(
                 f"claimed by epoch {answer['epoch']} (this proxy has {self._epoch})"))
@@ -214,43 +209,6 @@ class RemoteSandbox:
         if http is not None:
             http.close()
 
-    # ---- Runtime ----
-
-    def execute(self, action_id: str, action: RuntimeAction, *, timeout_s: float,
-                no_output_timeout_s: float) -> Outcome:
-        """Run ``action`` once (idempotent by ``action_id``): start it, then long-poll."""
-        hard_s = getattr(action, "timeout_s", None) or timeout_s
-        deadline = time.monotonic() + hard_s + STOP_MARGIN_S
-        body = {"action_id": action_id, "epoch": self._epoch,
-                "action": action.model_dump(mode="json"), "timeout_s": timeout_s,
-                "no_output_timeout_s": no_output_timeout_s,
-                "wait_s": min(self.poll_s, hard_s + STOP_MARGIN_S)}
-        size = len(json.dumps(body).encode("utf-8"))
-        if size > MAX_BODY_BYTES:
-            return _too_large(size)
-        operation = f"execute {action_id}"
-        record = self._call("POST", self._path("actions"), body, operation=operation,
-                            timeout_s=body["wait_s"] + self.request_timeout_s, retry=True)
-        while record.get("state") == "running":
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise RemoteUnavailable(
-                    f"{operation}: no outcome from {self.url} within "
-                    f"{hard_s + STOP_MARGIN_S:g} s (its timeout plus {STOP_MARGIN_S:g} s)",
-                    RuntimeFailure.TIMED_OUT)
-            record = self._poll(action_id, min(self.poll_s, remaining_s), operation)
-        return self._record(record, operation).outcome or _lost(record)
-
-    def resolve(self, action_id: str, *, wait_s: float = 0.0) -> JournalRecord:
-        """What the server's journal knows of ``action_id``, waiting up to ``wait_s``."""
-        deadline = time.monotonic() + wait_s
-        operation = f"resolve {action_id}"
-        record = self._poll(action_id, min(self.poll_s, wait_s), operation)
-        while record.get("state") == "running" and time.monotonic() < deadline:
-            record = self._poll(action_id, min(self.poll_s, deadline - time.monotonic()),
-                                operation)
-        return self._record(record, operation)
-
     # ---- files and output (beyond the protocol) ----
 
     def output(self, action_id: str, offset: int = 0) -> tuple[str, int]:
@@ -277,22 +235,20 @@ class RemoteSandbox:
     def _path(self, *parts: str) -> str:
         return "/v1/sessions/" + "/".join(quote(p, safe="") for p in (self.session_id, *parts))
 
-    def _poll(self, action_id: str, wait_s: float, operation: str) -> dict[str, Any]:
-        wait_s = max(0.0, wait_s)
+    @property
+    def where(self) -> str:
+        return f"the runtime server at {self.url}"
+
+    def _send_action(self, body: dict[str, Any], *, timeout_s: float,
+                     operation: str) -> dict[str, Any]:
+        return self._call("POST", self._path("actions"), body, operation=operation,
+                          timeout_s=timeout_s, retry=True)
+
+    def _fetch_record(self, action_id: str, wait_s: float, *, timeout_s: float,
+                      operation: str) -> dict[str, Any]:
         params = {"wait_s": f"{wait_s:.3f}", "epoch": self._epoch}
         return self._call("GET", self._path("actions", action_id), params=params,
-                          operation=operation, timeout_s=wait_s + self.request_timeout_s,
-                          retry=True)
-
-    def _record(self, record: dict[str, Any], operation: str) -> JournalRecord:
-        try:
-            outcome = record.get("outcome")
-            return JournalRecord(action_id=record["action_id"], state=record["state"],
-                                 epoch=int(record.get("epoch") or 0),
-                                 outcome=_outcome(outcome) if outcome is not None else None)
-        except (KeyError, ValueError, TypeError) as e:
-            raise RemoteUnavailable(f"{operation}: {self.url} sent a bad record: {record!r}",
-                                    RuntimeFailure.FAILED) from e
+                          operation=operation, timeout_s=timeout_s, retry=True)
 
     def _wait_ready(self) -> None:
         """Poll ``/v1/health`` until it answers, for up to ``ready_timeout_s``."""
@@ -359,22 +315,10 @@ class RemoteSandbox:
                 if waits:
                     self._pause(waits.pop(0), operation)
                     continue
-                raise unreachable(self.url, operation, e) from e
+                raise unreachable(self.where, operation, e) from e
             if response.status_code in _RETRY_STATUS and waits:
                 self._pause(waits.pop(0), operation)
                 continue
-            if response.status_code == 200:
-                return response.content if raw else self._json(response, operation)
-            raise refusal(self.url, response, operation)
-
-    def _json(self, response: Any, operation: str) -> dict[str, Any]:
-        try:
-            answer = response.json()
-        except ValueError as e:
-            raise RemoteUnavailable(f"{operation}: {self.url} answered "
-                                    f"{response.status_code} with non-JSON", RuntimeFailure.FAILED
-                                    ) from e
-        if not isinstance(answer, dict):
-            raise RemoteUnavailable(f"{operation}: {self.url} answered {answer!r}",
-                                    RuntimeFailure.FAILED)
-        return answer
+            if response.status_code == 200 and raw:
+                return response.content
+            return answer_json(self.where, operation, response.status_code, response.content)
