@@ -1,6 +1,9 @@
-"""What trouper's two HTTP servers (the daemon, the remote runtime server) share: bounds
-on what one client may cost them.
+"""What trouper's two HTTP servers (the daemon, the remote runtime server) share: one door
+and bounds on what one client may cost them.
 
+- ``TokenGuard`` (ASGI, outermost): the bearer token, compared in constant time from the
+  headers before anything reads the request; a refusal is answered unread with
+  ``Connection: close``, in the server's own error shape (it gives the renderer).
 - ``HttpLimits``: the numbers (body and header bytes, read deadlines, connections).
 - ``RequestLimits`` (ASGI, around the app): a header block or a declared body over the
   limit is refused from the headers alone, unread; a chunked body is counted as it is read
@@ -13,7 +16,7 @@ on what one client may cost them.
 The sandbox server (``runtimes/sandbox/server.py``) keeps the same rules its own way: it
 is stdlib-only.
 
-Import the pieces from their modules (``serving.limits``, ``serving.asgi``,
-``serving.protocol``): the package itself imports nothing, so a light importer of
-``Notes`` does not load uvicorn.
+Import the pieces from their modules (``serving.token_guard``, ``serving.limits``,
+``serving.asgi``, ``serving.protocol``): the package itself imports nothing, so a light
+importer of ``Notes`` does not load uvicorn.
 """
