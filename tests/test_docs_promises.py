@@ -24,6 +24,8 @@ CITED = re.compile(r"`(tests/[\w/]+\.py(?:::[^`\s]+)?)`")
 with or without a parametrised id (``test_y[case]``)."""
 NUMBER = re.compile(r"\bI[1-7]\b")
 LINK = re.compile(r"promises\.md#([\w-]+)")
+OUT_LINK = re.compile(r"\]\(([\w.-]+\.md)(?:#([\w-]+))?\)")
+"""A link from the page to another doc, with its fragment if it has one."""
 
 
 def cited(text: str) -> list[str]:
@@ -104,6 +106,11 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def anchors(text: str) -> set[str]:
+    """The fragments of every heading of a Markdown text."""
+    return {anchor(heading) for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
 def _tracked() -> list[Path]:
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
                          check=True, timeout=60).stdout.decode()
@@ -126,10 +133,19 @@ def test_each_promise_has_its_section_and_tests():
 
 
 def test_links_into_the_page_land_on_a_heading():
-    anchors = {anchor(heading) for heading in sections(PAGE.read_text())}
+    ours = anchors(PAGE.read_text())
     broken = [f"{path.relative_to(ROOT)}: #{fragment}"
               for path in _tracked() for fragment in LINK.findall(path.read_text())
-              if fragment not in anchors]
+              if fragment not in ours]
+    assert broken == []
+
+
+def test_the_pages_links_land_on_a_file_and_a_heading():
+    broken = []
+    for target, fragment in OUT_LINK.findall(PAGE.read_text()):
+        doc = PAGE.parent / target
+        if not doc.is_file() or (fragment and fragment not in anchors(doc.read_text())):
+            broken.append(f"{target}#{fragment}" if fragment else target)
     assert broken == []
 
 
