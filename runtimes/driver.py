@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..exceptions import RuntimeUnavailable, StaleEpoch, StoreUnavailable, class_path
+from ..exceptions import StaleEpoch, StoreUnavailable, class_path
 from ..masking import mask_known
 from ..messages.protocol import (
     CloseSandbox,
@@ -46,6 +46,7 @@ from ..messages.tree import Superseded
 from ..processes import exit_watch
 from ..settings import settings
 from .base import JournalRecord, Sandbox, SandboxHealth
+from .call_failures import cause_of
 
 logger = logging.getLogger(__name__)
 
@@ -236,12 +237,12 @@ class RuntimeDriver:
         """A request failed: report the sandbox's own cause when it is dead (an OOM kill
         says more than the refused connection it led to), else the request's."""
         if isinstance(error, StaleEpoch):
-            return self._report_failure(_cause(error), error)
+            return self._report_failure(cause_of(error), error)
 
         def checked(health: SandboxHealth | None, _error: BaseException | None) -> list[Effect]:
             if health is not None and not health.alive and health.cause is not None:
                 return self._report_failure(health.cause, error, health.detail)
-            return self._report_failure(_cause(error), error)
+            return self._report_failure(cause_of(error), error)
 
         return [Work(self.sandbox.alive, checked)]
 
@@ -357,7 +358,7 @@ class RuntimeDriver:
 
         def done(record: JournalRecord | None, error: BaseException | None) -> list[Effect]:
             if error is not None or record is None:
-                return self._report_failure(_cause(error), error)
+                return self._report_failure(cause_of(error), error)
             if record.state == "running":
                 return self.resolve(msg, sender)  # still going: ask again (bounded waits)
             return [Reply(sender, Resolved(session_id=self.session_id,
@@ -366,12 +367,3 @@ class RuntimeDriver:
 
         return [self._request(lambda: runtime.resolve(
             msg.action_id, wait_s=settings().journal_resolve_wait_s), done)]
-
-
-def _cause(error: BaseException | None) -> RuntimeFailure:
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, RuntimeFailure):  # a backend that knows why (remote: unauthorized)
-        return cause
-    if isinstance(error, RuntimeUnavailable):
-        return RuntimeFailure.UNREACHABLE
-    return RuntimeFailure.FAILED
