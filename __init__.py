@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .client_protocol import SessionHandle, TrouperClient
 from .config import ConfirmationPolicy, LLMConfig, SessionConfig
 from .exceptions import (
     ConfigError,
@@ -34,6 +35,7 @@ from .messages.events import (
 )
 from .messages.outcomes import Outcome
 from .restarts import RestartPolicy
+from .session_info import SessionInfo, SessionSummary
 
 if TYPE_CHECKING:
     from .api import Trouper
@@ -74,10 +76,14 @@ __all__ = [
     "RuntimeUnavailable",
     "Session",
     "SessionConfig",
+    "SessionHandle",
+    "SessionInfo",
+    "SessionSummary",
     "StaleEpoch",
     "StateChanged",
     "StoreError",
     "Trouper",
+    "TrouperClient",
     "TrouperError",
     "UnknownSession",
 ]

@@ -1,5 +1,8 @@
 """The Python API: ``Trouper`` runs an embedded actor system; ``Session`` drives one session.
 
+They implement ``client_protocol``'s ``TrouperClient`` and ``SessionHandle``, as the
+daemon's client (``Trouper.connect()``) does.
+
 Example::
 
     from trouper import Trouper, AgentState
@@ -13,32 +16,31 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
 from .actor_system import ActorSystemHandle
-from .config import LLMConfig, RuntimeConfig, SessionConfig
-from .config_check import session_config
-from .exceptions import (
-    ConfigError,
-    InvalidRequest,
-    MissingCredentials,
-    RequestTimeout,
-    UnknownSession,
+from .api_checks import (
+    check_trouper_args,
+    checked_config,
+    checked_request_id,
+    free_id,
+    workspace_path,
 )
-from .masking import LLM_KEY_NAME, SecretMasker, remember_secrets, session_maskers
+from .config import LLMConfig, RuntimeConfig, SessionConfig
+from .exceptions import InvalidRequest, RequestTimeout, UnknownSession
+from .masking import remember_secrets, session_maskers
 from .messages.events import AgentState
 from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
 from .messages.tree import Layout
-from .paths import Home, default_home, private_dir
+from .paths import Home, private_dir
 from .restarts import RestartPolicy
 from .runtimes.docker_support import gc_at_start, sweep_at_close
 from .session import Session, new_session_id
+from .session_info import SessionSummary
 from .session_secrets import (
     read_runtime_token,
     read_secrets,
@@ -48,22 +50,21 @@ from .session_secrets import (
     write_session_secrets,
 )
 from .settings import Settings
-from .store import EventStore, SessionRecord, open_store, store_url
+from .store import EventStore, open_store, store_url
+from .store_reader import summaries
 
 if TYPE_CHECKING:
     from .daemon.client import RemoteTrouper
 
 logger = logging.getLogger(__name__)
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 _RESTORE_STATES = frozenset(
     {AgentState.LOADING, AgentState.RUNNING, AgentState.RATE_LIMITED, AgentState.ERROR}
 )
 
-
 class Trouper:
-    """An embedded trouper: an actor system, a store and the sessions under one home.
+    """An embedded trouper: an actor system, a store and the sessions under one home (a
+    ``TrouperClient``).
 
     Args:
         home: the folder holding the store and session folders (``$TROUPER_HOME``,
@@ -95,7 +96,7 @@ class Trouper:
         admin_port: int | None = None,
         layout: Layout | None = None,
     ) -> None:
-        _check_trouper_args(home, ask_timeout_s, layout)
+        check_trouper_args(home, ask_timeout_s, layout)
         given = Settings.from_env()  # the actors read these after the fork: refuse here
         self.home = Home.at(home)
         open_store(self.home).close()  # a store that cannot open fails before any process
@@ -190,11 +191,12 @@ class Trouper:
         """
         if self._closed:
             raise InvalidRequest("this Trouper is closed")
-        session_id = new_session_id() if session_id is None else _free_id(self, session_id)
+        session_id = new_session_id() if session_id is None else \
+            free_id(self.store, session_id)
         named = workspace is not None
-        folder = _workspace_path(workspace, self.home.root) if named else \
+        folder = workspace_path(workspace, self.home.root) if named else \
             self.home.default_workspace(session_id)
-        config = _session_config(task, llm, runtime, folder, secrets, options, named)
+        config = checked_config(task, llm, runtime, folder, secrets, options, named)
         secrets = dict(secrets or {})
         # all checked and nothing made so far: a refusal above leaves no trace
         private_dir(self.home.session_dir(session_id))  # mkdir's parents would take the umask
@@ -212,9 +214,10 @@ class Trouper:
             secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
         return Session(self, session_id)
 
-    def sessions(self) -> list[SessionRecord]:
-        """Every session in the store, newest first."""
-        return self.store.sessions()
+    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
+        """Every session in the store, newest first; with ``state``, only those in it
+        (ConfigError for a name that is no state)."""
+        return summaries(self.store, state)
 
     def session(self, session_id: str) -> Session:
         """The session with that id. Raises UnknownSession."""
@@ -252,9 +255,8 @@ class Trouper:
         one, so a client that lost the answer may send the command again."""
         if request_id is None:
             request_id = uuid.uuid4().hex
-        elif not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
-            raise ConfigError("request_id: letters, digits, '.', '_', ':' and '-', at most "
-                              "64, starting with a letter or digit", field="request_id")
+        else:
+            request_id = checked_request_id(request_id)
         msg = UserCommand(request_id=request_id, session_id=session_id,
                           command=command, text=text,  # type: ignore[arg-type]
                           action_id=action_id)
@@ -310,80 +312,3 @@ class Trouper:
 
 _COMMAND_RESTORES = 3
 """Restores a command tries before it reports the session unknown."""
-
-
-def _free_id(trouper: Trouper, session_id: str) -> str:
-    """A session id a caller chose: a safe folder name the store does not hold yet."""
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise ConfigError("session_id: letters, digits, '.', '_' and '-', at most 64, "
-                          "starting with a letter or digit", field="session_id")
-    try:
-        trouper.store.session(session_id)
-    except UnknownSession:
-        return session_id
-    raise InvalidRequest(f"session {session_id!r} already exists")
-
-
-def _check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float,
-                        layout: str | None) -> None:
-    if not ask_timeout_s > 0:
-        raise ConfigError("ask_timeout_s: must be greater than 0", field="ask_timeout_s")
-    if layout is not None and layout not in get_args(Layout):
-        raise ConfigError(f"layout: must be one of {', '.join(get_args(Layout))} "
-                          f"(got {layout!r})", field="layout")
-    path = Path(home).expanduser() if home is not None else default_home()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"home: {path} exists and is not a folder", field="home")
-
-
-def _session_config(
-    task: str,
-    llm: Mapping[str, Any] | LLMConfig,
-    runtime: Any,
-    workspace: Path,
-    secrets: Mapping[str, str] | None,
-    options: dict[str, Any],
-    named_workspace: bool,
-) -> SessionConfig:
-    """The checked config (see ``config_check.session_config``, then the model's provider and
-    key); every ConfigError leaves masked with the values it was given."""
-    from .llm.credentials import check_llm  # litellm, here: after the actors' fork
-
-    try:
-        config = session_config(task, llm, runtime, workspace, secrets or {}, options,
-                                named_workspace=named_workspace)
-        check_llm(config.llm)
-    except ConfigError as exc:
-        # not chained, so a printed traceback cannot show a refused input unmasked
-        raise _masked_error(exc, llm, secrets) from None
-    return config
-
-
-def _workspace_path(workspace: Any, home: Path) -> Path:
-    """The absolute path of a workspace the user named; ConfigError if it is no path, or
-    if it holds the trouper ``home`` (the agent's file tools and shell would reach every
-    session's secrets)."""
-    try:
-        folder = Path(workspace).expanduser().resolve()
-    except (TypeError, ValueError, OSError, RuntimeError) as exc:  # a NUL, a symlink loop
-        raise ConfigError(f"workspace: not a usable path ({type(exc).__name__})",
-                          field="workspace") from None
-    home = home.resolve()
-    if home == folder or folder in home.parents:
-        raise ConfigError(f"workspace: {folder} holds the trouper home {home}, where every "
-                          "session's secrets are: give the agent a folder inside it that "
-                          "does not, or use another home (TROUPER_HOME)", field="workspace")
-    return folder
-
-
-def _masked_error(exc: ConfigError, llm: Any, secrets: Any) -> ConfigError:
-    key = llm.get("api_key") if isinstance(llm, Mapping) else getattr(llm, "api_key", None)
-    if isinstance(key, SecretStr):
-        key = key.get_secret_value()
-    values = {str(k): v for k, v in secrets.items() if isinstance(v, str)} if isinstance(
-        secrets, Mapping) else {}
-    masker = SecretMasker({**values, **({LLM_KEY_NAME: key} if isinstance(key, str) else {})})
-    if isinstance(exc, MissingCredentials):
-        return MissingCredentials(masker.mask_text(str(exc)), exc.names)
-    field = masker.mask_text(exc.field) if exc.field else None
-    return ConfigError(masker.mask_text(str(exc)), field=field)

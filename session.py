@@ -1,5 +1,6 @@
-"""``Session``: the handle a program holds on one session.
+"""``Session``: the handle a program holds on one session of an embedded ``Trouper``.
 
+It implements ``client_protocol.SessionHandle``, as a daemon's ``RemoteSession`` does.
 Commands go to the actor tree and return once the Controller has recorded them; state
 and events are read from the log, so they are the truth even after a restart. Every
 method raises UnknownSession for an id the store does not hold.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .fold import SessionView
 from .messages.events import ActionEvent, AgentState, Event
+from .session_info import SessionInfo
 from .settings import settings
 
 if TYPE_CHECKING:
@@ -39,7 +41,8 @@ class SessionHost(Protocol):
 
 
 class Session:
-    """One session of a ``Trouper``. Cheap to make; holds no resources of its own."""
+    """One session of a ``Trouper`` (a ``SessionHandle``). Cheap to make; holds no
+    resources of its own."""
 
     def __init__(self, trouper: SessionHost, session_id: str) -> None:
         self._trouper = trouper
@@ -50,8 +53,14 @@ class Session:
 
     @property
     def record(self) -> SessionRecord:
-        """The stored record: config, state, last seq, timestamps."""
+        """The stored record: config, state, last seq, timestamps (embedded only: a
+        daemon's session tells the same through ``info()``)."""
         return self._trouper.store.session(self.id)
+
+    def info(self) -> SessionInfo:
+        """The session at a glance: its summary, state, fault, cost, steps, config."""
+        record = self.record
+        return SessionInfo.of(record, self.view(), self._trouper.fault(self.id))
 
     @property
     def state(self) -> AgentState:
@@ -65,6 +74,7 @@ class Session:
 
     @property
     def workspace(self) -> str:
+        """The absolute path of the folder the agent works in."""
         return self.record.config.workspace
 
     def view(self) -> SessionView:
@@ -81,12 +91,15 @@ class Session:
         return self._trouper.command(self.id, "send", text)
 
     def pause(self) -> int:
+        """Pause the session: it waits, its sandbox kept, until ``resume``."""
         return self._trouper.command(self.id, "pause")
 
     def resume(self) -> int:
+        """Carry a paused, stopped, rate-limited or failed session on."""
         return self._trouper.command(self.id, "resume")
 
     def stop(self) -> int:
+        """Stop the session and end its sandbox; ``resume`` goes on in a fresh one."""
         return self._trouper.command(self.id, "stop")
 
     def approve(self, action_id: str = "") -> int:

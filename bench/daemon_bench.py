@@ -138,7 +138,7 @@ def kill_trial(root: Path, then: Callable[[Any], None] | None = None) -> dict[st
         llm = {"model": "hosted_vllm/fake", "base_url": server.url, "api_key": "bench-key"}
         with running_daemon(root / "home") as daemon:
             session = daemon.client().start_session("count", llm=llm, max_iterations=100)
-            wait_until(lambda: session.info()["actions"] >= 4, 60, "four actions")
+            wait_until(lambda: session.info().actions >= 4, 60, "four actions")
             killed = time.time()
             daemon.kill()  # returns once the daemon and its actors are gone
             store = open_store(daemon.home)

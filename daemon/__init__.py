@@ -9,6 +9,7 @@ HTTP gateway (FastAPI + uvicorn) in front of it (docs/daemon.md).
     daemon/auth.py      the bearer token and the Host/Origin checks, on every route
     daemon/stream.py    the live streams (SSE and WebSocket): replay, follow, limits
     daemon/client.py    the HTTP client: ``Trouper.connect()``
+    daemon/sse_reading.py  the client's side of the event stream (parsing, stopping)
     daemon/page/        the web page (plain HTML and JavaScript)
 
 Importing this package imports nothing heavy: the modules above are imported by name.

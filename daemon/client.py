@@ -1,5 +1,10 @@
 """The daemon's HTTP client: ``Trouper.connect()``, the session API over HTTP.
 
+``RemoteTrouper`` and ``RemoteSession`` implement ``client_protocol``'s ``TrouperClient``
+and ``SessionHandle`` as the embedded ``Trouper`` and ``Session`` do, with the same
+return types: ``sessions()`` gives ``SessionSummary`` rows and ``info()`` a
+``SessionInfo``, parsed from the daemon's JSON (``session_info``).
+
     t = Trouper.connect()                          # the local daemon of ~/.trouper
     s = t.start_session("make hello.txt", llm={"model": "openai/gpt-4o"})
     for event in s.events(follow=True):            # SSE, reconnecting from the last seq
@@ -10,7 +15,8 @@ Errors come back as trouper's exceptions: 404 UnknownSession, 422 ConfigError (`
 set), 409 InvalidRequest, 503 RequestTimeout; 401/403 and an unreachable daemon raise
 ``DaemonUnavailable``. A stream that ends early (the client was too slow, the daemon
 restarted, the connection dropped) is resumed from the last seq received, so
-``events(follow=True)`` yields every event once, in order. A read, a create or a
+``events(follow=True)`` yields every event once, in order; setting its ``stop`` ends it
+within 0.1 s, however quiet the stream. A read, a create or a
 command whose connection fails is made again for up to ``retry_s``, and a create or a
 command is carried out once: a create names its session, a command goes under one
 ``Idempotency-Key`` for all its attempts.
@@ -18,15 +24,15 @@ command is carried out once: a create names its session, a command goes under on
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+from pydantic import BaseModel, SecretStr
 
 from ..exceptions import (
     ConfigError,
@@ -39,14 +45,21 @@ from ..fold import SessionView
 from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
 from ..paths import Home
 from ..session import new_session_id
+from ..session_info import SessionInfo, SessionSummary, state_filter
 from ..tls import default_ssl_context
 from .files import DaemonFiles, read_token, running_info
+from .sse_reading import cut_when_set, parse_sse
+
+if TYPE_CHECKING:
+    from ..config import LLMConfig, RuntimeConfig
 
 RECONNECT_WAIT_S = 0.5
 RETRY_S = 15.0
 """How long a read, a create or a command is made again while the connection fails (a
 daemon restarting opens its ``Trouper`` again in a few seconds)."""
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 1.0
+FAULT_POLL_S = 0.5
+"""How often ``wait`` asks again while a storage fault lasts (no event comes to wake it)."""
 
 
 class DaemonUnavailable(TrouperError):
@@ -73,7 +86,7 @@ def connect(url: str | None = None, *, token: str | None = None,
 
 
 class RemoteTrouper:
-    """The ``Trouper`` session API, served by a daemon."""
+    """The ``Trouper`` session API, served by a daemon (a ``TrouperClient``)."""
 
     def __init__(self, url: str, token: str, *, timeout_s: float = 60.0,
                  retry_s: float = RETRY_S) -> None:
@@ -94,6 +107,7 @@ class RemoteTrouper:
         self.close()
 
     def close(self) -> None:
+        """Close the connections; the daemon's sessions go on. Idempotent."""
         self._http.close()
 
     def request(self, method: str, path: str, *, retry_s: float | None = None,
@@ -127,15 +141,15 @@ class RemoteTrouper:
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/v1/health")  # type: ignore[no-any-return]
 
-    def start_session(self, task: str, *, llm: Mapping[str, Any],
-                      runtime: str | Mapping[str, Any] = "local",
+    def start_session(self, task: str, *, llm: Mapping[str, Any] | LLMConfig,
+                      runtime: str | Mapping[str, Any] | RuntimeConfig = "local",
                       workspace: str | os.PathLike[str] | None = None,
                       secrets: Mapping[str, str] | None = None,
                       session_id: str | None = None, **options: Any) -> RemoteSession:
         """As ``Trouper.start_session``; ``session_id`` makes it idempotent (the same id
         and arguments return the same session)."""
         body: dict[str, Any] = {"task": task, "llm": _plain(llm), "runtime": _plain(runtime),
-                                "secrets": dict(secrets or {}), **options}
+                                "secrets": dict(secrets or {}), **_plain(options)}
         if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
             body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
         # an id chosen here makes the create idempotent, so it is safe to send again
@@ -143,15 +157,17 @@ class RemoteTrouper:
         made = self.request("POST", "/v1/sessions", json=body, retry_s=self.retry_s)
         return RemoteSession(self, made["id"])
 
-    def sessions(self, state: str | AgentState | None = None) -> list[dict[str, Any]]:
-        """Every session (newest first) as the API lists them, read page by page."""
-        out: list[dict[str, Any]] = []
+    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
+        """Every session (newest first), read page by page; with ``state``, only those in
+        it (ConfigError for a name that is no state)."""
+        out: list[SessionSummary] = []
         params: dict[str, Any] = {"limit": 500}
-        if state is not None:
-            params["state"] = AgentState(state).value
+        wanted = state_filter(state)
+        if wanted is not None:
+            params["state"] = wanted.value
         while True:
             page = self.request("GET", "/v1/sessions", params=params)
-            out += page["sessions"]
+            out += [SessionSummary.model_validate(row) for row in page["sessions"]]
             if not page.get("next_cursor"):
                 return out
             params["cursor"] = page["next_cursor"]
@@ -173,7 +189,7 @@ class RemoteTrouper:
                 return
             reason = None
             try:
-                for kind, data in self._sse(session_id, after, until_settled, left):
+                for kind, data in self._sse(session_id, after, until_settled, left, stop):
                     if kind == "end":
                         reason = data.get("reason")
                         break
@@ -197,8 +213,8 @@ class RemoteTrouper:
             elif reason in ("closing", "unreachable"):
                 time.sleep(RECONNECT_WAIT_S)
 
-    def _sse(self, session_id: str, after: int, until_settled: bool, left_s: float | None
-             ) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _sse(self, session_id: str, after: int, until_settled: bool, left_s: float | None,
+             stop: threading.Event | None) -> Iterator[tuple[str, dict[str, Any]]]:
         params = {"until_settled": "true" if until_settled else "false"}
         headers = {"Last-Event-ID": str(after), "Accept": "text/event-stream"}
         timeout = httpx.Timeout(connect=5.0, read=max(0.5, min(left_s or 30.0, 30.0)),
@@ -208,32 +224,13 @@ class RemoteTrouper:
             if answer.status_code >= 400:
                 answer.read()
                 raise error_of(answer)
-            yield from parse_sse(answer.iter_lines())
-
-
-def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(event name, data)`` of each SSE message ("message" when unnamed), and
-    ``("comment", {})`` for each comment (the daemon's heartbeats); ``retry:`` and ``id:``
-    lines are skipped (the data carries the seq)."""
-    kind, data = "message", []
-    for line in lines:
-        if not line:
-            if data:
-                yield kind, json.loads("\n".join(data))
-            kind, data = "message", []
-        elif line.startswith(":"):
-            yield "comment", {}
-        else:
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "event":
-                kind = value
-            elif name == "data":
-                data.append(value)
+            with cut_when_set(stop, answer):
+                yield from parse_sse(answer.iter_lines())
 
 
 class RemoteSession:
-    """``Session`` over HTTP: the same methods, the state read from the daemon."""
+    """``Session`` over HTTP (a ``SessionHandle``): the same members, read from the
+    daemon."""
 
     def __init__(self, trouper: RemoteTrouper, session_id: str) -> None:
         self._trouper = trouper
@@ -242,30 +239,36 @@ class RemoteSession:
     def __repr__(self) -> str:
         return f"RemoteSession({self.id!r})"
 
-    def info(self) -> dict[str, Any]:
-        """The daemon's view of the session (state, cost, the action waiting...)."""
+    def info(self) -> SessionInfo:
+        """The session at a glance: its summary, state, fault, cost, steps, config."""
+        return SessionInfo.model_validate(self._detail())
+
+    def _detail(self) -> dict[str, Any]:
         return self._trouper.request("GET", f"/v1/sessions/{self.id}")  # type: ignore[no-any-return]
 
     @property
     def state(self) -> AgentState:
-        return AgentState(self.info()["state"])
+        """The state in the log; ERROR while a storage fault keeps it from recording."""
+        return self.info().state
 
     @property
     def fault(self) -> str | None:
         """Why the session cannot record anything right now, or None."""
-        return self.info().get("fault")
+        return self.info().fault
 
     @property
     def workspace(self) -> str:
-        return str(self.info()["workspace"])
+        """The absolute path of the folder the agent works in."""
+        return self.info().workspace
 
     def view(self) -> SessionView:
+        """The session folded from its whole log (state, cost, pending actions...)."""
         return SessionView.of(self.events())
 
     @property
     def awaiting_confirmation(self) -> ActionEvent | None:
-        waiting = self.info().get("awaiting_confirmation")
-        return EVENT_ADAPTER.validate_python(waiting) if waiting else None  # type: ignore[return-value]
+        """The action waiting for the user's approval, or None."""
+        return self.info().awaiting_confirmation
 
     def _command(self, name: str, body: dict[str, Any] | None = None) -> int:
         # one key for every attempt: the command is carried out once however often sent
@@ -275,28 +278,34 @@ class RemoteSession:
         return int(answer["seq"])
 
     def send(self, text: str) -> int:
+        """Give the agent a message; a finished or waiting session runs again."""
         return self._command("messages", {"text": text})
 
     def pause(self) -> int:
+        """Pause the session: it waits, its sandbox kept, until ``resume``."""
         return self._command("pause")
 
     def resume(self) -> int:
+        """Carry a paused, stopped, rate-limited or failed session on."""
         return self._command("resume")
 
     def stop(self) -> int:
+        """Stop the session and end its sandbox; ``resume`` goes on in a fresh one."""
         return self._command("stop")
 
     def approve(self, action_id: str = "") -> int:
+        """Run the action waiting for approval (with ``action_id``: only that one)."""
         return self._command("approve", {"action_id": action_id})
 
     def reject(self, reason: str = "", action_id: str = "") -> int:
+        """Do not run the action waiting for approval: recorded ``rejected``."""
         return self._command("reject", {"action_id": action_id, "reason": reason})
 
     def events(self, since: int = 0, *, follow: bool = False, until_settled: bool = True,
                timeout_s: float | None = None, stop: threading.Event | None = None
                ) -> Iterator[Event]:
         """As ``Session.events``: with ``follow``, the live stream (SSE)."""
-        self.info()  # an unknown id raises here, not at the first event
+        self._detail()  # an unknown id raises here, not at the first event
         if follow:
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             return self._trouper.stream(self.id, since, until_settled=until_settled,
@@ -318,15 +327,15 @@ class RemoteSession:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             info = self.info()
-            if info["settled"]:
-                return AgentState(info["state"])
+            if info.settled:
+                return info.state
             if deadline is not None and time.monotonic() >= deadline:
-                return AgentState(info["state"])
-            for _ in self._trouper.stream(self.id, info["last_seq"], until_settled=True,
+                return info.state
+            for _ in self._trouper.stream(self.id, info.last_seq, until_settled=True,
                                           deadline=deadline):
                 pass
-            if info.get("fault"):
-                time.sleep(0.5)  # a storage fault: no event will wake us; ask again
+            if info.fault:
+                time.sleep(FAULT_POLL_S)  # a storage fault: no event will wake us; ask again
 
 
 def error_of(answer: httpx.Response) -> TrouperError:
@@ -351,9 +360,17 @@ def error_of(answer: httpx.Response) -> TrouperError:
 
 
 def _plain(value: Any) -> Any:
-    """A config model (LLMConfig, a runtime) as the JSON the API takes, its secrets in."""
-    if hasattr(value, "model_dump"):
-        data = value.model_dump(mode="python", exclude_none=True)
-        return {k: (v.get_secret_value() if hasattr(v, "get_secret_value") else v)
-                for k, v in data.items()}
-    return dict(value) if isinstance(value, Mapping) else value
+    """A value as the JSON the API takes: a config model (``LLMConfig``, a runtime, a
+    ``ConfirmationPolicy``) as its fields, its secrets in clear (the daemon keeps them
+    as the embedded ``Trouper`` does), a path as its text."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="python", exclude_none=True)
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value

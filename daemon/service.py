@@ -25,6 +25,7 @@ from ..fold import SessionView
 from ..masking import known_masker
 from ..messages.events import EVENT_ADAPTER, AgentState, Event
 from ..session import Session
+from ..session_info import SessionInfo, SessionSummary
 from ..session_secrets import remember_session_secrets
 
 if TYPE_CHECKING:
@@ -180,25 +181,10 @@ class Service:
         """The session folded from its log: state, cost, the action waiting, its config."""
         record = self.record(session_id)
         fault = self.trouper.fault(session_id)
+        self.learn(session_id)
         with self._views_lock:  # the view is shared: read it whole under the lock
-            view = self._fold(session_id)
-            waiting = view.awaiting_confirmation
-            out = self.summary(record)
-            out.update(mask({
-                "state": AgentState.ERROR.value if fault else view.state.value,
-                "reason": fault or view.reason,
-                "resumes_at": view.resumes_at.isoformat() if view.resumes_at else None,
-                "fault": fault,
-                "settled": view.settled and view.last_seq >= record.last_seq and not fault,
-                "last_seq": max(view.last_seq, record.last_seq),
-                "cost_usd": view.cost_usd, "prompt_tokens": view.prompt_tokens,
-                "completion_tokens": view.completion_tokens,
-                "iterations": view.total_iterations, "actions": view.actions,
-                "outcomes": view.outcomes,
-                "awaiting_confirmation": _event_json(waiting) if waiting is not None else None,
-                "config": json.loads(record.config.model_dump_json(exclude={"llm": {"api_key"}})),
-            }))
-        return out
+            info = SessionInfo.of(record, self._fold(session_id), fault)
+        return mask(info.to_json())  # type: ignore[no-any-return]
 
     def _fold(self, session_id: str) -> SessionView:
         """The session's view, kept between calls and brought up to date with the events
@@ -254,15 +240,8 @@ class Service:
 
 
 def record_summary(record: SessionRecord) -> dict[str, Any]:
-    """A stored session as the API lists it (masked)."""
-    config = record.config
-    return mask({
-        "id": record.session_id, "state": record.state.value,
-        "reason": record.state_reason, "task": config.task,
-        "model": config.llm.model, "workspace": config.workspace,
-        "created_at": record.created_at.isoformat(),
-        "updated_at": record.updated_at.isoformat(), "last_seq": record.last_seq,
-    })
+    """A stored session as the API lists it (masked): ``SessionSummary``'s JSON."""
+    return mask(SessionSummary.of_record(record).to_json())  # type: ignore[no-any-return]
 
 
 def event_json(event: Event) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def test_a_client_chosen_id_makes_create_idempotent(daemon, scripted):
     assert other.status_code == 409 and other.json()["error"]["code"] == "conflict"
     other_secret = http.post("/v1/sessions", json={**body, "secrets": {"TOK": "another-one"}})
     assert other_secret.status_code == 409
-    assert len([s for s in daemon.client().sessions() if s["id"] == "my-task-1"]) == 1
+    assert len([s for s in daemon.client().sessions() if s.id == "my-task-1"]) == 1
     bad = http.post("/v1/sessions", json={**body, "id": "../escape"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "session_id"
 
@@ -258,7 +258,7 @@ def test_trouper_connect_finds_the_homes_daemon_and_speaks_the_session_api(daemo
         s.send("finish")
         assert s.wait(timeout=60) == AgentState.FINISHED and s.fault is None
         assert (tmp_path / "hi.txt").read_text() == "hi\n"
-        assert "connect-1" in [x["id"] for x in t.sessions(state="finished")]
+        assert "connect-1" in [x.id for x in t.sessions(state="finished")]
         with pytest.raises(UnknownSession):
             t.session("s-none")
         with pytest.raises(ConfigError) as refused:

@@ -74,7 +74,7 @@ def test_daemon_stop_leaves_sessions_resumable_and_start_carries_them_on(tmp_pat
     home = tmp_path / "home"
     with running_daemon(home) as daemon:
         sid = daemon.client().start_session("count", llm=llm).id
-        wait_until(lambda: daemon.client().session(sid).info()["actions"] >= 3, 60, "3 actions")
+        wait_until(lambda: daemon.client().session(sid).info().actions >= 3, 60, "3 actions")
         ends: list[dict] = []
 
         def listen() -> None:  # a live stream open while the daemon stops

@@ -174,7 +174,7 @@ def test_events_replay_after_close_and_reopen(scripted, tmp_path):
         assert after == before
         assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
         assert again.state == AgentState.FINISHED
-        assert [s.session_id for s in second.sessions()] == [session.id]
+        assert [s.id for s in second.sessions()] == [session.id]
         followed = list(again.events(since=2, follow=True, timeout_s=5))
         assert [e.seq for e in followed] == list(range(3, len(after) + 1))
         assert isinstance(followed[-1], StateChanged) and followed[-1].settled
