@@ -1,8 +1,12 @@
 """The ``trouper`` command line (docs/cli.md).
 
-Errors, exit codes and the log are ``cli_support``'s; streaming a session, signals and
-the summary ``cli_session``'s; the demo and scripted servers ``cli_scripted``'s. This
-module declares the commands and checks what they were given.
+This module declares the group and the commands that run a session (``run``, ``demo``,
+``resume``) and checks what they were given; its siblings add theirs: ``cli_reading``
+(``sessions``, ``events``), ``cli_daemon`` (the daemon and the commands on its
+sessions), ``cli_runtime_server``. Which client a command talks to (the home's daemon or
+this process) is ``cli_clients``'s choice, made once; errors, exit codes and the log are
+``cli_support``'s; streaming a session, signals and the summary ``cli_session``'s; the
+demo and scripted servers ``cli_scripted``'s.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .cli_clients import driving
 from .cli_scripted import (
     DEMO_MODEL,
     DEMO_SCRIPT,
@@ -26,11 +31,21 @@ from .cli_scripted import (
     serve,
 )
 from .cli_session import Begun, console, drive
-from .cli_support import DEBUG_ENV, TrouperGroup, debug_enabled, log_to_home, open_home
-from .paths import HOME_ENV, Home
+from .cli_support import (
+    DEBUG_ENV,
+    USAGE,
+    CliError,
+    TrouperGroup,
+    debug_enabled,
+    home_option,
+    log_to_home,
+    open_home,
+    verbose_option,
+)
+from .paths import Home
 
 if TYPE_CHECKING:
-    from .api import Trouper
+    from .client_protocol import TrouperClient
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
@@ -40,14 +55,12 @@ NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FIL
 DEMO_NO_WORKSPACE = ("the demo works in a fresh folder under the trouper home, never in a "
                      "folder you name: drop --workspace (or give a TASK and --model)")
 
-home_option = click.option(
-    "--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
-    help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+DAEMON_SCRIPT = ("--script serves the model from this process, which the daemon's session "
+                 "outlives: serve it with 'trouper fake-llm --script FILE --port N'")
 timeout_option = click.option(
     "--timeout", "timeout_s", default=3600.0, show_default=True,
-    help="Stop after this many seconds: the session is paused, resume carries it on.")
-verbose_option = click.option("-v", "--verbose", is_flag=True,
-                              help="Show thoughts, token counts, full output.")
+    help="Stop following after this many seconds: the session is paused (in the daemon: "
+         "it goes on), resume carries it on.")
 
 
 @click.group(cls=TrouperGroup)
@@ -96,17 +109,27 @@ def main(debug: bool) -> None:
 @click.option("--confirm", default="never", show_default=True, metavar="POLICY",
               help="Actions that wait for your approval: never, always, risky, or tool "
                    "names separated by commas (run,write_file).")
+@click.option("--daemon", is_flag=True,
+              help="Run the session in the home's daemon (started if none runs) and follow "
+                   "it; Ctrl-C detaches, the session goes on.")
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         runtime: str, image: str | None, runtime_url: str | None, no_network: bool,
         unconfined: bool, workspace: Path | None, home: Path | None,
         script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
-        setup: str | None, confirm: str, timeout_s: float, verbose: bool) -> None:
+        setup: str | None, confirm: str, daemon: bool, timeout_s: float,
+        verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
-    With no TASK and no model, runs the built-in demo (as 'trouper demo').
+    With no TASK and no model, runs the built-in demo (as 'trouper demo'). With
+    --daemon, in the home's daemon.
     """
+    if daemon and task is None:
+        raise click.UsageError("--daemon needs a TASK (the demo runs in this process: "
+                               "'trouper demo')")
+    if daemon and script is not None:
+        raise click.UsageError(DAEMON_SCRIPT + " and give --base-url")
     if task is None and not model and not script:
         if workspace is not None:
             raise click.UsageError(DEMO_NO_WORKSPACE)
@@ -135,9 +158,9 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         name.strip() for name in confirm.split(",") if name.strip()]
     extra = {name: value for name, value in
              (("repo", repo), ("branch", branch), ("setup", setup)) if value is not None}
-    _exit(_start(home, task, llm, script, timeout_s=timeout_s, verbose=verbose,
-                 runtime=chosen, workspace=workspace, max_iterations=max_iterations,
-                 confirm=policy, **extra))
+    _exit(_start(home, task, llm, script, daemon=daemon, timeout_s=timeout_s,
+                 verbose=verbose, runtime=chosen, workspace=workspace,
+                 max_iterations=max_iterations, confirm=policy, **extra))
 
 
 @main.command()
@@ -158,30 +181,33 @@ def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bo
 
 def _demo(home: Path | None, timeout_s: float, verbose: bool) -> int:
     llm = {"model": DEMO_MODEL}
-    return _start(home, DEMO_TASK, llm, DEMO_SCRIPT, timeout_s=timeout_s, verbose=verbose)
+    return _start(home, DEMO_TASK, llm, DEMO_SCRIPT, daemon=False, timeout_s=timeout_s,
+                  verbose=verbose)
 
 
 def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | None, *,
-           timeout_s: float, verbose: bool, **options: Any) -> int:
-    """Start a session (on a scripted server when ``script``) and drive it."""
+           daemon: bool, timeout_s: float, verbose: bool, **options: Any) -> int:
+    """Start a session (on a scripted server when ``script``) and drive it: in this
+    process, or in the home's daemon with ``daemon``."""
     from .testing import load_script
 
     loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
     trouper_home = _home_with_log(home)
+    choice = driving(trouper_home, daemon=daemon)
     hint = f" --script {script}" if script is not None and script != DEMO_SCRIPT else ""
     with contextlib.ExitStack() as servers:  # left after drive: it answers until the end
         config = dict(llm)
         if loaded is not None:
             config.update(base_url=serve(servers, loaded), api_key=SCRIPTED_KEY)
 
-        def begin(trouper: Trouper) -> Begun:
+        def begin(client: TrouperClient) -> Begun:
             if config["model"] == DEMO_MODEL:
                 console.print("[dim]the built-in demo: a scripted LLM server on loopback "
                               "plays the model (give a TASK and --model for a real one)[/dim]")
-            session = trouper.start_session(task, llm=config, **options)
+            session = client.start_session(task, llm=config, **options)
             return Begun(session, 0, f"trouper resume {session.id}{hint}")
 
-        return drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
+        return drive(choice, begin, timeout_s=timeout_s, verbose=verbose)
 
 
 @main.command()
@@ -199,19 +225,29 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
 def resume(session_id: str, message: str | None, approve: bool, reject: str | None,
            script: Path | None, home: Path | None, timeout_s: float, verbose: bool) -> None:
     """Carry on a stored session (give it a message, or answer the action waiting for
-    approval) and stream it until it settles."""
+    approval) and stream it until it settles.
+
+    Through the home's daemon when one runs (--timeout and Ctrl-C then leave it going on
+    there).
+    """
     from .session_secrets import remember_session_secrets
 
     if sum((message is not None, approve, reject is not None)) > 1:
         raise click.UsageError("give one of --message, --approve and --reject")
     trouper_home = _home_with_log(home)
-    served, port = script_to_serve(trouper_home, session_id, script)
+    choice = driving(trouper_home, daemon=None)
+    if choice.daemon_url is None:  # the model's scripted server, if any, must listen here
+        served, port = script_to_serve(trouper_home, session_id, script)
+    elif script is not None:
+        raise CliError(DAEMON_SCRIPT + " at the address the session knows", USAGE)
+    else:
+        served, port = None, 0
     hint = f" --script {script}" if script else ""
 
-    def begin(trouper: Trouper) -> Begun:
-        remember_session_secrets(trouper.home, session_id)  # shown output is masked
-        session = trouper.session(session_id)
-        before = session.record.last_seq
+    def begin(client: TrouperClient) -> Begun:
+        remember_session_secrets(trouper_home, session_id)  # shown output is masked
+        session = client.session(session_id)
+        before = session.info().last_seq
         if message:
             session.send(message)
         elif approve:
@@ -225,7 +261,7 @@ def resume(session_id: str, message: str | None, approve: bool, reject: str | No
     with contextlib.ExitStack() as servers:  # before the actors: none of them takes the port
         if served is not None:
             serve(servers, served, port)
-        code = drive(trouper_home, begin, timeout_s=timeout_s, verbose=verbose)
+        code = drive(choice, begin, timeout_s=timeout_s, verbose=verbose)
     _exit(code)
 
 
@@ -253,51 +289,6 @@ def fake_llm(script: str, port: int, host: str) -> None:
         serve(script, host, port)
     except OSError as exc:
         raise port_error(host, port, exc) from exc
-
-
-@main.command()
-@home_option
-def sessions(home: Path | None) -> None:
-    """List the sessions in the store, newest first."""
-    from .masking import mask_known
-    from .store import open_store
-
-    store = open_store(open_home(home))
-    try:
-        for record in store.sessions():
-            console.print(f"{record.session_id}  {record.state.value:<22} "
-                          f"{record.updated_at:%Y-%m-%d %H:%M:%S}  "
-                          f"{mask_known(record.config.task)[:60]}")
-    finally:
-        store.close()
-
-
-@main.command()
-@click.argument("session_id")
-@home_option
-@click.option("--since", default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
-@verbose_option
-def events(session_id: str, home: Path | None, since: int, as_json: bool,
-           verbose: bool) -> None:
-    """Print a session's events from the store."""
-    from .masking import known_masker
-    from .render import render
-    from .session_secrets import remember_session_secrets
-    from .store import open_store
-
-    trouper_home = open_home(home)
-    store = open_store(trouper_home)
-    try:
-        store.session(session_id)  # an unknown id is an error before anything is printed
-        remember_session_secrets(trouper_home, session_id)  # shown output is masked
-        for event in store.read(session_id, since=since):
-            if as_json:
-                click.echo(known_masker().mask_event(event).model_dump_json())
-            elif (line := render(event, verbose=verbose)) is not None:
-                console.print(line)
-    finally:
-        store.close()
 
 
 @main.group()
@@ -329,15 +320,15 @@ def runtime_gc(home: Path | None) -> None:
     console.print(f"{len(removed)} container(s) removed")
 
 
-from .cli_runtime_server import runtime_server  # noqa: E402 - registered after the others
-
-main.add_command(runtime_server)
-
-# The daemon's commands (cli_daemon.py), and the daemon's side of run, sessions, events
-# and resume: through the home's daemon when one runs (run: with --daemon).
+# The sibling modules' commands, registered after the ones above.
 from .cli_daemon import register as _register_daemon  # noqa: E402
+from .cli_reading import events, sessions  # noqa: E402
+from .cli_runtime_server import runtime_server  # noqa: E402
 
-_register_daemon(main, run=run, sessions=sessions, events=events, resume=resume)
+main.add_command(sessions)
+main.add_command(events)
+main.add_command(runtime_server)
+_register_daemon(main)
 
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]))

@@ -1,30 +1,25 @@
-"""The CLI of the daemon: ``trouper daemon start|stop|status|logs|open|run``, the session
-commands that talk to it (``send``, ``pause``, ``stop``, ``approve``, ``reject``), and
-the daemon's side of ``sessions``, ``events``, ``resume`` and ``run --daemon``.
+"""The CLI of the daemon: ``trouper daemon start|stop|status|logs|open|run``, and the
+session commands that talk to it (``send``, ``pause``, ``stop``, ``approve``,
+``reject``).
 
-``register(main, ...)`` adds them to the ``trouper`` group. ``sessions``, ``events``,
-``resume`` and ``run`` keep their own behaviour when no daemon runs for the home (they
-read the store, or run an actor system in this process); when one runs they go through
-it, so two actor systems never drive one session. Commands that only make sense with a
-running session (``send``, ``pause``...) need the daemon (exit 3 without one).
+``register(main)`` adds them to the ``trouper`` group. The session commands need the
+daemon (exit 3 without one: ``cli_clients.daemon_client``); ``sessions``, ``events``,
+``resume`` and ``run --daemon`` choose it themselves when it runs (``cli_clients``).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_support import ENVIRONMENT, INTERRUPTED_BASE, OK, SESSION_FAILED, CliError, open_home
-from .paths import HOME_ENV
+from .cli_clients import daemon_client
+from .cli_support import ENVIRONMENT, OK, SESSION_FAILED, CliError, home_option, open_home
 
-home_option = click.option(
-    "--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
-    help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+if TYPE_CHECKING:
+    from .client_protocol import TrouperClient
 
 
 def _files(home: Path | None) -> Any:
@@ -37,19 +32,6 @@ def _running(home: Path | None) -> dict[str, Any] | None:
     from .daemon.files import running_info
 
     return running_info(_files(home))
-
-
-def _client(home: Path | None, required: bool = True) -> Any:
-    """A client of the home's daemon; None (or exit 3 when ``required``) if none runs."""
-    from .daemon.client import connect
-
-    if _running(home) is None:
-        if not required:
-            return None
-        where = open_home(home).root
-        raise CliError(f"no daemon runs for {where}: start one with 'trouper daemon start"
-                       f"{' --home ' + str(where) if home else ''}'", ENVIRONMENT)
-    return connect(home=open_home(home).root)
 
 
 # -- trouper daemon ... ---------------------------------------------------------------
@@ -170,15 +152,15 @@ def _session_command(name: str, doc: str) -> click.Command:
     @click.argument("session_id")
     @home_option
     def command(session_id: str, home: Path | None) -> None:
-        with _client(home) as client:
+        with daemon_client(open_home(home)) as client:
             seq = getattr(client.session(session_id), name)()
             _said(client, session_id, seq)
     return command
 
 
-def _said(client: Any, session_id: str, seq: int) -> None:
+def _said(client: TrouperClient, session_id: str, seq: int) -> None:
     info = client.session(session_id).info()
-    click.echo(f"{session_id}: {info['state']} (seq {seq})")
+    click.echo(f"{session_id}: {info.state.value} (seq {seq})")
 
 
 @click.command()
@@ -187,7 +169,7 @@ def _said(client: Any, session_id: str, seq: int) -> None:
 @home_option
 def send(session_id: str, text: str, home: Path | None) -> None:
     """Give the agent of a session in the daemon a message."""
-    with _client(home) as client:
+    with daemon_client(open_home(home)) as client:
         _said(client, session_id, client.session(session_id).send(text))
 
 
@@ -197,7 +179,7 @@ def send(session_id: str, text: str, home: Path | None) -> None:
 @home_option
 def approve(session_id: str, action_id: str, home: Path | None) -> None:
     """Run the action a session waits to have approved (confirmation mode)."""
-    with _client(home) as client:
+    with daemon_client(open_home(home)) as client:
         _said(client, session_id, client.session(session_id).approve(action_id))
 
 
@@ -208,87 +190,18 @@ def approve(session_id: str, action_id: str, home: Path | None) -> None:
 @home_option
 def reject(session_id: str, reason: str, action_id: str, home: Path | None) -> None:
     """Do not run the action waiting: it is recorded rejected, the agent carries on."""
-    with _client(home) as client:
+    with daemon_client(open_home(home)) as client:
         _said(client, session_id, client.session(session_id).reject(reason, action_id))
 
 
-# -- sessions, events, resume and run: through the daemon when one runs ---------------------
-
-
-def _extended(old: click.Command, extra: list[click.Parameter],
-              through_daemon: Callable[..., int | None],
-              without_daemon: Callable[..., Any] | None = None,
-              daemon_flag: str | None = None) -> click.Command:
-    """``old`` with ``extra`` options. Through the daemon when one runs for the home (with
-    ``daemon_flag``: only when that option is given, and then the daemon is started if
-    none runs); else ``without_daemon``, and ``old`` (without the extras) when that is
-    missing or returns NotImplemented."""
-    names = {p.name for p in extra}
-
-    @functools.wraps(old.callback)  # type: ignore[arg-type]
-    def callback(**kwargs: Any) -> Any:
-        ctx = click.get_current_context()
-        home = kwargs.get("home")
-        if daemon_flag is None:
-            client = _client(home, required=False)
-        else:
-            client = _started_client(home) if kwargs.get(daemon_flag) else None
-        if client is not None:
-            with client:
-                code = through_daemon(client, **kwargs)
-        else:
-            code = without_daemon(**kwargs) if without_daemon is not None else NotImplemented
-            if code is NotImplemented:
-                code = ctx.invoke(old.callback,  # type: ignore[arg-type]
-                                  **{k: v for k, v in kwargs.items() if k not in names})
-        if isinstance(code, int):
-            ctx.exit(code)
-
-    through = ("With --daemon, in the home's daemon." if daemon_flag else
-               "Through the home's daemon when one runs.")
-    return click.Command(old.name, callback=callback, params=[*old.params, *extra],
-                         help=f"{old.help or ''}\n\n{through}", short_help=old.short_help,
-                         epilog=old.epilog)
-
-
-def _started_client(home: Path | None) -> Any:
-    """A client of the home's daemon, started first if none runs."""
-    from .cli_support import debug_enabled
-    from .daemon.process import start as start_daemon
-
-    if _running(home) is None:
-        info = start_daemon(open_home(home), debug=debug_enabled())
-        click.echo(f"trouper: started the daemon at {info['url']} (pid {info['pid']})",
-                   err=True)
-    return _client(home)
-
-
-def register(main: click.Group, *, run: click.Command, sessions: click.Command,
-             events: click.Command, resume: click.Command) -> None:
-    """Add the daemon's commands to ``main``; extend ``run``, ``sessions``, ``events`` and
-    ``resume`` so they go through the daemon when one runs (see the module docstring)."""
-    from . import cli_remote
-
+def register(main: click.Group) -> None:
+    """Add the daemon's commands to ``main``."""
     main.add_command(daemon)
     main.add_command(send)
     main.add_command(approve)
     main.add_command(reject)
     main.add_command(_session_command("pause", "Pause a session in the daemon."))
     main.add_command(_session_command("stop", "Stop a session in the daemon."))
-    main.add_command(_extended(sessions, [
-        click.Option(["--json", "as_json"], is_flag=True, help="One JSON object per line."),
-        click.Option(["--state"], help="Only the sessions in this state.")],
-        cli_remote.sessions_remote, cli_remote.sessions_local))
-    main.add_command(_extended(events, [
-        click.Option(["--follow", "-f"], is_flag=True,
-                     help="Keep printing new events until the session settles.")],
-        cli_remote.events_remote, cli_remote.events_local))
-    main.add_command(_extended(resume, [], cli_remote.resume_remote))
-    main.add_command(_extended(run, [
-        click.Option(["--daemon"], is_flag=True,
-                     help="Run the session in the home's daemon (started if none runs) and "
-                          "follow it; Ctrl-C detaches, the session goes on.")],
-        cli_remote.run_remote, daemon_flag="daemon"))
 
 
-__all__ = ["INTERRUPTED_BASE", "daemon", "register"]
+__all__ = ["daemon", "register"]

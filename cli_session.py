@@ -1,11 +1,13 @@
 """Streaming one session from the command line: ``run``, ``demo`` and ``resume``.
 
-``drive`` opens a ``Trouper``, begins (starts or resumes) a session, streams its events
-until it settles, closes every process it started, then prints a summary. SIGINT,
-SIGTERM and SIGHUP during all that ask for a graceful close (``Interrupts``): a session
-still working is paused (``_pause`` says why), never finished or stopped by the signal, so
-``trouper resume`` carries it on; a second signal exits at once. ``--timeout`` ends the
-same way.
+``drive`` opens the client a command chose (``cli_clients``: an embedded ``Trouper``, or
+the home's daemon), begins (starts or resumes) a session, streams its events until it
+settles, closes the client, then prints a summary: the same calls either way. SIGINT,
+SIGTERM and SIGHUP during all that ask for a graceful close (``Interrupts``); a second
+signal exits at once. ``--timeout`` ends the same way. Where the session lives on makes
+the one difference: an embedded session still working is paused (``_pause`` says why),
+never finished or stopped by the signal, so ``trouper resume`` carries it on; a daemon's
+goes on there (the command detaches).
 """
 
 from __future__ import annotations
@@ -27,14 +29,12 @@ from rich.text import Text
 
 from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED
 from .masking import mask_known
-from .paths import Home
 from .processes import die_if_forked, signal_handlers
 
 if TYPE_CHECKING:
-    from .api import Trouper
-    from .fold import SessionView
-    from .session import Session
-    from .store import SessionRecord
+    from .cli_clients import Choice
+    from .client_protocol import SessionHandle, TrouperClient
+    from .session_info import SessionInfo
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class _FirstUseConsole:
 console: Console = _FirstUseConsole()  # type: ignore[assignment]
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+DETACHED = ("detached: session {id} goes on in the daemon; follow it again with "
+            "'trouper events {id} --follow'")
 
 
 class Interrupts:
@@ -110,15 +112,15 @@ def _detach_from_terminal() -> None:
 class Begun:
     """A session a command began, and how a user would carry it on."""
 
-    session: Session
+    session: SessionHandle
     since: int = 0
     """Stream the events after this seq (a resume shows only what is new)."""
     resume_command: str = ""
     """How to carry the session on; ``trouper resume <id>`` when empty."""
 
 
-Begin = Callable[["Trouper"], Begun]
-"""Starts or resumes a session in an open Trouper."""
+Begin = Callable[["TrouperClient"], Begun]
+"""Starts or resumes a session through a client."""
 
 
 @dataclass(frozen=True)
@@ -126,65 +128,72 @@ class Outcome:
     """What the summary says and the exit code derives from."""
 
     begun: Begun
-    view: SessionView
-    record: SessionRecord
-    state_value: str
-    """The state as ``Session.state`` reads it (ERROR while a storage fault lasts)."""
-    finished: bool
+    info: SessionInfo
+    """The session once followed (and paused, if it was)."""
+    in_daemon: bool
+    """The session goes on in the daemon after the command (not paused)."""
     note: str
     """Why it stands where it is: the state's reason, or why the stream ended first."""
 
+    @property
+    def finished(self) -> bool:
+        from .messages.events import AgentState
 
-def drive(home: Home, begin: Begin, *, timeout_s: float, verbose: bool) -> int:
-    """Begin a session, stream it until it settles (or ``timeout_s``, or a signal), close
-    trouper, print a summary; return the exit code."""
-    from .api import Trouper
+        return self.info.state == AgentState.FINISHED
 
+
+def drive(choice: Choice, begin: Begin, *, timeout_s: float, verbose: bool) -> int:
+    """Open the chosen client, begin a session, stream it until it settles (or
+    ``timeout_s``, or a signal), close the client, print a summary; return the exit code."""
     started = time.monotonic()
     interrupts = Interrupts()
     outcome = None
+    in_daemon = choice.daemon_url is not None
     with interrupts.installed():
-        with console.status("starting the actor system…"):
-            trouper = Trouper(home=home.root, resume=False)
+        with console.status(choice.opening):
+            client = choice.open()
         try:
             if not interrupts.stop.is_set():
-                begun = begin(trouper)
-                outcome = _follow(begun, timeout_s, verbose, interrupts)
+                begun = begin(client)
+                if in_daemon:
+                    console.print(f"[dim]in the daemon at {choice.daemon_url}: Ctrl-C "
+                                  "detaches, the session goes on[/dim]")
+                outcome = _follow(begun, timeout_s, verbose, interrupts, in_daemon)
         finally:
-            closing = "closing: stopping the sandbox and the actors…"
+            closing = "closing: stopping the sandbox and the actors…" if not in_daemon \
+                else "closing…"
             if interrupts.signum:
                 closing = closing[:-1] + " (again to exit at once)"
             with console.status(closing):
-                trouper.close()
+                client.close()
     if outcome is not None:
         print_summary(outcome, time.monotonic() - started)
     if interrupts.signum:
-        print(f"trouper: interrupted by {interrupts.name}: {_left(outcome)}", file=sys.stderr)
+        left = DETACHED.format(id=outcome.begun.session.id) if in_daemon and outcome \
+            else f"trouper: interrupted by {interrupts.name}: {_left(outcome)}"
+        print(left, file=sys.stderr)
         return interrupts.exit_code
     return OK if outcome is not None and outcome.finished else SESSION_FAILED
 
 
-def _follow(begun: Begun, timeout_s: float, verbose: bool, interrupts: Interrupts) -> Outcome:
-    from .messages.events import AgentState
-
+def _follow(begun: Begun, timeout_s: float, verbose: bool, interrupts: Interrupts,
+            in_daemon: bool) -> Outcome:
     session = begun.session
     stream(session, timeout_s, verbose, since=begun.since, stop=interrupts.stop)
-    view = session.view()
+    info = session.info()
     if interrupts.signum:
         note = f"interrupted by {interrupts.name}"
-    elif not view.settled:
-        note = f"still {view.state.value} when --timeout ({timeout_s:g} s) passed"
+    elif not info.settled:
+        note = f"still {info.state.value} when --timeout ({timeout_s:g} s) passed"
     else:
-        note = view.reason
-    if not view.settled and _pause(session):
-        view = session.view()
+        note = info.reason
+    if not info.settled and not in_daemon and _pause(session):
+        info = session.info()
         note += "; paused while trouper closed"
-    state = session.wait(timeout=0)
-    return Outcome(begun, view, session.record, state.value, state == AgentState.FINISHED,
-                   note)
+    return Outcome(begun, info, in_daemon, note)
 
 
-def _pause(session: Session) -> bool:
+def _pause(session: SessionHandle) -> bool:
     """Pause a session that is still working, before trouper closes under it.
 
     Closing stops the sandbox, which kills the running command; an agent loop still
@@ -202,7 +211,7 @@ def _pause(session: Session) -> bool:
     return True
 
 
-def stream(session: Session, timeout_s: float, verbose: bool, since: int = 0,
+def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int = 0,
            stop: threading.Event | None = None) -> None:
     """Print the session's events as they come, until it settles, ``timeout_s`` passes or
     ``stop`` is set."""
@@ -229,18 +238,20 @@ def stream(session: Session, timeout_s: float, verbose: bool, since: int = 0,
 
 def print_summary(outcome: Outcome, elapsed_s: float) -> None:
     """A few aligned lines: state, steps, cost, time, workspace, id, how to go on."""
-    view, record = outcome.view, outcome.record
-    rows = [("state", outcome.state_value)]
+    info = outcome.info
+    rows = [("state", info.state.value)]
     if outcome.note and not outcome.finished:
         rows.append(("reason", mask_known(outcome.note)))
-    rows.append(("steps", f"{_count(view.total_iterations, 'model call')}, "
-                          f"{_count(view.actions, 'action')}"))
-    if view.cost_usd > 0:
-        tokens = f"{view.prompt_tokens} + {view.completion_tokens} tokens"
-        rows.append(("cost", f"${view.cost_usd:.4f} ({tokens})"))
-    rows += [("elapsed", f"{elapsed_s:.1f} s"), ("workspace", record.config.workspace),
-             ("session", record.session_id)]
-    if not outcome.finished:
+    rows.append(("steps", f"{_count(info.iterations, 'model call')}, "
+                          f"{_count(info.actions, 'action')}"))
+    if info.cost_usd > 0:
+        tokens = f"{info.prompt_tokens} + {info.completion_tokens} tokens"
+        rows.append(("cost", f"${info.cost_usd:.4f} ({tokens})"))
+    rows += [("elapsed", f"{elapsed_s:.1f} s"), ("workspace", info.workspace),
+             ("session", info.id)]
+    if outcome.in_daemon and not info.settled:  # it works on in the daemon
+        rows.append(("follow", f"trouper events {info.id} --follow"))
+    elif not outcome.finished:
         rows.append(("resume", _resume_command(outcome)))
     style = "green" if outcome.finished else "yellow"
     console.print(Text("── summary", style=f"bold {style}"))
@@ -267,11 +278,11 @@ def _resume_command(outcome: Outcome) -> str:
 
     begun = outcome.begun
     command = begun.resume_command or f"trouper resume {begun.session.id}"
-    if outcome.view.state == AgentState.AWAITING_USER_INPUT:
+    if outcome.info.state == AgentState.AWAITING_USER_INPUT:
         return f"{command} -m 'YOUR ANSWER'"
-    if outcome.view.state == AgentState.AWAITING_USER_CONFIRMATION:
+    if outcome.info.state == AgentState.AWAITING_USER_CONFIRMATION:
         return f"{command} --approve  (or --reject 'WHY')"
     return command
 
 
-__all__ = ["Begun", "Interrupts", "Outcome", "drive", "print_summary", "stream"]
+__all__ = ["DETACHED", "Begun", "Interrupts", "Outcome", "drive", "print_summary", "stream"]

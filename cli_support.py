@@ -28,7 +28,7 @@ import click
 
 from .exceptions import ConfigError, InvalidRequest, TrouperError, UnknownSession
 from .masking import mask_known
-from .paths import Home, default_home
+from .paths import HOME_ENV, Home, default_home
 from .testing.script import ScriptError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,13 @@ _USAGE_ERRORS = (ConfigError, UnknownSession, InvalidRequest, ScriptError)
 """What the user can fix by changing the command line or a file they gave."""
 _SHOWN = "trouper_shown"
 """Set on a log record the user already saw as the one-line error (not echoed again)."""
+
+
+home_option = click.option(
+    "--home", type=click.Path(file_okay=False, path_type=Path), envvar=HOME_ENV,
+    help=f"trouper home (env {HOME_ENV}, default ~/.trouper).")
+verbose_option = click.option("-v", "--verbose", is_flag=True,
+                              help="Show thoughts, token counts, full output.")
 
 
 class CliError(Exception):

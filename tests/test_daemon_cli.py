@@ -85,7 +85,7 @@ def test_pause_resume_and_stop_from_the_command_line(daemon, scripted):
     _, llm = scripted([{"tool": "run", "args": {"command": f"echo {i}"}, "delay_s": 0.2}
                        for i in range(40)] + [FINISH])
     session = daemon.client().start_session("count", llm=llm, max_iterations=100)
-    wait_until(lambda: session.info()["actions"] >= 1, 60, "a first action")
+    wait_until(lambda: session.info().actions >= 1, 60, "a first action")
     paused = trouper(daemon, "pause", session.id)
     assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
     # resume goes through the daemon (never a second actor system on the session) and
@@ -109,7 +109,7 @@ def test_run_daemon_follows_and_ctrl_c_detaches(daemon, scripted, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         sigint_ignored=True)  # as a `cmd &` shell starts it
     try:
-        wait_until(lambda: any(s["task"] == "count to fifteen" and s["last_seq"] > 5
+        wait_until(lambda: any(s.task == "count to fifteen" and s.last_seq > 5
                                for s in daemon.client().sessions()), 60, "the session running")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -117,7 +117,7 @@ def test_run_daemon_follows_and_ctrl_c_detaches(daemon, scripted, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    sid = next(s["id"] for s in daemon.client().sessions() if s["task"] == "count to fifteen")
+    sid = next(s.id for s in daemon.client().sessions() if s.task == "count to fifteen")
     assert f"detached: session {sid} goes on in the daemon" in err
     assert daemon.client().session(sid).wait(timeout=120).value == "finished"
 

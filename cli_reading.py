@@ -1,0 +1,103 @@
+"""``trouper sessions`` and ``trouper events``: the commands that only read.
+
+Each reads through ``cli_clients.reading``: the home's daemon when one runs, else the
+store alone (no actor system, no litellm, no log written). Either way it makes the same
+calls and prints the same lines. What they print is masked with the secrets of the
+sessions shown (read from the home), whichever client brought it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from .cli_clients import reading
+from .cli_session import Interrupts, console
+from .cli_support import OK, home_option, open_home, verbose_option
+from .session_secrets import remember_session_secrets
+
+if TYPE_CHECKING:
+    from .messages.events import Event
+
+
+@click.command()
+@home_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--state", help="Only the sessions in this state.")
+def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
+    """List the sessions in the store, newest first.
+
+    Through the home's daemon when one runs.
+    """
+    from .daemon.service import mask
+    from .masking import mask_known
+
+    wanted = _state(state)
+    trouper_home = open_home(home)
+    with reading(trouper_home) as client:
+        for summary in client.sessions(state=wanted):
+            remember_session_secrets(trouper_home, summary.id)
+            if as_json:
+                click.echo(json.dumps(mask(summary.to_json())))
+            else:
+                console.print(f"{summary.id}  {summary.state.value:<22} "
+                              f"{summary.updated_at:%Y-%m-%d %H:%M:%S}  "
+                              f"{mask_known(summary.task)[:60]}")
+
+
+def _state(state: str | None) -> str | None:
+    from .messages.events import AgentState
+
+    if state is None:
+        return None
+    try:
+        return AgentState(state.lower()).value
+    except ValueError:
+        known = ", ".join(s.value for s in AgentState)
+        raise click.BadParameter(f"{state!r}; one of {known}", param_hint="--state") from None
+
+
+@click.command()
+@click.argument("session_id")
+@home_option
+@click.option("--since", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new events until the session settles.")
+@verbose_option
+def events(session_id: str, home: Path | None, since: int, as_json: bool, follow: bool,
+           verbose: bool) -> None:
+    """Print a session's events from the store.
+
+    Through the home's daemon when one runs. With --follow, new events as whoever drives
+    the session appends them, until it settles; a signal ends it (exit 130, 143, 129).
+    """
+    trouper_home = open_home(home)
+    with reading(trouper_home) as client:
+        session = client.session(session_id)  # unknown: an error before anything is printed
+        remember_session_secrets(trouper_home, session_id)
+        if not follow:
+            for event in session.events(since):
+                _show(event, as_json, verbose)
+            return
+        interrupts = Interrupts()
+        with interrupts.installed():
+            for event in session.events(since, follow=True, stop=interrupts.stop):
+                _show(event, as_json, verbose)
+    click.get_current_context().exit(interrupts.exit_code if interrupts.signum else OK)
+
+
+def _show(event: Event, as_json: bool, verbose: bool) -> None:
+    from .masking import known_masker
+    from .render import render
+
+    if as_json:
+        click.echo(known_masker().mask_event(event).model_dump_json())
+    elif (line := render(event, verbose=verbose)) is not None:
+        console.print(line)
+
+
+__all__ = ["events", "sessions"]
