@@ -31,6 +31,7 @@ from .api_checks import (
     workspace_path,
 )
 from .config import LLMConfig, RuntimeConfig, SessionConfig
+from .core.states import RESTORABLE
 from .exceptions import InvalidRequest, RequestTimeout, UnknownSession
 from .masking import remember_secrets, session_maskers
 from .messages.events import AgentState
@@ -58,9 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_RESTORE_STATES = frozenset(
-    {AgentState.LOADING, AgentState.RUNNING, AgentState.RATE_LIMITED, AgentState.ERROR}
-)
 
 class Trouper:
     """An embedded trouper: an actor system, a store and the sessions under one home (a
@@ -305,7 +303,7 @@ class Trouper:
 
     def _resume_unfinished(self) -> None:
         for record in self.store.sessions():
-            if record.state in _RESTORE_STATES:
+            if record.state in RESTORABLE:
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)
 

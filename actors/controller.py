@@ -41,13 +41,11 @@ from ..core.effects import (
     TimerFired,
 )
 from ..core.session import SessionCore
-from ..core.states import allowed
 from ..exceptions import LeaseLost, StoreUnavailable
 from ..fold import SessionView
 from ..llm.history import HistorySender
 from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..messages import tree as wiring
-from ..messages.events import AgentState, StateChanged, Why
 from ..messages.protocol import (
     Accepted,
     CancelCompletion,
@@ -172,7 +170,8 @@ class Controller(StoreFaultMode, LoopWatch):
 
     def on_record_downtime(self, msg: RecordDowntime, sender: ActorAddress) -> None:
         """A stand-in's whole life: its supervisor gave up on the agent loop. As the log's
-        only writer it records that (ERROR, unless the session is over), answers, exits."""
+        only writer it records what the core's table makes of that (ERROR, unless the
+        session is over), answers, exits."""
         session_id, error = msg.start.session_id, ""
         masker, _ = session_maskers(msg.start.secrets, msg.start.config.llm,
                                     msg.start.config.runtime)
@@ -180,11 +179,11 @@ class Controller(StoreFaultMode, LoopWatch):
             store = open_store(msg.start.store_url)
             try:
                 owner = store.claim_owner(session_id)
-                state = SessionView.of(store.read(session_id)).state
-                if allowed(Why.LOOP_DOWN, state, AgentState.ERROR):
-                    note = StateChanged(state=AgentState.ERROR, cause=Why.LOOP_DOWN,
-                                        reason=msg.reason, resumes_at=msg.resumes_at)
-                    store.append(session_id, [masker.mask_event(note)], owner=owner)
+                core = SessionCore(session_id, msg.start.config, masker=masker)
+                core.restore(store.read(session_id))
+                for effect in core.loop_down(msg.reason, msg.resumes_at, utc_now()):
+                    if isinstance(effect, Append):  # the only effect it has
+                        store.append(session_id, list(effect.events), owner=owner)
             finally:
                 store.close()
         except Exception as exc:  # noqa: BLE001 - the store's trouble: said to the supervisor

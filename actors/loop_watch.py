@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..messages.events import SETTLED_STATES
+from ..core.states import settled
 from ..messages.tree import BrokerSlow, Working
 from ..settings import settings
 from .base import TrouperActor
@@ -46,7 +46,7 @@ class LoopWatch(TrouperActor):
         if core is None or self._stopping:
             return
         view = core.view
-        working = view.state not in SETTLED_STATES or view.resumes_at is not None
+        working = not settled(view.state, view.resumes_at)
         if working != self.told_working:
             self.told_working = working
             self.send(self._parent_address, Working(session_id=self.session_id,

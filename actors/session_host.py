@@ -40,8 +40,8 @@ from ..core.effects import (
     RestartRuntime,
     RunAction,
 )
+from ..core.states import settled
 from ..masking import remember_secrets, session_maskers
-from ..messages.events import SETTLED_STATES
 from ..messages.protocol import (
     Accepted,
     CloseSandbox,
@@ -190,7 +190,7 @@ class SessionHost(Controller):
         view = self.view  # (``view.settled`` builds an event: too dear for every message)
         return (self.core is not None and self.hosted is not None and not self.closing_only
                 and not self._stopping and self.store_fault is None
-                and view.state in SETTLED_STATES and view.resumes_at is None
+                and settled(view.state, view.resumes_at)
                 and not view.pending and not self.for_core and not self.hosted.closing)
 
     def _consider_standing_down(self) -> None:

@@ -5,10 +5,12 @@ effects after it are not performed, so nothing runs whose intent is not durable 
 and the Controller enters *store-fault mode*: it tells the tree (clients show the cause
 while the log cannot hold it), refuses a user's command at once with the cause, drops
 the other inputs (a model reply is asked again later; a tool's outcome stays in the
-sandbox's journal), and probes the store on a growing timer. When a write goes through
-again it records the fault, rebuilds its core from the log (as a restarted Controller
-would) and resolves every action without an outcome from the journal: nothing is lost
-and nothing runs twice.
+sandbox's journal), and probes the store on a growing timer. Each probe rebuilds the core
+from the log (as a restarted Controller would: the old one ran ahead of the log when the
+write failed) and performs what the core makes of the fault (``SessionCore.store_fault``:
+ERROR, a row of the core's table). Once that record goes through, the core goes back to
+where the session was (``store_back``) and resolves every action without an outcome from
+the journal: nothing is lost and nothing runs twice.
 
 A Controller that starts on such a store (its predecessor was killed while the disk was
 full, or the program reopened then) cannot claim the log: it waits the same way, keeps
@@ -23,8 +25,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..exceptions import StoreUnavailable
-from ..fold import SessionView
-from ..messages.events import AgentState, StateChanged
 from ..messages.protocol import Refusal, Refused, StoreFault, UserCommand
 from ..messages.tree import Relay
 from ..settings import settings
@@ -95,19 +95,16 @@ class StoreFaultMode(TrouperActor):
                 return
             self._store_back()
             return
-        before = SessionView.of(self.store.read(self.session_id))
-        note = StateChanged(
-            state=AgentState.ERROR, resumes_at=datetime.now(UTC),
-            reason=f"{self.store_fault.cause}; nothing could be recorded from "
-                   f"{self.fault_since:%H:%M:%S} UTC until now")
-        try:
-            self.store.append(self.session_id, [self.masker.mask_event(note)], owner=self.owner)
+        self.core = self.fresh_core()  # the core ran ahead of the log when the write failed
+        since = self.fault_since or datetime.now(UTC)
+        try:  # the fault's record, as the core's table makes it (ERROR, then back)
+            self.perform(self.core.store_fault(self.store_fault.cause, since,
+                                               datetime.now(UTC)))
         except StoreUnavailable as still:
             self._probe_again(still, delay_s)
             return
         self._store_back()
-        self.core = self.fresh_core()  # the core ran ahead of the log when the write failed
-        self.perform(self.core.store_back(before, datetime.now(UTC)))
+        self.perform(self.core.store_back(datetime.now(UTC)))
 
     def _probe_again(self, still: StoreUnavailable, delay_s: float) -> None:
         self.store_fault = still

@@ -16,11 +16,14 @@ from ..messages.outcomes import Outcome
 from ..messages.protocol import UserCommand
 from .effects import Answer, RestartRuntime
 from .ending import SandboxEnding
-from .states import ENDS_SANDBOX, RESUMABLE, Why
+from .states import Why
 
 logger = logging.getLogger(__name__)
 
 NOT_RUN_STOPPED = "Not run: the user stopped the session first."
+REFUSALS = {(AgentState.FINISHED, "resume"):
+            "the session is finished; send a message to give it more work"}
+"""A refusal said better than "cannot <command> a session that is <state>"."""
 
 
 class UserCommands(SandboxEnding):
@@ -53,50 +56,34 @@ class UserCommands(SandboxEnding):
             "reject": self._cmd_answer,
         }[cmd.command](cmd)
 
+    def _refusal(self, cmd: UserCommand) -> str:
+        """Why the table has no row for ``cmd`` in the session's state, in words."""
+        state = self.view.state
+        return REFUSALS.get((state, cmd.command),
+                            f"cannot {cmd.command} a session that is {state.value}")
+
     def _cmd_send(self, cmd: UserCommand) -> str | None:
         if not cmd.text.strip():
             return "send needs a non-empty message"
-        self._append(MessageEvent(source="user", text=cmd.text))
-        if self.view.state not in (AgentState.PAUSED, AgentState.RUNNING, AgentState.LOADING):
-            self._transition(Why.USER_MESSAGE, AgentState.RUNNING, "new message from the user")
-        self._advance()
+        # every state takes a message (recorded even where it does not move the session)
+        self._move(Why.USER_MESSAGE, "new message from the user",
+                   along=[MessageEvent(source="user", text=cmd.text)])
         return None
 
     def _cmd_pause(self, cmd: UserCommand) -> str | None:
-        state = self.view.state
-        if state in (AgentState.FINISHED, AgentState.STOPPED, AgentState.PAUSED):
-            return f"cannot pause a session that is {state.value}"
-        self._cancel_model_call()
-        self._transition(Why.USER_PAUSE, AgentState.PAUSED, "paused by the user")
-        return None
+        return None if self._move(Why.USER_PAUSE, "paused by the user") else self._refusal(cmd)
 
     def _cmd_resume(self, cmd: UserCommand) -> str | None:
-        state = self.view.state
-        if state == AgentState.FINISHED:
-            return "the session is finished; send a message to give it more work"
-        if state in (AgentState.RUNNING, AgentState.LOADING):
-            return None
-        if state not in RESUMABLE:
-            return f"cannot resume a session that is {state.value}"
-        self.lift_cooldown = state == AgentState.RATE_LIMITED
-        if self.runtime_down and state not in ENDS_SANDBOX:  # (leaving STOPPED starts one)
-            self.runtime_down = False
-            self._out.append(RestartRuntime("resumed by the user"))
-        self._transition(Why.USER_RESUME, AgentState.RUNNING, RESUMED_BY_USER)
-        self._advance()
-        return None
+        return None if self._move(Why.USER_RESUME, RESUMED_BY_USER) else self._refusal(cmd)
 
     def _cmd_stop(self, cmd: UserCommand) -> str | None:
-        if self.view.state == AgentState.STOPPED:
-            return None
-        self._cancel_model_call()
         never_run = [
             ObservationEvent(action_id=action_id, outcome=Outcome(
                 status="rejected", content=NOT_RUN_STOPPED))
             for action_id in self.view.pending
             if action_id != self.dispatched and action_id not in self.resolve_first]
-        self._transition(Why.USER_STOP, AgentState.STOPPED, "stopped by the user",
-                         along=never_run)
+        if not self._move(Why.USER_STOP, "stopped by the user", along=never_run):
+            return self._refusal(cmd)
         return None
 
     def _cmd_answer(self, cmd: UserCommand) -> str | None:
@@ -112,13 +99,25 @@ class UserCommands(SandboxEnding):
         answer = ConfirmationEvent(action_id=waiting.action_id, approved=approved,
                                    reason=cmd.text)
         if approved:
-            self._transition(Why.USER_APPROVE, AgentState.RUNNING, "approved by the user",
-                             along=[answer])
+            self._move(Why.USER_APPROVE, "approved by the user", along=[answer])
         else:
             reason = cmd.text.strip() or "no reason given"
             rejected = ObservationEvent(action_id=waiting.action_id, outcome=Outcome(
                 status="rejected", content=f"The user rejected this action: {reason}"))
-            self._transition(Why.USER_REJECT, AgentState.RUNNING,
-                             f"rejected by the user: {reason}", along=[answer, rejected])
-        self._advance()
+            self._move(Why.USER_REJECT, f"rejected by the user: {reason}",
+                       along=[answer, rejected])
         return None
+
+    # -- what follows a resume (``Then`` steps of its rows) -------------------------------
+
+    def _skip_cooldown(self) -> None:
+        """The user resumed a rate-limited session: its next model call goes through the
+        API key's cooldown (the broker's ``lift_cooldown``)."""
+        self.lift_cooldown = True
+
+    def _restart_given_up(self) -> None:
+        """The supervisor had given up on the sandbox: the user's resume starts a fresh
+        one (leaving STOPPED starts one by ``FRESH_SANDBOX`` instead)."""
+        if self.runtime_down:
+            self.runtime_down = False
+            self._out.append(RestartRuntime("resumed by the user"))

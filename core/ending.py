@@ -1,19 +1,20 @@
 """A stopped session's sandbox: ended at once, and a fresh one when the session goes on.
 
-Entering a state of ``ENDS_SANDBOX`` (STOPPED, whether by the user's stop or a budget)
-asks the adapter to end the sandbox (``EndSandbox``): its shell, every job the shell
-started, and its container unless ``keep``. What was in flight comes back first, with
-its real outcome when it has one (a command the end killed reads ``interrupted``, from
-the sandbox's own journal); an action whose result never comes back is recorded here
-once the sandbox is ended (``SandboxEnded``): ``interrupted``, or ``lost`` when its
-journal was still being asked, saying the session was stopped. It is never run again
-(I1, I2). The stop's answer waits for the end, ``END_ANSWER_WAIT_S`` at most, so that
-``Session.stop()`` returns with the sandbox gone.
+Entering a state of ``ENDS_SANDBOX`` (STOPPED, whether by the user's stop or a budget:
+its rows in ``core.states.TABLE`` end with ``END_SANDBOX``) asks the adapter to end the
+sandbox (``EndSandbox``): its shell, every job the shell started, and its container
+unless ``keep``. What was in flight comes back first, with its real outcome when it has
+one (a command the end killed reads ``interrupted``, from the sandbox's own journal); an
+action whose result never comes back is recorded here once the sandbox is ended
+(``SandboxEnded``): ``interrupted``, or ``lost`` when its journal was still being asked,
+saying the session was stopped. It is never run again (I1, I2). The stop's answer waits
+for the end, ``END_ANSWER_WAIT_S`` at most, so that ``Session.stop()`` returns with the
+sandbox gone.
 
-Leaving STOPPED (a resume, a message) asks for a fresh sandbox (``RestartRuntime``), once
-the end is done, and tells the agent its shell state was reset. A session restored in
-STOPPED ends whatever sandbox is left of it (a program that died mid-stop), once its
-journal has answered for what was in flight.
+Leaving STOPPED (a resume, a message: ``FRESH_SANDBOX``) asks for a fresh sandbox
+(``RestartRuntime``), once the end is done, and tells the agent its shell state was
+reset. A session restored in STOPPED ends whatever sandbox is left of it (a program that
+died mid-stop), once its journal has answered for what was in flight.
 
 The promises cited (I1, I2) are defined in docs/promises.md.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..messages.events import AgentState, MessageEvent, ObservationEvent, RuntimeEvent
+from ..messages.events import MessageEvent, ObservationEvent, RuntimeEvent
 from ..messages.outcomes import Outcome
 from .effects import Answer, EndSandbox, RestartRuntime, SandboxEnded, StartTimer
 from .loop import SessionLoop
@@ -71,12 +72,6 @@ class SandboxEnding(SessionLoop):
         self.ending, self.runtime_ready = True, False
         self.end_token += 1
         self._out.append(EndSandbox(self.view.reason or "stopped"))
-
-    def _moved(self, before: AgentState, after: AgentState) -> None:
-        if after in ENDS_SANDBOX and before not in ENDS_SANDBOX:
-            self._end_if_stopped()
-        elif before in ENDS_SANDBOX and after not in ENDS_SANDBOX:
-            self._fresh_sandbox()
 
     def _fresh_sandbox(self) -> None:
         """The session goes on after a stop: a fresh sandbox (once the end is done: see

@@ -64,13 +64,13 @@ class SessionLoop(SessionMachine):
     def _limit_reached(self) -> bool:
         config = self.config
         if self.view.iterations >= config.max_iterations:
-            return self._transition(
-                Why.MAX_ITERATIONS, AgentState.STOPPED,
+            return self._move(
+                Why.MAX_ITERATIONS,
                 f"reached max_iterations ({config.max_iterations} model calls); "
                 "resume to allow as many again")
         if config.max_cost_usd is not None and self.view.cost_usd >= config.max_cost_usd:
-            return self._transition(
-                Why.MAX_COST, AgentState.STOPPED,
+            return self._move(
+                Why.MAX_COST,
                 f"spent ${self.view.cost_usd:.4f} of max_cost_usd ${config.max_cost_usd:.4f}")
         return False
 
@@ -112,8 +112,8 @@ class SessionLoop(SessionMachine):
         why = needs_confirmation(self.config.confirm, event.action)
         if why is None:
             return False
-        self._transition(Why.AWAITING_CONFIRMATION, AgentState.AWAITING_USER_CONFIRMATION,
-                         f"waiting for approval of {summary(event.action)} ({why})")
+        self._move(Why.AWAITING_CONFIRMATION,
+                   f"waiting for approval of {summary(event.action)} ({why})")
         return True
 
     def _dispatch(self, event: ActionEvent) -> None:
@@ -157,8 +157,8 @@ class SessionLoop(SessionMachine):
         skipped = [ObservationEvent(action_id=other, outcome=Outcome(
             status="rejected", content=f"Not run: {name} failed before it."))
             for other, pending in self.view.pending.items() if pending.source == "environment"]
-        self._transition(Why.SETUP_FAILED, AgentState.ERROR,
-                         f"setup failed: {name} ({detail}): {first[:300]}", along=skipped)
+        self._move(Why.SETUP_FAILED, f"setup failed: {name} ({detail}): {first[:300]}",
+                   along=skipped)
         return True
 
     def _finish(self, event: ActionEvent, action: Finish) -> None:
@@ -171,8 +171,7 @@ class SessionLoop(SessionMachine):
                 status="rejected", content="Not run: the agent finished before this action."))
             for other in self.view.pending if other != event.action_id]
         self.resolve_first.clear()
-        self._transition(Why.FINISHED, AgentState.FINISHED, action.message,
-                         along=[done, *skipped])
+        self._move(Why.FINISHED, action.message, along=[done, *skipped])
 
     def _record(self, action_id: str, outcome: Outcome, advance: bool = True) -> None:
         self.resolve_first.discard(action_id)
@@ -188,11 +187,9 @@ class SessionLoop(SessionMachine):
 
     def _check_breaker(self) -> None:
         limit = self.config.max_consecutive_timeouts
-        if limit and self.view.consecutive_timeouts >= limit and (
-                self.view.state == AgentState.RUNNING):
-            self._transition(Why.BREAKER, AgentState.PAUSED,
-                             f"{self.view.consecutive_timeouts} commands in a row timed out; "
-                             "check the sandbox, then resume")
+        if limit and self.view.consecutive_timeouts >= limit:
+            self._move(Why.BREAKER, f"{self.view.consecutive_timeouts} commands in a row "
+                       "timed out; check the sandbox, then resume")
 
     def _ask_journal(self) -> None:
         for action_id in sorted(self.resolve_first):
@@ -208,10 +205,9 @@ class SessionLoop(SessionMachine):
         if recovering and self.runtime_ready:
             if self.config.resume_after_runtime_restart:
                 reason, self.back_reason = self.back_reason, BACK_AFTER_SANDBOX
-                self._transition(Why.RECOVERED, AgentState.RUNNING, reason)
+                self._move(Why.RECOVERED, reason)
             elif not self.resolve_first:
-                self._transition(Why.RECOVERED_HELD, AgentState.ERROR,
-                                 "the sandbox is back; resume to carry on")
+                self._move(Why.RECOVERED_HELD, "the sandbox is back; resume to carry on")
         self._advance()
 
 

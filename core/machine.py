@@ -3,8 +3,9 @@
 ``SessionMachine`` holds what a session is (the view folded from its log, the prompt,
 what is in flight) and the three ways anything changes: ``_append`` (mask, stamp with
 the seq and time the core was given, fold in, and ask the adapter for an ``Append``),
-``_transition`` (a row of ``core.states.TRANSITIONS``, or nothing) and the effects list
-one input returns. The rules that use them are ``core.loop`` and ``core.session``.
+``_move`` (the row of ``core.states.TABLE`` for the state and the input, or nothing) and
+the effects list one input returns. The rules that use them are ``core.loop``,
+``core.ending``, ``core.commands`` and ``core.session``.
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ from .effects import (
     Append,
     Effect,
 )
-from .states import Why, allowed
+from .states import AS_BEFORE, STAY, Why, row_for
 
 logger = logging.getLogger(__name__)
 
 BACK_AFTER_SANDBOX = "the sandbox is back; carrying on"
-
-
 
 
 def random_id() -> str:
@@ -98,6 +97,9 @@ class SessionMachine:
         """The user command being carried out, until its first event is appended."""
         self.lift_cooldown = False
         self.back_reason = BACK_AFTER_SANDBOX
+        self.interrupted: tuple[AgentState, str, datetime | None] | None = None
+        """Where a store fault found the session (state, reason, ``resumes_at``), from its
+        record (``store_fault``) until ``store_back`` returns there."""
         self.ending = False
         """An ``EndSandbox`` was asked and its ``SandboxEnded`` has not come."""
         self.sandbox_ended = False
@@ -171,31 +173,36 @@ class SessionMachine:
             self.sandbox_ended = event.phase == "closed"
         self.prompt.add(event)
 
-    def _transition(self, why: Why, state: AgentState, reason: str = "",
-                    resumes_at: datetime | None = None, along: Sequence[Event] = ()) -> bool:
-        """Move to ``state`` if ``why`` allows it from here; ``along`` goes in the same
-        append, so a crash never leaves their outcomes without the state they belong to."""
+    def _move(self, why: Why, reason: str = "", resumes_at: datetime | None = None,
+              along: Sequence[Event] = (), back_to: AgentState | None = None) -> bool:
+        """Take ``why``'s row from the current state (``core.states.TABLE``): record the
+        move, ``along`` in the same append (so a crash never leaves their outcomes without
+        the state they belong to), then do what the row says follows. A state and input
+        with no row are refused here, and only here: logged and skipped, ``along`` still
+        recorded (outcomes owed whatever the state). ``back_to``: the target of an
+        ``AS_BEFORE`` row. False when refused."""
         view = self.view
-        if not allowed(why, view.state, state):
-            logger.warning("session %s: %s cannot move a session from %s to %s; skipped",
-                           self.session_id, why.value, view.state.value, state.value)
+        row = row_for(view.state, why)
+        if row is None:
+            logger.info("session %s: %s does not move a session that is %s; skipped",
+                        self.session_id, why.value, view.state.value)
             if along:
                 self._append(*along)
             return False
-        if (view.state, view.reason, view.resumes_at) == (state, reason, resumes_at):
+        to = view.state if row.to is STAY else back_to if row.to is AS_BEFORE else row.to
+        assert isinstance(to, AgentState), f"{why.value}: a row back to where, from {to}?"
+        if row.to is STAY or (view.state, view.reason, view.resumes_at) == (
+                to, reason, resumes_at):
             if along:
                 self._append(*along)
-            return True
-        logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
-                    state.value, reason)
-        before = view.state
-        self._append(*along, StateChanged(state=state, reason=reason, cause=why,
-                                                 resumes_at=resumes_at))
-        self._moved(before, state)
+        else:
+            logger.info("session %s: %s -> %s (%s)", self.session_id, view.state.value,
+                        to.value, reason)
+            self._append(*along, StateChanged(state=to, reason=reason, cause=why,
+                                              resumes_at=resumes_at))
+        for step in row.then:
+            getattr(self, step.value)()
         return True
-
-    def _moved(self, before: AgentState, after: AgentState) -> None:
-        """The session moved from ``before`` to ``after`` (its record appended)."""
 
     def _masked(self, text: str | None) -> str | None:
         return None if text is None else self.masker.mask_text(text)

@@ -8,9 +8,12 @@ knows the seq each event will get. The Controller actor (``actors/controller.py`
 performs the effects; a restarted Controller builds a fresh core from the log
 (``restore``), which is the whole of promise I3 (docs/promises.md).
 
-The state transitions are the rows of ``core.states.TRANSITIONS``; a transition its row
-does not allow from the current state is logged and skipped, so a late input cannot move
-a session where it should not go (I5, I6).
+Each input names what happened (a ``Why``) and the session moves by its row of
+``core.states.TABLE``: the next state and what follows. An input with no row for the
+current state is logged and skipped, so a late input cannot move a session where it
+should not go (I5, I6). The Controller's own faults (a store that took no write, an
+agent loop its supervisor gave up on) are inputs too: ``store_fault``, ``store_back``,
+``loop_down``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any
 
 from ..agent.condense import choose_cut
 from ..agent.parse import parse_response
-from ..fold import SessionView
 from ..messages.events import (
     AgentState,
     LLMCompleted,
@@ -94,21 +96,46 @@ class SessionCore(UserCommands):
             self._end_if_stopped()
         return self._take()
 
-    def store_back(self, before: SessionView, now: datetime) -> list[Effect]:
-        """The store takes writes again (this core was restored from the log): go back to
-        where the session was; RUNNING through the recovery path."""
+    # -- the store and the agent loop: the Controller's own faults ----------------------
+
+    def store_fault(self, cause: str, since: datetime, now: datetime) -> list[Effect]:
+        """The store took no write from ``since`` until ``now`` (a full disk): record that
+        as ERROR, once it takes one again. This core is fresh from the log (the one before
+        ran ahead of it when the write failed); ``store_back`` follows the record."""
         with self._step(now):
-            if before.state != AgentState.RUNNING:
-                self._transition(Why.STORE_BACK, before.state,
-                                 before.reason or "the store is writable again",
-                                 resumes_at=before.resumes_at)
-                self._schedule_lift()
+            view = self.view
+            self.interrupted = (view.state, view.reason, view.resumes_at)
+            self._move(Why.STORE_FAULT, f"{cause}; nothing could be recorded from "
+                       f"{since:%H:%M:%S} UTC until now", resumes_at=now)
+        return self._take()
+
+    def store_back(self, now: datetime) -> list[Effect]:
+        """The store fault is recorded: go back to where the session was; RUNNING through
+        the recovery path."""
+        with self._step(now):
+            back, self.interrupted = self.interrupted, None
+            if back is None:
+                logger.warning("session %s: back from a store fault it did not record",
+                               self.session_id)
+            elif back[0] != AgentState.RUNNING:
+                state, reason, resumes_at = back
+                self._move(Why.STORE_BACK, reason or "the store is writable again",
+                           resumes_at=resumes_at, back_to=state)
             else:
                 self.back_reason = "the store is writable again; carrying on"
                 if self.runtime_ready:
                     self._ask_journal()
                 self._recovered()
             self._end_if_stopped()
+        return self._take()
+
+    def loop_down(self, reason: str, resumes_at: datetime | None,
+                  now: datetime) -> list[Effect]:
+        """The supervisor gave up on this session's Controller (a stand-in, the log's only
+        writer meanwhile, restored this core to record it): ERROR until ``resumes_at``, or
+        until the user resumes with None; a session that is over stays over."""
+        with self._step(now):
+            self._move(Why.LOOP_DOWN, reason, resumes_at=resumes_at)
         return self._take()
 
     # -- runtime inputs ------------------------------------------------------------------
@@ -119,8 +146,8 @@ class SessionCore(UserCommands):
         self._ask_journal()
         self._append(RuntimeEvent(phase="attached" if msg.attached else "started",
                                   epoch=msg.epoch))
-        if self.view.state == AgentState.LOADING:
-            self._transition(Why.RUNTIME_READY, AgentState.RUNNING, "runtime ready")
+        if self.view.state == AgentState.LOADING:  # the first sandbox; later ones: recovered
+            self._move(Why.RUNTIME_READY, "runtime ready")
         self._recovered()
 
     def _on_runtime_progress(self, msg: RuntimeProgress) -> None:
@@ -136,16 +163,14 @@ class SessionCore(UserCommands):
             self.resolve_first.add(self.dispatched)
             self.dispatched = None
         self._append(RuntimeEvent(phase="failed", epoch=msg.epoch, detail=msg.detail))
-        if self.view.state == AgentState.RUNNING:
-            self._transition(Why.RUNTIME_FAILED, AgentState.ERROR,
-                             f"sandbox failed ({msg.cause}): {msg.detail}; restarting it",
-                             resumes_at=self.now)
+        self._move(Why.RUNTIME_FAILED,
+                   f"sandbox failed ({msg.cause}): {msg.detail}; restarting it",
+                   resumes_at=self.now)
 
     def _on_runtime_down(self, msg: RuntimeDown) -> None:
         self.runtime_ready = False
         self.runtime_down = True
-        self._transition(Why.RUNTIME_DOWN, AgentState.ERROR, msg.reason,
-                         resumes_at=msg.resumes_at)
+        self._move(Why.RUNTIME_DOWN, msg.reason, resumes_at=msg.resumes_at)
 
     def _on_runtime_replaced(self, msg: RuntimeReplaced) -> None:
         self.runtime_ready, self.runtime_down = False, False
@@ -183,12 +208,11 @@ class SessionCore(UserCommands):
         proxy tries again. The log says so while it waits."""
         if msg.action_id != self.dispatched:
             return
-        if msg.cause is not None and self.view.state == AgentState.RUNNING:
-            self._transition(Why.JOURNAL_FAULT, AgentState.ERROR,
-                             f"{msg.cause}; waiting to run it", resumes_at=self.now)
-        elif msg.cause is None and self.view.state == AgentState.ERROR:
-            self._transition(Why.JOURNAL_BACK, AgentState.RUNNING,
-                             "the sandbox's journal is writable again")
+        if msg.cause is not None:
+            self._move(Why.JOURNAL_FAULT, f"{msg.cause}; waiting to run it",
+                       resumes_at=self.now)
+        else:
+            self._move(Why.JOURNAL_BACK, "the sandbox's journal is writable again")
 
     # -- model inputs --------------------------------------------------------------------
 
@@ -214,8 +238,7 @@ class SessionCore(UserCommands):
             latency_s=msg.latency_s, attempts=msg.attempts)
         if not parsed:
             self._append(usage, MessageEvent(source="agent", text=msg.content))
-            self._transition(Why.TEXT_REPLY, AgentState.AWAITING_USER_INPUT,
-                             "the agent replied with text")
+            self._move(Why.TEXT_REPLY, "the agent replied with text")
             return
         self._append(usage, *[p.event for p in parsed])  # intents durable before dispatch
         rejected = [ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
@@ -243,20 +266,18 @@ class SessionCore(UserCommands):
             self._advance()
         else:
             self.condensed_retry = False
-            self._transition(Why.MODEL_FAILED, AgentState.ERROR,
-                             f"model call failed ({msg.error_class}, {msg.attempts} "
-                             f"attempt(s)): {msg.message}")
+            self._move(Why.MODEL_FAILED, f"model call failed ({msg.error_class}, "
+                       f"{msg.attempts} attempt(s)): {msg.message}")
 
     def _rate_limited(self, msg: CompletionFailed) -> None:
         """Retries are spent on 429s: wait for the limit to lift, by a timer."""
         wait_s = msg.retry_after_s if msg.retry_after_s is not None else (
             self.config.llm.retry_max_wait_s)
         lifts_at = self.now + timedelta(seconds=wait_s)
-        self._transition(
-            Why.RATE_LIMITED, AgentState.RATE_LIMITED,
+        self._move(
+            Why.RATE_LIMITED,
             f"the provider kept answering 429 after {msg.attempts} attempt(s); carrying on "
             f"at {lifts_at:%H:%M:%S} UTC, or at once on resume", resumes_at=lifts_at)
-        self._schedule_lift()
 
     def _schedule_lift(self) -> None:
         resumes_at = self.view.resumes_at
@@ -271,10 +292,8 @@ class SessionCore(UserCommands):
             self._end_waited(msg.token)
         elif msg.name != "lift":
             logger.warning("session %s: no timer named %r", self.session_id, msg.name)
-        elif msg.token == self.lift_token and self.view.state == AgentState.RATE_LIMITED:
-            self._transition(Why.LIMIT_LIFTED, AgentState.RUNNING,
-                             "the rate limit should have lifted")
-            self._advance()
+        elif msg.token == self.lift_token:  # a later timer took over from an older one
+            self._move(Why.LIMIT_LIFTED, "the rate limit should have lifted")
 
     def _condense(self) -> bool:
         """Drop older messages from the prompt and try once more; False if it cannot."""

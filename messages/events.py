@@ -10,74 +10,17 @@ only and never reach a prompt (promise I4, docs/promises.md).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
+from ..core.states import AgentState, Why, settled
 from .actions import Action
 from .base import Frozen
 from .outcomes import Outcome
 
 SCHEMA_VERSION = 1
 Source = Literal["user", "agent", "environment"]
-
-
-class AgentState(StrEnum):
-    """Where a session is in its life (see docs/architecture.md for the transitions)."""
-
-    LOADING = "loading"
-    RUNNING = "running"
-    AWAITING_USER_INPUT = "awaiting_user_input"
-    AWAITING_USER_CONFIRMATION = "awaiting_user_confirmation"
-    PAUSED = "paused"
-    RATE_LIMITED = "rate_limited"
-    ERROR = "error"
-    FINISHED = "finished"
-    STOPPED = "stopped"
-
-
-class Why(StrEnum):
-    """Why a session's state changed: one per row of ``core/states.py``'s table. Stored
-    with the change, so code reads the cause, never the words of the reason."""
-
-    RUNTIME_READY = "runtime_ready"
-    RUNTIME_FAILED = "runtime_failed"
-    RUNTIME_DOWN = "runtime_down"
-    RECOVERED = "recovered"
-    RECOVERED_HELD = "recovered_held"
-    MAX_ITERATIONS = "max_iterations"
-    MAX_COST = "max_cost"
-    FINISHED = "finished"
-    BREAKER = "breaker"
-    TEXT_REPLY = "text_reply"
-    RATE_LIMITED = "rate_limited"
-    LIMIT_LIFTED = "limit_lifted"
-    MODEL_FAILED = "model_failed"
-    JOURNAL_FAULT = "journal_fault"
-    JOURNAL_BACK = "journal_back"
-    USER_MESSAGE = "user_message"
-    USER_PAUSE = "user_pause"
-    USER_RESUME = "user_resume"
-    USER_STOP = "user_stop"
-    STORE_BACK = "store_back"
-    LOOP_DOWN = "loop_down"
-    AWAITING_CONFIRMATION = "awaiting_confirmation"
-    USER_APPROVE = "user_approve"
-    USER_REJECT = "user_reject"
-    SETUP_FAILED = "setup_failed"
-
-
-SETTLED_STATES: frozenset[AgentState] = frozenset(
-    {
-        AgentState.FINISHED,
-        AgentState.STOPPED,
-        AgentState.PAUSED,
-        AgentState.AWAITING_USER_INPUT,
-        AgentState.AWAITING_USER_CONFIRMATION,
-        AgentState.ERROR,
-    }
-)
 
 
 def _now() -> datetime:
@@ -164,8 +107,7 @@ class StateChanged(CarriesCommand):
     reason: str = ""
     """In words, for people."""
     cause: Why | None = None
-    """The transition, for code (None in logs older than the field, and for a change the
-    session's core did not make)."""
+    """The transition, for code (None in logs older than the field)."""
     resumes_at: datetime | None = None
     """When the session resumes by itself (RATE_LIMITED, or an ERROR being recovered);
     ``None`` means it waits for the user."""
@@ -173,7 +115,7 @@ class StateChanged(CarriesCommand):
     @property
     def settled(self) -> bool:
         """True when the session will not move again without the user."""
-        return self.state in SETTLED_STATES and self.resumes_at is None
+        return settled(self.state, self.resumes_at)
 
 
 class LLMCompleted(EventBase):
