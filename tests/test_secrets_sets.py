@@ -148,13 +148,13 @@ def test_a_remote_runtime_token_is_a_credential_masked_and_never_revealed():
 def test_a_backend_failure_keeps_its_typed_cause():
     from trouper.exceptions import RuntimeUnavailable
     from trouper.messages.causes import RuntimeFailure
-    from trouper.runtimes.driver import _cause
+    from trouper.runtimes.call_failures import cause_of
     from trouper.runtimes.remote_errors import RemoteUnavailable
 
-    assert _cause(RemoteUnavailable("401", RuntimeFailure.UNAUTHORIZED)) == (
+    assert cause_of(RemoteUnavailable("401", RuntimeFailure.UNAUTHORIZED)) == (
         RuntimeFailure.UNAUTHORIZED)
-    assert _cause(RuntimeUnavailable("gone")) == RuntimeFailure.UNREACHABLE
-    assert _cause(ValueError("x")) == RuntimeFailure.FAILED
+    assert cause_of(RuntimeUnavailable("gone")) == RuntimeFailure.UNREACHABLE
+    assert cause_of(ValueError("x")) == RuntimeFailure.FAILED
 
 
 def test_the_secrets_file_is_written_whole_and_durably(tmp_path: Path, monkeypatch) -> None:
