@@ -27,6 +27,7 @@ from typing import Any
 import bare_worker
 import litellm
 from common import MODEL, echo_script, exit_now, expected_lines, percentile, read_lines
+from procs import machine_cpu_s, others_load
 
 from trouper.agent.prompt import PromptBuilder
 from trouper.agent.tools import tool_specs
@@ -48,6 +49,7 @@ def run_fleet(n: int, steps: int, latency_s: float, workdir: Path,
         warm.mkdir(parents=True, exist_ok=True)
         bare_worker.warm_up({**base, "workspace": str(warm), "session": "warm"})
         ids = [f"bare-{i}" for i in range(n)]
+        own_before, machine_before = time.process_time(), machine_cpu_s()
         began = time.time()
         children = {}
         for i, sid in enumerate(ids):
@@ -71,6 +73,8 @@ def run_fleet(n: int, steps: int, latency_s: float, workdir: Path,
             cpu_s += usage.ru_utime + usage.ru_stime  # the loop's and its reaped bash's
             failed += os.waitstatus_to_exitcode(status) != 0
         ended = time.time()
+        ours_s = cpu_s + time.process_time() - own_before  # the loops, their shells, the model
+        load = others_load(machine_before, machine_cpu_s(), ours_s, ended - began)
         latencies = _step_latencies_ms(server, ids)
         first = _first_requests(server, ids)
     good = sum(1 for folder in children.values()
@@ -85,6 +89,7 @@ def run_fleet(n: int, steps: int, latency_s: float, workdir: Path,
         "step_p99_ms": percentile(latencies, 99),
         "first_request_all_s": max(firsts) if len(first) == n else None,
         "cpu_ms_per_step": cpu_s * 1000 / max(1, len(latencies)),
+        **load,
     })
     return result
 

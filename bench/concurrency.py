@@ -50,7 +50,9 @@ from common import (
 from procs import (
     cpu_delta,
     kill_tree,
+    machine_cpu_s,
     mem_available_mb,
+    others_load,
     role_cpu_s,
     role_memory,
     roles,
@@ -70,20 +72,22 @@ def _kind(role: str) -> str:
 
 
 def run_n(
-    n: int, steps: int, latency_s: float, workdir: Path, port: int, timeout_s: float
+    n: int, steps: int, latency_s: float, workdir: Path, port: int, timeout_s: float,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     from contenders import TASK, llm_config, wait_until
 
     from trouper import AgentState, Trouper
     from trouper.testing import FakeLLMServer
 
-    home = workdir / f"conc-home-{n}"
+    home = workdir / f"conc-home-{n}{_suffix(layout)}"
     result: dict[str, Any] = {"n": n, "steps": steps, "latency_ms": latency_s * 1000}
     with (
         # bodies not kept: 20 steps of 1,000 sessions would hold about a GB of them here
         FakeLLMServer(echo_script(steps), latency_s=latency_s, keep_bodies=False) as server,
-        Trouper(home=home, admin_port=port) as t,
+        Trouper(home=home, admin_port=port, layout=layout) as t,  # type: ignore[arg-type]
     ):
+        result["layout"] = layout
         # the system is ready once its broker has booted (imported litellm, warmed it up):
         # a cost of opening, once, not of the sessions measured here
         if not wait_until(lambda: t.home.actor_pid_path("broker").exists(), 120.0):
@@ -92,12 +96,13 @@ def run_n(
         idle_cpu = role_cpu_s(idle_roles)
         idle = role_memory(idle_roles)
         bench_cpu = time.process_time()
+        machine_before = machine_cpu_s()
         began = time.time()
         sessions = [
             t.start_session(
                 TASK,
                 llm=llm_config(server),
-                workspace=workdir / f"conc-{n}-{i}",
+                workspace=workdir / f"conc-{n}{_suffix(layout)}-{i}",
                 max_iterations=steps + 5,
             )
             for i in range(n)
@@ -106,9 +111,12 @@ def run_n(
         deadline = began + timeout_s
         states = [s.wait(timeout=max(0.1, deadline - time.time())) for s in sessions]
         ended = time.time()
+        machine_after = machine_cpu_s()
         bench_cpu = time.process_time() - bench_cpu
         loaded_roles = roles(trouper_tree(port, home))
         cpu = cpu_delta(idle_cpu, role_cpu_s(loaded_roles))
+        # every process of the trouper, each one's own figures (per_process)
+        processes = _per_process(loaded_roles)
         loaded = role_memory(loaded_roles)
         ids = [s.id for s in sessions]
         latencies = _step_latencies_ms(server, ids)
@@ -118,7 +126,8 @@ def run_n(
     good = sum(
         1
         for i in range(n)
-        if read_lines(workdir / f"conc-{n}-{i}" / "out.txt") == expected_lines(steps)
+        if read_lines(workdir / f"conc-{n}{_suffix(layout)}-{i}" / "out.txt")
+        == expected_lines(steps)
     )
     per_step = 1000 / max(1, len(latencies))
     by_kind: dict[str, float] = defaultdict(float)
@@ -154,11 +163,43 @@ def run_n(
             "private_per_session_mb": sum(r["private_mb"] for r in loaded.values()) / n,
             "by_role": _by_role(loaded, cpu, n, per_step),
             "processes": sum(int(r["processes"]) for r in loaded.values()),
+            "per_process": processes,
+            **others_load(machine_before, machine_after,
+                          sum(cpu.values()) + bench_cpu, ended - began),
         }
     )
     result["leftover_sandboxes"] = len(sandbox_servers(home))
     result["restarts"] = _restarts(home)
     return result
+
+
+def _suffix(layout: str | None) -> str:
+    return f"-{layout}" if layout else ""
+
+
+def _per_process(pids: dict[int, str]) -> dict[str, dict[str, float]]:
+    """Per role, the median process's private, shared and PSS MB (``smaps_rollup``):
+    what one SessionSupervisor, Controller... holds, beside the role's sums."""
+    from common import median
+    from procs import smaps_rollup_kb
+
+    found: dict[str, list[dict[str, int]]] = defaultdict(list)
+    for pid, role in pids.items():
+        rollup = smaps_rollup_kb(pid)
+        if rollup:
+            found[role].append(rollup)
+    out = {}
+    for role, rollups in found.items():
+        def mb(*keys: str, rollups: list[dict[str, int]] = rollups) -> float | None:
+            value = median(sum(r.get(k, 0) for k in keys) for r in rollups)
+            return None if value is None else value / 1024
+
+        out[role] = {"processes": len(rollups), "rss_mb": mb("Rss"), "pss_mb": mb("Pss"),
+                     "private_mb": mb("Private_Clean", "Private_Dirty"),
+                     "private_dirty_mb": mb("Private_Dirty"),
+                     "shared_mb": mb("Shared_Clean", "Shared_Dirty"),
+                     "anonymous_mb": mb("Anonymous")}
+    return out
 
 
 def _restarts(home: Path) -> dict[str, int]:
@@ -182,13 +223,15 @@ def _by_role(
     process (shared roles, one per trouper, divided by N too)."""
     out = {}
     for role in list(memory) + [r for r in cpu if r not in memory]:
-        mem = memory.get(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0})
+        mem = memory.get(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0,
+                                "shared_mb": 0.0})
         count = int(mem["processes"])
         out[role] = {
             "processes": count,
             "cpu_ms_per_step": cpu.get(role, 0.0) * per_step,
             "pss_mb_per_session": mem["pss_mb"] / n,
             "private_mb_per_session": mem["private_mb"] / n,
+            "shared_mb_per_session": mem.get("shared_mb", 0.0) / n,
             "private_mb_per_process": mem["private_mb"] / count if count else None,
         }
     return out
@@ -226,15 +269,17 @@ def _step_latencies_ms(server: Any, session_ids: list[str]) -> list[float]:
 
 
 def run_isolated(
-    n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float
+    n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """``run_n`` in a child process, ended if it overruns its time or the memory floor."""
     from trouper.actor_system import free_port
 
-    port, home, out = free_port(), workdir / f"conc-home-{n}", workdir / f"conc-{n}.json"
+    tag = f"{n}{_suffix(layout)}"
+    port, home, out = free_port(), workdir / f"conc-home-{tag}", workdir / f"conc-{tag}.json"
     timeout_s = 120 + n * steps * 0.2
     cfg = {"n": n, "steps": steps, "latency_s": latency_s, "workdir": str(workdir),
-           "port": port, "timeout_s": timeout_s, "out": str(out)}
+           "port": port, "timeout_s": timeout_s, "out": str(out), "layout": layout}
     child = spawn("popen")([sys.executable, __file__, json.dumps(cfg)],
                              stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s + 120 + n * 0.5  # + opening, sampling, closing
@@ -252,7 +297,7 @@ def run_isolated(
             kill_tree(port, home)
             break
         time.sleep(0.25)
-    result: dict[str, Any] = {"n": n, "steps": steps}
+    result: dict[str, Any] = {"n": n, "steps": steps, "layout": layout}
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
@@ -263,9 +308,11 @@ def run_isolated(
     return result
 
 
-def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float) -> str | None:
-    """Why not to start N sessions, judged by the largest N >= 50 run so far (None: go)."""
-    ok = [r for r in done if "error" not in r and r["n"] >= 50]
+def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float,
+             layout: str | None = None) -> str | None:
+    """Why not to start N sessions, judged by the largest N >= 50 run so far in the same
+    layout (None: go)."""
+    ok = [r for r in done if "error" not in r and r["n"] >= 50 and r.get("layout") == layout]
     if not ok:
         return None
     base = max(ok, key=lambda r: r["n"])
@@ -280,26 +327,54 @@ def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float) -> str | N
 def run(
     ns: list[int], steps: int, latency_s: float, workdir: Path,
     mem_floor_mb: float = MEM_FLOOR_MB, bare_max_n: int = BARE_MAX_N,
+    layouts: list[str] | None = None,
 ) -> dict[str, Any]:
+    """Each N in each layout (``None``: the program's default), each followed at once by
+    N bare loops at once (up to ``bare_max_n``), so that trouper's ratios to the bare
+    fleet compare two runs a few seconds apart (the machine is shared: others' work comes
+    and goes); the rows of one N alternate which layout goes first."""
     results: list[dict[str, Any]] = []
-    for n in ns:
-        print(
-            f"  concurrency: N={n} x {steps} steps, model latency {latency_s * 1000:g} ms",
-            flush=True,
-        )
-        skip = _too_big(n, results, mem_floor_mb)
-        if skip:
-            results.append({"n": n, "steps": steps, "error": skip})
-            continue
-        try:
-            results.append(run_isolated(n, steps, latency_s, workdir, mem_floor_mb))
-        except Exception as exc:  # noqa: BLE001 - one failed N must not hide the others
-            results.append({"n": n, "steps": steps, "error": f"{type(exc).__name__}: {exc}"})
-        if n <= bare_max_n:
-            print(f"  concurrency: the bare loop, N={n} at once", flush=True)
-            results[-1]["bare_loop"] = bare_fleet_isolated(n, steps, latency_s, workdir)
+    wanted: list[str | None] = list(layouts) if layouts else [None]
+    for i, n in enumerate(ns):
+        order = wanted[i % len(wanted):] + wanted[:i % len(wanted)]
+        for layout in order:
+            row = _one_n(n, steps, latency_s, workdir, mem_floor_mb, layout, results)
+            results.append(row)
+            if n <= bare_max_n:
+                print(f"  concurrency: the bare loop, N={n} at once", flush=True)
+                bare = bare_fleet_isolated(n, steps, latency_s, workdir)
+                row["bare_loop"] = bare
+                row.update(against_bare(row, bare))
     return {"steps": steps, "latency_ms": latency_s * 1000, "mem_floor_mb": mem_floor_mb,
-            "bare_max_n": bare_max_n, "by_n": results}
+            "bare_max_n": bare_max_n, "layouts": wanted, "by_n": results}
+
+
+def _one_n(n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float,
+           layout: str | None, done: list[dict[str, Any]]) -> dict[str, Any]:
+    print(f"  concurrency: N={n} x {steps} steps, model latency {latency_s * 1000:g} ms"
+          + (f", {layout} layout" if layout else ""), flush=True)
+    skip = _too_big(n, done, mem_floor_mb, layout)
+    if skip:
+        return {"n": n, "steps": steps, "layout": layout, "error": skip}
+    try:
+        return run_isolated(n, steps, latency_s, workdir, mem_floor_mb, layout)
+    except Exception as exc:  # noqa: BLE001 - one failed N must not hide the others
+        return {"n": n, "steps": steps, "layout": layout,
+                "error": f"{type(exc).__name__}: {exc}"}
+
+
+def against_bare(row: dict[str, Any], bare: dict[str, Any]) -> dict[str, float | None]:
+    """trouper's figures over the bare fleet's of the same N, same run: steps/s (higher
+    is better) and the time until all made their first model request (lower is)."""
+    from common import ratio
+
+    if "error" in row or "error" in bare:
+        return {"steps_per_s_vs_bare": None, "first_request_all_vs_bare": None}
+    return {
+        "steps_per_s_vs_bare": ratio(row.get("steps_per_s"), bare.get("steps_per_s")),
+        "first_request_all_vs_bare": ratio(row.get("first_request_all_s"),
+                                           bare.get("first_request_all_s")),
+    }
 
 
 def bare_fleet_isolated(n: int, steps: int, latency_s: float, workdir: Path) -> dict[str, Any]:
@@ -327,7 +402,7 @@ def _child(cfg: dict[str, Any]) -> int:
     out = Path(cfg["out"])
     try:
         result = run_n(cfg["n"], cfg["steps"], cfg["latency_s"], Path(cfg["workdir"]),
-                       cfg["port"], cfg["timeout_s"])
+                       cfg["port"], cfg["timeout_s"], cfg.get("layout"))
     except Exception as exc:  # noqa: BLE001 - reported as this N's error
         result = {"n": cfg["n"], "steps": cfg["steps"], "error": f"{type(exc).__name__}: {exc}"}
     out.write_text(json.dumps(result, default=str))

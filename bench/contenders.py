@@ -25,7 +25,15 @@ from common import (
     read_lines,
     spawn,
 )
-from procs import cpu_delta, role_cpu_s, roles, session_processes, trouper_tree
+from procs import (
+    cpu_delta,
+    machine_cpu_s,
+    others_load,
+    role_cpu_s,
+    roles,
+    session_processes,
+    trouper_tree,
+)
 
 from trouper import AgentState, Trouper
 from trouper.agent.prompt import PromptBuilder
@@ -178,13 +186,16 @@ def run_trouper(t: Trouper, admin_port: int, k: int, workdir: Path, latency_s: f
             pids = roles(trouper_tree(admin_port, home))
             run.note += " the session's processes were not found: CPU is the whole tree's"
         before = role_cpu_s(pids) if started else {}
-        bench_before = time.process_time()
+        bench_before, machine_before, began = time.process_time(), machine_cpu_s(), time.time()
         wait_until(lambda: len(chat_requests(server)) >= k + 1, 60 + k * 2.0, poll_s=0.01)
+        machine_after, ended = machine_cpu_s(), time.time()
         if started:
             pids.update(session_processes(trouper_tree(admin_port, home), home, session.id)
                         or {})  # any process started since (a restarted actor)
             run.cpu_s = {r: s for r, s in cpu_delta(before, role_cpu_s(pids)).items() if s}
         run.cpu_s["bench process (LLM server, wait)"] = time.process_time() - bench_before
+        load = others_load(machine_before, machine_after, sum(run.cpu_s.values()),
+                           ended - began)
         state = session.wait(timeout=60 + k * 2.0)
         run.request_times_s = [r.time_s for r in chat_requests(server)]
         run.cpu_steps = max(1, k - 1)
@@ -192,7 +203,8 @@ def run_trouper(t: Trouper, admin_port: int, k: int, workdir: Path, latency_s: f
     problems = check_log(events)
     run.ok = state == AgentState.FINISHED and not problems
     run.note += "" if run.ok else f" state {state.value}; {problems[:3]}"
-    run.extra = {"session_id": session.id, "segments": segments(run.request_times_s, events)}
+    run.extra = {"session_id": session.id, "segments": segments(run.request_times_s, events),
+                 **load}
     _check_out(run, workspace)
     return run
 

@@ -276,29 +276,65 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 def memory_kb(pid: int) -> tuple[int, int]:
     """(PSS, private) kB from ``smaps_rollup``; private is Private_Clean + Private_Dirty."""
-    pss = private = 0
+    rollup = smaps_rollup_kb(pid)
+    return rollup.get("Pss", 0), rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
+
+
+def smaps_rollup_kb(pid: int) -> dict[str, int]:
+    """Every kB field of ``/proc/<pid>/smaps_rollup`` (Rss, Pss, Shared_Clean,
+    Private_Dirty, Anonymous...); empty if the process is gone."""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
-        return 0, 0
+        return {}
+    out = {}
     for line in text.splitlines():
-        if line.startswith("Pss:"):
-            pss = int(line.split()[1])
-        elif line.startswith(("Private_Clean:", "Private_Dirty:")):
-            private += int(line.split()[1])
-    return pss, private
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            out[parts[0].rstrip(":")] = int(parts[1])
+    return out
 
 
 def role_memory(pids_: dict[int, str]) -> dict[str, dict[str, float]]:
-    """Per role: processes, PSS MB and private MB (summed over its processes)."""
+    """Per role: processes, PSS MB, private MB (Private_Clean + Private_Dirty) and shared
+    MB (Shared_Clean + Shared_Dirty: pages another process maps too), summed over its
+    processes."""
     out: dict[str, dict[str, float]] = {}
     for pid, role in pids_.items():
-        pss, private = memory_kb(pid)
-        row = out.setdefault(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0})
+        rollup = smaps_rollup_kb(pid)
+        row = out.setdefault(role, {"processes": 0, "pss_mb": 0.0, "private_mb": 0.0,
+                                    "shared_mb": 0.0})
         row["processes"] += 1
-        row["pss_mb"] += pss / 1024.0
-        row["private_mb"] += private / 1024.0
+        row["pss_mb"] += rollup.get("Pss", 0) / 1024.0
+        row["private_mb"] += (rollup.get("Private_Clean", 0)
+                              + rollup.get("Private_Dirty", 0)) / 1024.0
+        row["shared_mb"] += (rollup.get("Shared_Clean", 0)
+                             + rollup.get("Shared_Dirty", 0)) / 1024.0
     return {role: out[role] for role in role_order(out)}
+
+
+def machine_cpu_s() -> dict[str, float]:
+    """The whole machine's CPU seconds so far (``/proc/stat``, every core): ``busy``
+    (user, nice, system, irq, softirq) and ``steal`` (time the hypervisor gave this
+    machine's vCPUs to other guests). Two readings subtracted, less what the run's own
+    processes used, say how busy the machine was with other work meanwhile."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return {"busy": 0.0, "steal": 0.0}
+    ticks = [int(x) for x in first[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
+    return {"busy": (user + nice + system + irq + softirq) / CLOCK_TICKS,
+            "steal": steal / CLOCK_TICKS}
+
+
+def others_load(before: dict[str, float], after: dict[str, float], ours_s: float,
+                wall_s: float) -> dict[str, float]:
+    """Cores busy with work that was not the run's own (other engineers' tests, the
+    daemons), and cores stolen by the hypervisor, on average over ``wall_s``."""
+    wall = max(1e-9, wall_s)
+    return {"others_cores": max(0.0, after["busy"] - before["busy"] - ours_s) / wall,
+            "steal_cores": (after["steal"] - before["steal"]) / wall}
 
 
 def session_processes(tree: Tree, home: Path, session_id: str) -> dict[int, str] | None:

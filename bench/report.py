@@ -7,7 +7,7 @@ from typing import Any
 import docker_runtime
 from common import fmt, median
 from procs import role_order
-from targets import target_lines
+from targets import target_lines, tree_goal_lines
 
 
 def _line(cells: list[str], widths: list[int]) -> str:
@@ -24,6 +24,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 CONTENDERS = ("bare", "bare-direct", "trouper", "openhands", "openhands-subprocess")
 
 
+def _contenders(r: dict[str, Any]) -> list[str]:
+    """The step workload's contenders in order: one trouper per layout when several."""
+    troupers = list(r.get("troupers") or {"trouper": None})
+    return ["bare", "bare-direct", *troupers, "openhands", "openhands-subprocess"]
+
+
 def step_lines(r: dict[str, Any]) -> list[str]:
     head = [
         "K",
@@ -36,9 +42,11 @@ def step_lines(r: dict[str, Any]) -> list[str]:
         "x trouper",
     ]
     rows = []
+    names = _contenders(r)
+    troupers = list(r.get("troupers") or {"trouper": None})
     for k, by in r["by_k"].items():
-        base = (by.get("trouper") or {}).get("median_ms")
-        for name in CONTENDERS:
+        base = (by.get(troupers[0]) or {}).get("median_ms")
+        for name in names:
             s = by.get(name)
             if not s or s.get("median_ms") is None:
                 continue
@@ -59,10 +67,25 @@ def step_lines(r: dict[str, Any]) -> list[str]:
         f"{r['rounds']} round(s), model latency {r['latency_s'] * 1000:g} ms"
     ]
     lines += _table(head, rows)
-    trouper = r["by_k"][max(r["by_k"], key=int)].get("trouper", {})
-    for name, seg in trouper.get("segments_ms", {}).items():
+    for k, by in r["by_k"].items():
+        for name in troupers:
+            lines += _trouper_parts(f"{name} K={k}", by.get(name, {}))
+        ratios = ", ".join(f"{name} {fmt(value, 2)}" for name, value in by["ratios"].items()
+                           if value is not None)
+        lines.append(f"  K={k} ratios: {ratios}")
+    for by in r["by_k"].values():
+        for name in names:
+            for note in (by.get(name) or {}).get("notes", []):
+                lines.append(f"  note ({name}): {note}")
+    return lines
+
+
+def _trouper_parts(name: str, trouper: dict[str, Any]) -> list[str]:
+    """A trouper contender's step cut in three, its CPU by role, and the machine's noise."""
+    lines = []
+    for part, seg in trouper.get("segments_ms", {}).items():
         lines.append(
-            f"  trouper {name}: {fmt(seg['median_ms'], 2)} ms "
+            f"  {name} {part}: {fmt(seg['median_ms'], 2)} ms "
             f"({fmt(seg['first_tenth_ms'], 2)} -> {fmt(seg['last_tenth_ms'], 2)})"
         )
     if trouper.get("cpu_ms_per_step"):
@@ -71,11 +94,10 @@ def step_lines(r: dict[str, Any]) -> list[str]:
             for role, ms in sorted(trouper["cpu_ms_per_step"].items(), key=lambda kv: -kv[1])
             if ms > 0
         ]
-        lines.append("  trouper CPU ms per step by role: " + ", ".join(parts))
-    for by in r["by_k"].values():
-        for name in CONTENDERS:
-            for note in (by.get(name) or {}).get("notes", []):
-                lines.append(f"  note ({name}): {note}")
+        lines.append(f"  {name} CPU ms per step by role: " + ", ".join(parts))
+    if trouper.get("others_cores") is not None:
+        lines.append(f"  {name}: others' work used {fmt(trouper['others_cores'], 2)} cores, "
+                     f"the hypervisor stole {fmt(trouper.get('steal_cores'), 2)} (medians)")
     return lines
 
 
@@ -118,6 +140,7 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
     ]
     head = [
         "N",
+        "layout",
         "finished",
         "steps/s",
         "after start",
@@ -135,11 +158,13 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
     rows = []
     for n in r["by_n"]:
         if "finished" not in n:
-            rows.append([str(n["n"]), n.get("error", "?")[:80]] + [""] * (len(head) - 2))
+            rows.append([str(n["n"]), n.get("layout") or "", n.get("error", "?")[:80]]
+                        + [""] * (len(head) - 3))
             continue
         rows.append(
             [
                 str(n["n"]),
+                n.get("layout") or "",
                 f"{n['finished']}/{n['n']}",
                 fmt(n["steps_per_s"]),
                 fmt(n["steps_per_s_after_start"]),
@@ -157,6 +182,10 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
         )
     lines += _table(head, rows)
     lines += [f"  N={n['n']}: {n['error']}" for n in r["by_n"] if "error" in n and "finished" in n]
+    lines += [f"  N={n['n']} {n.get('layout') or ''}: others' work used "
+              f"{fmt(n.get('others_cores'), 2)} cores, the hypervisor stole "
+              f"{fmt(n.get('steal_cores'), 2)}; restarts {n.get('restarts') or 'none'}"
+              for n in r["by_n"] if "finished" in n]
     return lines + bare_fleet_lines(r["by_n"]) + role_lines(r["by_n"])
 
 
@@ -171,14 +200,18 @@ def bare_fleet_lines(by_n: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  the bare loop, N={n['n']} at once: {bare['error']}")
             continue
         mine = "" if "finished" not in n else (
-            f" (trouper: {fmt(n['steps_per_s'])} steps/s, p50 {fmt(n['step_p50_ms'])} ms, "
-            f"all started {fmt(n.get('first_request_all_s'), 2)} s, "
+            f" (trouper{' ' + n['layout'] if n.get('layout') else ''}: "
+            f"{fmt(n['steps_per_s'])} steps/s = {fmt(n.get('steps_per_s_vs_bare'), 2)}x, "
+            f"p50 {fmt(n['step_p50_ms'])} ms, "
+            f"all started {fmt(n.get('first_request_all_s'), 2)} s = "
+            f"{fmt(n.get('first_request_all_vs_bare'), 2)}x, "
             f"{fmt(n.get('cpu_ms_per_step_total'))} ms CPU/step)")
         lines.append(
             f"  the bare loop, N={n['n']} at once: {bare['finished']}/{bare['n']} finished, "
             f"{fmt(bare['steps_per_s'])} steps/s, p50 {fmt(bare['step_p50_ms'])} ms, "
             f"all started {fmt(bare.get('first_request_all_s'), 2)} s, "
-            f"{fmt(bare['cpu_ms_per_step'])} ms CPU/step{mine}")
+            f"{fmt(bare['cpu_ms_per_step'])} ms CPU/step, others' work "
+            f"{fmt(bare.get('others_cores'), 2)} cores{mine}")
     return lines
 
 
@@ -188,7 +221,7 @@ def role_lines(by_n: list[dict[str, Any]]) -> list[str]:
     if not runs:
         return []
     lines = ["  by role, per session (role's sum / N): CPU ms/step | private MB | PSS MB"]
-    head = ["role"] + [f"N={n['n']}" for n in runs]
+    head = ["role"] + [f"N={n['n']} {n.get('layout') or ''}".strip() for n in runs]
     names = role_order({role for n in runs for role in n["by_role"]})
     rows = []
     for role in names:
@@ -210,6 +243,25 @@ def role_lines(by_n: list[dict[str, Any]]) -> list[str]:
             for n in runs
         ]
     )
+    lines += _table(head, rows)
+    return lines + process_lines(runs)
+
+
+def process_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """One process of each role (the median one): private, shared, PSS MB."""
+    runs = [n for n in runs if n.get("per_process")]
+    if not runs:
+        return []
+    lines = ["  one process of each role (median): private | shared | PSS MB"]
+    head = ["role"] + [f"N={n['n']} {n.get('layout') or ''}".strip() for n in runs]
+    rows = []
+    for role in role_order({role for n in runs for role in n["per_process"]}):
+        cells = [role]
+        for n in runs:
+            x = n["per_process"].get(role)
+            cells.append(f"{fmt(x['private_mb'])} | {fmt(x['shared_mb'])} | {fmt(x['pss_mb'])}"
+                         if x else "-")
+        rows.append(cells)
     return lines + _table(head, rows)
 
 
@@ -349,4 +401,5 @@ def render(results: dict[str, Any]) -> str:
     for name, r in w.items():
         if "error" in r:
             lines += [f"{name}: FAILED: {r['error']}", ""]
-    return "\n".join(lines + target_lines(results["targets"]))
+    goals = tree_goal_lines(results.get("tree_goals") or {})
+    return "\n".join(lines + target_lines(results["targets"]) + ([""] + goals if goals else []))

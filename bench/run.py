@@ -46,10 +46,11 @@ import venvs  # noqa: E402
 from common import RESULTS_DIR, exit_now, fork_python_processes, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
 from report import render  # noqa: E402
-from targets import targets  # noqa: E402
+from targets import targets, tree_goals  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
              "daemon", "idle")
+LAYOUTS = ("split", "hosted")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,15 +110,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--layout",
-        choices=("split", "hosted"),
         help="the session layout every workload's Trouper opens with (default: the "
-        "TROUPER_SESSION_LAYOUT setting, else hosted)",
+        "TROUPER_SESSION_LAYOUT setting, else hosted); several, comma-separated (e.g. "
+        "split,hosted): the step and concurrency workloads run each side by side in the "
+        "same run (the other workloads the first), and the design tree's goals are "
+        "given for each",
     )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    args.layouts = args.layout.split(",") if args.layout else []
+    if set(args.layouts) - set(LAYOUTS) or len(set(args.layouts)) != len(args.layouts):
+        parser.error(f"--layout: each of {', '.join(LAYOUTS)} at most once (got {args.layout})")
     return args
 
 
@@ -173,6 +179,7 @@ def run_workloads(
                 oh_python,
                 args.latency_ms / 1000,
                 openhands_subprocess=not args.quick,
+                layouts=args.layouts if len(args.layouts) > 1 else None,
             ),
         ),
         "start": (
@@ -188,6 +195,7 @@ def run_workloads(
                 workdir,
                 cfg["mem_floor_mb"],
                 args.bare_max_n,
+                layouts=args.layouts if len(args.layouts) > 1 else None,
             ),
         ),
         "idle": (
@@ -254,8 +262,8 @@ def write(results: dict[str, Any], out: Path | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = settings(args)
-    if args.layout:  # every workload's Trouper (in this process or a child) reads it
-        os.environ["TROUPER_SESSION_LAYOUT"] = args.layout
+    if args.layouts:  # every workload's Trouper (in this process or a child) reads it
+        os.environ["TROUPER_SESSION_LAYOUT"] = args.layouts[0]
     layout = os.environ.get("TROUPER_SESSION_LAYOUT") or "hosted"
     if args.quick:  # a smoke run: its Python processes are forked, not started afresh
         fork_python_processes()
@@ -264,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "layout": layout,
+        "layouts": args.layouts or [layout],
         "settings": cfg,
         "machine": machine(),
         "load_average": {"start": os.getloadavg()},
@@ -277,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     results["openhands_env"] = _openhands_versions(oh, results["workloads"])
     results["install_s"] = args.install_s
     results["targets"] = targets(results["workloads"], args.install_s)
+    results["tree_goals"] = tree_goals(results["workloads"], results["layouts"])
     results["elapsed_s"] = time.monotonic() - began
     results["load_average"]["end"] = os.getloadavg()  # others' work on a shared machine
     path = write(results, args.out)
