@@ -29,7 +29,7 @@ from rich.text import Text
 
 from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED
 from .masking import mask_known
-from .processes import die_if_forked, signal_handlers
+from .processes import SignalRelay, die_if_forked, signal_handlers
 
 if TYPE_CHECKING:
     from .cli_clients import Choice
@@ -70,6 +70,8 @@ class Interrupts:
         self.signum: int | None = None
         self.stop = threading.Event()
         self._pid = os.getpid()
+        self._relay = SignalRelay(self.stop.set)
+        """Sets ``stop`` off the signal's context (a handler that set it could deadlock)."""
 
     @property
     def exit_code(self) -> int:
@@ -81,7 +83,7 @@ class Interrupts:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Interrupts]:
-        with signal_handlers(HANDLED_SIGNALS, self._on_signal):
+        with self._relay, signal_handlers(HANDLED_SIGNALS, self._on_signal):
             yield self
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -93,7 +95,7 @@ class Interrupts:
         self.signum = signum
         if signum == signal.SIGHUP:  # the terminal is gone: what is left to say goes nowhere
             _detach_from_terminal()
-        self.stop.set()
+        self._relay.fire()
 
 
 def _detach_from_terminal() -> None:

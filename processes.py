@@ -6,6 +6,7 @@ import functools
 import os
 import resource
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -301,6 +302,50 @@ def signal_handlers(signums: Iterable[int], handler: Callable[[int, Any], None]
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+class SignalRelay:
+    """Does, on a thread of its own, what a signal handler must not do itself.
+
+    A Python signal handler runs in the main thread between two bytecodes, wherever that
+    thread is: setting a ``threading.Event`` there deadlocks when the signal lands while
+    the main thread holds the event's lock (inside ``Event.wait``, say), and the program
+    hangs for good. ``fire()`` only writes a byte to a pipe (no lock); the relay thread
+    reads it and calls ``action``. Use as a context manager around the handlers.
+    """
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+        self._read_fd, self._write_fd = -1, -1
+        self._thread: threading.Thread | None = None
+        self._fired = False
+
+    def __enter__(self) -> SignalRelay:
+        self._read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._relay, name="signal-relay", daemon=True)
+        self._thread.start()
+        return self
+
+    def fire(self) -> None:
+        """From a signal handler: have ``action`` called (once, on the relay thread)."""
+        self._fired = True
+        try:
+            os.write(self._write_fd, b"!")
+        except OSError:  # the relay has ended: the block is over
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            os.write(self._write_fd, b".")  # wakes the relay if nothing fired
+            self._thread.join(5.0)
+        for fd in (self._read_fd, self._write_fd):
+            os.close(fd)
+        self._thread, self._read_fd, self._write_fd = None, -1, -1
+
+    def _relay(self) -> None:
+        os.read(self._read_fd, 1)
+        if self._fired:
+            self._action()
 
 
 OPEN_FILES_CEILING = 1 << 20

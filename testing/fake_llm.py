@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
+from ..processes import SignalRelay
 from .fake_llm_wire import (
     SESSION_HEADER,
     TURN_HEADER,
@@ -346,10 +347,12 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(script_path: str, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve ``script_path`` in the foreground until SIGINT or SIGTERM; print the URL."""
     stop = threading.Event()
+    relay = SignalRelay(stop.set)  # a handler that set it could deadlock (processes.py)
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        relay.fire()
 
+    relay.__enter__()
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with FakeLLMServer(script_path, host=host, port=port) as server:
@@ -361,3 +364,4 @@ def serve(script_path: str, host: str = "127.0.0.1", port: int = 8000) -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        relay.__exit__()
