@@ -1,0 +1,1 @@
+"""Facts about this machine's processes, read from the kernel (``processes.py``)."""
