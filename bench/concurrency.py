@@ -168,7 +168,11 @@ def run_n(
                           sum(cpu.values()) + bench_cpu, ended - began),
         }
     )
+    # Trouper.close() stops every sandbox: any server still up is a finding, and is ended
+    # here so that it does not weigh on the next N
     result["leftover_sandboxes"] = len(sandbox_servers(home))
+    if result["leftover_sandboxes"]:
+        kill_tree(port, home)
     result["restarts"] = _restarts(home)
     return result
 

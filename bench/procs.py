@@ -78,13 +78,29 @@ def _servers_by_folder(home: Path) -> dict[int, str]:
             continue
         if alive(pid) and comm(pid) == "trouper-sandbox":
             found[pid] = str(info.parent)
-    for pid in pids():  # one started afresh, before its server.json
+    for pid in pids():
+        if pid in found:
+            continue
         argv = cmdline(pid)
-        if pid not in found and "--state-dir" in argv:
+        if "--state-dir" in argv:  # one started afresh, before its server.json
             state_dir = argv[argv.index("--state-dir") + 1]
             if state_dir.startswith(marker) and alive(pid):
                 found[pid] = state_dir
+        elif comm(pid) == "trouper-sandbox" and alive(pid):
+            # one forked by the zygote, whose argv is the zygote's: it works in its state
+            # folder, which may lie under a home below ``home`` (the concurrency runs'), or
+            # be gone with its home (" (deleted)"), the server living on
+            state_dir = _cwd(pid).removesuffix(" (deleted)")
+            if state_dir == marker or state_dir.startswith(marker + os.sep):
+                found[pid] = state_dir
     return found
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
 
 
 def sandbox_servers(home: Path) -> list[int]:

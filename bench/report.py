@@ -182,6 +182,9 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
         )
     lines += _table(head, rows)
     lines += [f"  N={n['n']}: {n['error']}" for n in r["by_n"] if "error" in n and "finished" in n]
+    lines += [f"  N={n['n']} {n.get('layout') or ''}: WARNING: {n['leftover_sandboxes']} "
+              "sandbox server(s) still up after Trouper.close() (ended by the bench)"
+              for n in r["by_n"] if n.get("leftover_sandboxes")]
     lines += [f"  N={n['n']} {n.get('layout') or ''}: others' work used "
               f"{fmt(n.get('others_cores'), 2)} cores, the hypervisor stole "
               f"{fmt(n.get('steal_cores'), 2)}; restarts {n.get('restarts') or 'none'}"
