@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .client_protocol import SessionHandle, TrouperClient
-from .config import ConfirmationPolicy, LLMConfig, SessionConfig
+from .client.info import SessionInfo, SessionSummary
+from .client.protocol import SessionHandle, TrouperClient
+from .config.models import ConfirmationPolicy, LLMConfig, RestartPolicy, SessionConfig
 from .exceptions import (
     ConfigError,
     InvalidRequest,
@@ -34,12 +35,10 @@ from .messages.events import (
     StateChanged,
 )
 from .messages.outcomes import Outcome
-from .restarts import RestartPolicy
-from .session_info import SessionInfo, SessionSummary
 
 if TYPE_CHECKING:
-    from .api import Trouper
-    from .session import Session
+    from .client.embedded import Trouper
+    from .client.session import Session
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -47,11 +46,11 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 def __getattr__(name: str) -> Any:
     # Trouper pulls in litellm and the actors (seconds): load it only when asked for.
     if name == "Trouper":
-        from .api import Trouper
+        from .client.embedded import Trouper
 
         return Trouper
     if name == "Session":
-        from .session import Session
+        from .client.session import Session
 
         return Session
     raise AttributeError(f"module 'trouper' has no attribute {name!r}")

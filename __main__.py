@@ -1,5 +1,5 @@
 """``python -m trouper`` is the ``trouper`` command."""
 
-from .cli import main
+from .cli.main import main
 
 main(prog_name="trouper")

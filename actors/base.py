@@ -41,10 +41,10 @@ from thespian.actors import (
 )
 
 from ..exceptions import StoreUnavailable
+from ..home.paths import write_private
+from ..host.processes import libc, name_process, start_time
 from ..messages.base import Frozen
 from ..messages.tree import BootedUp, Failing, Probe, ProbeAnswer
-from ..paths import write_private
-from ..processes import libc, name_process, start_time
 from .background import Background
 
 logger = logging.getLogger(__name__)

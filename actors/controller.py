@@ -40,11 +40,11 @@ from ..core.effects import (
     StartTimer,
     TimerFired,
 )
+from ..core.fold import SessionView
 from ..core.session import SessionCore
 from ..exceptions import LeaseLost, StoreUnavailable
-from ..fold import SessionView
+from ..home.paths import Home
 from ..llm.history import HistorySender
-from ..masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..messages import tree as wiring
 from ..messages.protocol import (
     Accepted,
@@ -76,7 +76,7 @@ from ..messages.tree import (
     RuntimeGaveUp,
     Superseded,
 )
-from ..paths import Home
+from ..security.masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..store import EventStore, open_store
 from .loop_watch import LoopWatch
 from .store_fault import StoreFaultMode

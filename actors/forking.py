@@ -43,8 +43,9 @@ from typing import Any
 
 from thespian.system import multiprocCommon
 
-from ..paths import enter_private_process, write_private
-from ..processes import (
+from ..config.settings import settings
+from ..home.paths import enter_private_process, write_private
+from ..host.processes import (
     exit_watch,
     libc,
     name_process,
@@ -53,7 +54,6 @@ from ..processes import (
     start_time,
 )
 from ..runtimes import sandbox_zygote
-from ..settings import settings
 from . import reaping
 
 logger = logging.getLogger(__name__)

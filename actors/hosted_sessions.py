@@ -31,11 +31,10 @@ from ..messages.tree import (
     StandingDown,
     SteppedDown,
 )
-from ..restarts import give_up_text
+from ..supervisor import ChildSpec, Supervisor, give_up_text
 from . import reaping
 from .in_flight import CommandsInFlight, taken_text
 from .session_host import SessionHost
-from .supervision import ChildSpec, Supervisor
 
 logger = logging.getLogger(__name__)
 

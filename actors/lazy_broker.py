@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..processes import name_process
+from ..host.processes import name_process
 from .base import PROCESS_NAMES, TrouperActor
 
 LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")

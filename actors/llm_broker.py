@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from thespian.actors import ActorAddress
 
+from ..config.settings import settings
+from ..home.paths import Home
 from ..llm import direct
 from ..llm.backoff import Backoff
 from ..llm.client import complete
@@ -31,7 +33,6 @@ from ..llm.credentials import auth_message, key_vars_in_use
 from ..llm.errors import RETRYABLE, classify, response_headers, retry_after_s
 from ..llm.gate import AdmissionGate, Clock, GateKey, GateLimits, GateRegistry, tokens_of
 from ..llm.history import HistoryStore
-from ..masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from ..messages.protocol import (
     CancelCompletion,
     Complete,
@@ -41,8 +42,7 @@ from ..messages.protocol import (
     RetryScheduled,
 )
 from ..messages.tree import BootBroker, ForgetHistory
-from ..paths import Home
-from ..settings import settings
+from ..security.masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from .base import Timer, TrouperActor
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..config.settings import settings
 from ..core.states import settled
 from ..messages.tree import BrokerSlow, Working
-from ..settings import settings
 from .base import TrouperActor
 
 if TYPE_CHECKING:

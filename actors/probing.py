@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from thespian.actors import ActorAddress
 
+from ..config.settings import settings
+from ..host.processes import signal_quietly
 from ..messages.protocol import UserCommand
 from ..messages.tree import BootedUp, Probe, ProbeAnswer, Relay
-from ..processes import signal_quietly
-from ..settings import settings
 from . import reaping
 from .base import TrouperActor
 

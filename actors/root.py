@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 
 from thespian.actors import ActorAddress
 
+from ..config.settings import settings
+from ..home.paths import Home
 from ..messages.protocol import (
     Accepted,
     FaultQuery,
@@ -51,14 +53,12 @@ from ..messages.tree import (
     Superseded,
     Working,
 )
-from ..paths import Home
-from ..settings import settings
+from ..supervisor import ChildSpec
 from .base import Timer
 from .hosted_sessions import BROKER, HostedSessions, session_role
 from .in_flight import CommandsInFlight, taken_text
 from .lazy_broker import LazyBroker
 from .session_supervisor import SessionSupervisor
-from .supervision import ChildSpec
 
 logger = logging.getLogger(__name__)
 

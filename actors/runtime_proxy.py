@@ -12,12 +12,12 @@ import logging
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
-from ..masking import mask_known, remember_secrets, session_maskers
+from ..home.paths import Home
 from ..messages.protocol import CloseSandbox, Execute, ResolveAction, SandboxClosed
 from ..messages.tree import BootRuntime, CloseFor
-from ..paths import Home
 from ..runtimes.driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
 from ..runtimes.session_sandbox import session_sandbox
+from ..security.masking import mask_known, remember_secrets, session_maskers
 from .base import Timer, TrouperActor
 
 logger = logging.getLogger(__name__)

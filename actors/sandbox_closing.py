@@ -22,7 +22,7 @@ from thespian.actors import ActorAddress
 
 from ..messages.protocol import CloseSandbox, SandboxClosed, StartSession
 from ..messages.tree import CloseFor, EndSandbox, Shutdown, ShutdownDone
-from .supervision import Supervisor
+from ..supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,8 @@ from typing import Any
 
 from thespian.actors import ActorAddress, ActorExitRequest
 
+from ..config.models import RestartPolicy
+from ..config.settings import settings
 from ..core.effects import (
     AskJournal,
     BrokerBack,
@@ -41,7 +43,7 @@ from ..core.effects import (
     RunAction,
 )
 from ..core.states import settled
-from ..masking import remember_secrets, session_maskers
+from ..home.paths import Home
 from ..messages.protocol import (
     Accepted,
     CloseSandbox,
@@ -64,13 +66,11 @@ from ..messages.tree import (
     StandingDown,
     SteppedDown,
 )
-from ..paths import Home
-from ..restarts import RestartPolicy
 from ..runtimes import Sandbox
 from ..runtimes.driver import After, Drop, Reply, ToParent, Work
 from ..runtimes.hosted import TIMER, HostedEffect, HostedRuntime, ToCore
 from ..runtimes.session_sandbox import session_sandbox
-from ..settings import settings
+from ..security.masking import remember_secrets, session_maskers
 from .controller import Controller
 
 logger = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from typing import Any
 
 from thespian.actors import ActorAddress
 
+from ..home.paths import Home
 from ..messages.protocol import (
     Refusal,
     Refused,
@@ -46,13 +47,11 @@ from ..messages.tree import (
     Superseded,
     Working,
 )
-from ..paths import Home
-from ..restarts import give_up_text
+from ..supervisor import ChildSpec, give_up_text
 from .controller import Controller
 from .in_flight import CommandsInFlight, taken_text
 from .runtime_proxy import RuntimeProxy
 from .sandbox_closing import CONTROLLER, RUNTIME, SandboxClosing
-from .supervision import ChildSpec
 
 logger = logging.getLogger(__name__)
 

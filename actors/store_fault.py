@@ -24,10 +24,10 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from ..config.settings import settings
 from ..exceptions import StoreUnavailable
 from ..messages.protocol import Refusal, Refused, StoreFault, UserCommand
 from ..messages.tree import Relay
-from ..settings import settings
 from .base import TrouperActor
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from typing import Any
 from thespian.system.transport import IPBase, TCPTransport, streamBuffer
 
 from ..exceptions import TrouperError
-from ..transport_key import KEY_BYTES, read_key_file
+from ..security.transport_key import KEY_BYTES, read_key_file
 from . import transport_loop
 
 THESPIAN_VERSION = "4.0.1"

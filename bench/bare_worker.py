@@ -100,7 +100,7 @@ def warm_up(cfg: dict) -> None:
 def step(cfg: dict, messages: list[dict], shell: Shell | None) -> bool:
     """One model call and its tool calls; False once the model is done."""
     if cfg.get("route") == "direct":  # trouper's own route for this endpoint
-        from trouper.config import LLMConfig
+        from trouper.config.models import LLMConfig
         from trouper.llm import direct
 
         llm = LLMConfig(model=cfg["model"], base_url=cfg["url"], api_key="x", timeout_s=60)

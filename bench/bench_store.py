@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trouper.config import LLMConfig, SessionConfig
+from trouper.config.models import LLMConfig, SessionConfig
 from trouper.messages.actions import RunCommand
 from trouper.messages.events import ActionEvent, MessageEvent, ObservationEvent
 from trouper.messages.outcomes import Outcome

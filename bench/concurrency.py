@@ -277,7 +277,7 @@ def run_isolated(
     layout: str | None = None,
 ) -> dict[str, Any]:
     """``run_n`` in a child process, ended if it overruns its time or the memory floor."""
-    from trouper.actor_system import free_port
+    from trouper.client.actor_system import free_port
 
     tag = f"{n}{_suffix(layout)}"
     port, home, out = free_port(), workdir / f"conc-home-{tag}", workdir / f"conc-{tag}.json"

@@ -40,8 +40,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from common import RESULTS_DIR, machine, median  # noqa: E402
 
-from trouper.config import LLMConfig, SessionConfig  # noqa: E402
-from trouper.daemon.client import parse_sse  # noqa: E402
+from trouper.client.daemon import parse_sse  # noqa: E402
+from trouper.config.models import LLMConfig, SessionConfig  # noqa: E402
 from trouper.messages.events import AgentState as State  # noqa: E402
 from trouper.messages.events import MessageEvent, StateChanged  # noqa: E402
 from trouper.store import open_store  # noqa: E402

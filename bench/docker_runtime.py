@@ -21,8 +21,8 @@ from common import echo_command, echo_script, median, percentile
 from contenders import llm_config
 
 from trouper import AgentState, Trouper
-from trouper.actor_system import free_port
-from trouper.config import DockerRuntime, LocalRuntime
+from trouper.client.actor_system import free_port
+from trouper.config.models import DockerRuntime, LocalRuntime
 from trouper.messages.actions import RunCommand
 from trouper.runtimes import load_sandbox
 from trouper.testing import FakeLLMServer

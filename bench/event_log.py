@@ -18,9 +18,9 @@ from common import chat_requests, median
 from contenders import TASK, wait_until
 
 from trouper import Trouper
-from trouper.actor_system import free_port
-from trouper.api import new_session_id
-from trouper.config import LLMConfig, SessionConfig
+from trouper.client.actor_system import free_port
+from trouper.client.embedded import new_session_id
+from trouper.config.models import LLMConfig, SessionConfig
 from trouper.messages.events import AgentState, MessageEvent, StateChanged
 from trouper.testing import FakeLLMServer
 

@@ -10,7 +10,7 @@ are. Measured: CPU of both processes per round trip (``/proc``: user and kernel)
 wall time, for a small message and for a pydantic message of a step's size (an
 ``Execute``), with both processes free to run anywhere, pinned to one CPU, and pinned to
 two different CPUs (a wake-up across CPUs is an interrupt between vCPUs). The program
-imports what a ``Trouper`` program imports first (``trouper.actor_system``), so the two
+imports what a ``Trouper`` program imports first (``trouper.client.actor_system``), so the two
 actors are forked from a heap like the real ones; their private and shared memory after
 the run is the floor of an actor process that does nothing but Thespian and messages.
 """
@@ -89,10 +89,10 @@ def payloads() -> dict[str, Any]:
 def run(rounds: int) -> dict[str, Any]:
     import hop_cost as me  # the classes by their module's name, for the forked actors
 
-    import trouper.actor_system  # noqa: F401 - the program's heap, as a Trouper's
-    from trouper.actor_system import free_port
+    import trouper.client.actor_system  # noqa: F401 - the program's heap, as a Trouper's
     from trouper.actors import forking
     from trouper.actors.transport import seal
+    from trouper.client.actor_system import free_port
 
     forking.install()  # what every trouper actor process does first after its fork
     seal()

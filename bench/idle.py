@@ -35,7 +35,7 @@ from procs import (
 )
 
 from trouper import AgentState, Trouper
-from trouper.actor_system import free_port
+from trouper.client.actor_system import free_port
 from trouper.testing import FakeLLMServer
 
 QUIET_MAX_S = 5.0

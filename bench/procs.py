@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trouper.processes import children_map, descendants, listening_sockets, socket_inodes
+from trouper.host.processes import children_map, descendants, listening_sockets, socket_inodes
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -33,7 +33,7 @@ from contenders import TASK, llm_config, session_roles, wait_until  # noqa: E402
 from procs import cpu_s, listening_pid  # noqa: E402
 
 from trouper import Trouper  # noqa: E402
-from trouper.actor_system import free_port  # noqa: E402
+from trouper.client.actor_system import free_port  # noqa: E402
 from trouper.testing import FakeLLMServer  # noqa: E402
 
 TOP = 15

@@ -59,7 +59,7 @@ from procs import (  # noqa: E402
     trouper_tree,
 )
 
-from trouper.processes import listening_sockets, socket_inodes  # noqa: E402
+from trouper.host.processes import listening_sockets, socket_inodes  # noqa: E402
 
 ACTOR_ROLES = ("trouper-root", "trouper-llm", "trouper-session", "trouper-proxy",
                "trouper-ctl")
@@ -69,7 +69,7 @@ ACTOR_ROLES = ("trouper-root", "trouper-llm", "trouper-session", "trouper-proxy"
 def open_probed(layout: str, workdir: Path, count_hops: bool = True,
                 profile_start: bool = False) -> tuple[Any, int, Path]:
     from trouper import Trouper
-    from trouper.actor_system import free_port
+    from trouper.client.actor_system import free_port
 
     probe_dir = workdir / "probe"
     tree_probe.install(probe_dir, count_hops=count_hops, profile_start=profile_start)

@@ -33,7 +33,7 @@ from procs import session_actor
 
 import trouper.testing
 from trouper import AgentState, Trouper
-from trouper.actor_system import free_port
+from trouper.client.actor_system import free_port
 from trouper.messages.events import ActionEvent, ObservationEvent, RuntimeEvent, StateChanged
 from trouper.testing import FakeLLMServer, check_log
 

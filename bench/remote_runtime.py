@@ -28,7 +28,7 @@ from common import chat_requests, echo_script, median, percentile, spawn
 from contenders import TASK, llm_config, segments, wait_until
 
 from trouper import AgentState, Trouper
-from trouper.actor_system import free_port
+from trouper.client.actor_system import free_port
 from trouper.testing import FakeLLMServer
 
 SEGMENT = "action recorded -> outcome recorded"
@@ -119,7 +119,7 @@ def _actions_ms(sandbox: Any, n: int) -> list[float]:
 
 
 def run(k: int, rounds: int, warm: int, actions: int, workdir: Path) -> dict[str, Any]:
-    from trouper.config import RemoteRuntime
+    from trouper.config.models import RemoteRuntime
     from trouper.runtimes.local import LocalSandbox
     from trouper.runtimes.remote import RemoteSandbox
 

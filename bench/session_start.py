@@ -17,7 +17,7 @@ from contenders import TASK, llm_config, wait_until
 from procs import cpu_delta, role_cpu_s, roles, trouper_tree
 
 from trouper import Trouper
-from trouper.actor_system import free_port
+from trouper.client.actor_system import free_port
 from trouper.testing import FakeLLMServer
 
 

@@ -25,7 +25,7 @@ from common import median, percentile, ratio, step_intervals_ms
 from contenders import Run, run_bare, run_openhands, run_trouper
 
 from trouper import Trouper
-from trouper.actor_system import free_port
+from trouper.client.actor_system import free_port
 
 
 def trouper_names(layouts: list[str] | None) -> dict[str, str | None]:

@@ -111,7 +111,7 @@ def _patch_transport() -> None:
     from thespian.system.transport import TCPTransport
 
     from trouper.actors.transport import MAC_BYTES, AuthenticatedCodec, seal
-    from trouper.transport_key import TRANSPORT_KEY_FILE_ENV
+    from trouper.security.transport_key import TRANSPORT_KEY_FILE_ENV
 
     # sealed first, as the Trouper would (it checks Thespian's own source before it patches;
     # its own call later finds the transport sealed with the same key and keeps it)

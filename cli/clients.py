@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_support import ENVIRONMENT, CliError, debug_enabled
+from .support import ENVIRONMENT, CliError, debug_enabled
 
 if TYPE_CHECKING:
-    from .client_protocol import TrouperClient
-    from .paths import Home
+    from ..client.protocol import TrouperClient
+    from ..home.paths import Home
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Choice:
 
 def reading(home: Home) -> TrouperClient:
     """A client to read the home's sessions: its daemon's, else its store's."""
-    from .store_reader import StoreReader
+    from ..client.store_reader import StoreReader
 
     url = _running_url(home)
     return _connect(home) if url is not None else StoreReader(home)
@@ -73,20 +73,20 @@ def daemon_client(home: Home) -> TrouperClient:
 
 
 def _running_url(home: Home) -> str | None:
-    from .daemon.files import DaemonFiles, running_info
+    from ..daemon.files import DaemonFiles, running_info
 
     info = running_info(DaemonFiles(home))
     return None if info is None else str(info["url"])
 
 
 def _connect(home: Home) -> Any:
-    from .daemon.client import connect
+    from ..client.daemon import connect
 
     return connect(home=home.root)
 
 
 def _start_daemon(home: Home) -> str:
-    from .daemon.process import start
+    from ..daemon.process import start
 
     info = start(home, debug=debug_enabled())
     click.echo(f"trouper: started the daemon at {info['url']} (pid {info['pid']})", err=True)
@@ -94,7 +94,9 @@ def _start_daemon(home: Home) -> str:
 
 
 def _embedded(home: Home) -> Any:
-    from .api import Trouper  # the actor system and litellm: only for the commands that run
+    from ..client.embedded import (
+        Trouper,  # the actor system and litellm: only for the commands that run
+    )
 
     return Trouper(home=home.root, resume=False)
 

@@ -15,21 +15,21 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_clients import daemon_client
-from .cli_support import ENVIRONMENT, OK, SESSION_FAILED, CliError, home_option, open_home
+from .clients import daemon_client
+from .support import ENVIRONMENT, OK, SESSION_FAILED, CliError, home_option, open_home
 
 if TYPE_CHECKING:
-    from .client_protocol import TrouperClient
+    from ..client.protocol import TrouperClient
 
 
 def _files(home: Path | None) -> Any:
-    from .daemon.files import DaemonFiles
+    from ..daemon.files import DaemonFiles
 
     return DaemonFiles(open_home(home))
 
 
 def _running(home: Path | None) -> dict[str, Any] | None:
-    from .daemon.files import running_info
+    from ..daemon.files import running_info
 
     return running_info(_files(home))
 
@@ -50,8 +50,8 @@ def daemon() -> None:
               help="Port to listen on (0: a free one, written to <home>/daemon.json).")
 def start(home: Path | None, host: str, port: int) -> None:
     """Start the daemon of the home; return once it answers."""
-    from .cli_support import debug_enabled
-    from .daemon.process import start as start_daemon
+    from ..daemon.process import start as start_daemon
+    from .support import debug_enabled
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"trouper: warning: listening on {host}, not only on loopback: anyone "
@@ -66,7 +66,7 @@ def start(home: Path | None, host: str, port: int) -> None:
 @click.option("--timeout", "timeout_s", default=60.0, show_default=True)
 def stop_daemon(home: Path | None, timeout_s: float) -> None:
     """Stop the daemon; its sessions stay resumable and carry on at the next start."""
-    from .daemon.process import stop
+    from ..daemon.process import stop
 
     info = stop(open_home(home), timeout_s)
     click.echo("no daemon was running" if info is None
@@ -78,7 +78,7 @@ def stop_daemon(home: Path | None, timeout_s: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The daemon's info as JSON.")
 def status(home: Path | None, as_json: bool) -> None:
     """Whether the daemon runs (exit 0) or not (exit 1), where, and its health."""
-    from .daemon.process import status as daemon_status
+    from ..daemon.process import status as daemon_status
 
     info = daemon_status(open_home(home))
     if as_json:
@@ -119,7 +119,7 @@ def logs(home: Path | None, lines: int, follow: bool) -> None:
 @home_option
 def open_page(home: Path | None) -> None:
     """Print the web page's URL, the token in its fragment (browsers never send it)."""
-    from .daemon.files import read_token
+    from ..daemon.files import read_token
 
     info = _running(home)
     if info is None:
@@ -134,9 +134,9 @@ def open_page(home: Path | None) -> None:
 @click.option("--ready-fd", type=int, hidden=True)
 def run_foreground(home: Path | None, host: str, port: int, ready_fd: int | None) -> None:
     """Run the daemon in the foreground (as 'start' does, detached); Ctrl-C stops it."""
-    from .cli_support import debug_enabled, remove_cli_logging
-    from .daemon.server import log_to_stderr, ready_writer
-    from .daemon.server import run as serve
+    from ..daemon.server import log_to_stderr, ready_writer
+    from ..daemon.server import run as serve
+    from .support import debug_enabled, remove_cli_logging
 
     remove_cli_logging()
     log_to_stderr(debug_enabled())

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from .cli_support import INTERRUPTED_BASE, OK, SESSION_FAILED
-from .masking import mask_known
-from .processes import SignalRelay, die_if_forked, signal_handlers
+from ..host.processes import SignalRelay, die_if_forked, signal_handlers
+from ..security.masking import mask_known
+from .support import INTERRUPTED_BASE, OK, SESSION_FAILED
 
 if TYPE_CHECKING:
-    from .cli_clients import Choice
-    from .client_protocol import SessionHandle, TrouperClient
-    from .session_info import SessionInfo
+    from ..client.info import SessionInfo
+    from ..client.protocol import SessionHandle, TrouperClient
+    from .clients import Choice
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Outcome:
 
     @property
     def finished(self) -> bool:
-        from .messages.events import AgentState
+        from ..messages.events import AgentState
 
         return self.info.state == AgentState.FINISHED
 
@@ -203,7 +203,7 @@ def _pause(session: SessionHandle) -> bool:
     the actors shut down. Paused, it waits: ``trouper resume`` carries it on, the
     killed command's outcome in its log.
     """
-    from .exceptions import TrouperError
+    from ..exceptions import TrouperError
 
     try:
         session.pause()
@@ -217,7 +217,7 @@ def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int =
            stop: threading.Event | None = None) -> None:
     """Print the session's events as they come, until it settles, ``timeout_s`` passes or
     ``stop`` is set."""
-    from .messages.events import ActionEvent, ObservationEvent
+    from ..messages.events import ActionEvent, ObservationEvent
     from .render import describe_action, render
 
     console.print(f"[bold]session {session.id}[/bold]")
@@ -276,7 +276,7 @@ def _left(outcome: Outcome | None) -> str:
 
 
 def _resume_command(outcome: Outcome) -> str:
-    from .messages.events import AgentState
+    from ..messages.events import AgentState
 
     begun = outcome.begun
     command = begun.resume_command or f"trouper resume {begun.session.id}"

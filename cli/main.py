@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_clients import driving
-from .cli_scripted import (
+from ..home.paths import Home
+from .clients import driving
+from .drive import Begun, console, drive
+from .scripted import (
     DEMO_MODEL,
     DEMO_SCRIPT,
     DEMO_TASK,
@@ -30,8 +32,7 @@ from .cli_scripted import (
     script_to_serve,
     serve,
 )
-from .cli_session import Begun, console, drive
-from .cli_support import (
+from .support import (
     DEBUG_ENV,
     USAGE,
     CliError,
@@ -42,10 +43,9 @@ from .cli_support import (
     open_home,
     verbose_option,
 )
-from .paths import Home
 
 if TYPE_CHECKING:
-    from .client_protocol import TrouperClient
+    from ..client.protocol import TrouperClient
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
@@ -189,7 +189,7 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
            daemon: bool, timeout_s: float, verbose: bool, **options: Any) -> int:
     """Start a session (on a scripted server when ``script``) and drive it: in this
     process, or in the home's daemon with ``daemon``."""
-    from .testing import load_script
+    from ..testing import load_script
 
     loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
     trouper_home = _home_with_log(home)
@@ -230,7 +230,7 @@ def resume(session_id: str, message: str | None, approve: bool, reject: str | No
     Through the home's daemon when one runs (--timeout and Ctrl-C then leave it going on
     there).
     """
-    from .session_secrets import remember_session_secrets
+    from ..security.secrets_file import remember_session_secrets
 
     if sum((message is not None, approve, reject is not None)) > 1:
         raise click.UsageError("give one of --message, --approve and --reject")
@@ -281,8 +281,8 @@ def _exit(code: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 def fake_llm(script: str, port: int, host: str) -> None:
     """Serve an OpenAI-compatible scripted LLM (for tests and demos) until interrupted."""
-    from .testing import load_script
-    from .testing.fake_llm import serve
+    from ..testing import load_script
+    from ..testing.fake_llm import serve
 
     load_script(script)  # a bad script is a usage error before anything listens
     try:
@@ -301,9 +301,9 @@ def runtime() -> None:
 def runtime_gc(home: Path | None) -> None:
     """Remove the Docker containers of this home's sessions that are finished, stopped or
     gone from the store; never a container trouper did not label."""
-    from .exceptions import RuntimeUnavailable
-    from .runtimes.docker_support import docker_client, gc_sessions
-    from .store import open_store
+    from ..exceptions import RuntimeUnavailable
+    from ..runtimes.docker_support import docker_client, gc_sessions
+    from ..store import open_store
 
     trouper_home = open_home(home)
     store = open_store(trouper_home)
@@ -321,9 +321,9 @@ def runtime_gc(home: Path | None) -> None:
 
 
 # The sibling modules' commands, registered after the ones above.
-from .cli_daemon import register as _register_daemon  # noqa: E402
-from .cli_reading import events, sessions  # noqa: E402
-from .cli_runtime_server import runtime_server  # noqa: E402
+from .daemon import register as _register_daemon  # noqa: E402
+from .reading import events, sessions  # noqa: E402
+from .runtime_server import runtime_server  # noqa: E402
 
 main.add_command(sessions)
 main.add_command(events)

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .cli_clients import reading
-from .cli_session import Interrupts, console
-from .cli_support import OK, home_option, open_home, verbose_option
-from .session_secrets import remember_session_secrets
+from ..security.secrets_file import remember_session_secrets
+from .clients import reading
+from .drive import Interrupts, console
+from .support import OK, home_option, open_home, verbose_option
 
 if TYPE_CHECKING:
-    from .messages.events import Event
+    from ..messages.events import Event
 
 
 @click.command()
@@ -32,8 +32,8 @@ def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
 
     Through the home's daemon when one runs.
     """
-    from .daemon.service import mask
-    from .masking import mask_known
+    from ..daemon.service import mask
+    from ..security.masking import mask_known
 
     wanted = _state(state)
     trouper_home = open_home(home)
@@ -49,7 +49,7 @@ def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
 
 
 def _state(state: str | None) -> str | None:
-    from .messages.events import AgentState
+    from ..messages.events import AgentState
 
     if state is None:
         return None
@@ -91,7 +91,7 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool, follow
 
 
 def _show(event: Event, as_json: bool, verbose: bool) -> None:
-    from .masking import known_masker
+    from ..security.masking import known_masker
     from .render import render
 
     if as_json:

@@ -11,8 +11,7 @@ import json
 
 from rich.text import Text
 
-from .masking import known_masker
-from .messages.events import (
+from ..messages.events import (
     ActionEvent,
     AgentState,
     ConfirmationEvent,
@@ -24,6 +23,7 @@ from .messages.events import (
     RuntimeEvent,
     StateChanged,
 )
+from ..security.masking import known_masker
 
 _STATE_STYLE = {
     AgentState.FINISHED: "bold green",

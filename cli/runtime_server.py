@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .cli_support import ENVIRONMENT, USAGE, CliError
+from .support import ENVIRONMENT, USAGE, CliError
 
 file_path = click.Path(dir_okay=False, path_type=Path)
 
@@ -75,7 +75,7 @@ def runtime_server(host: str, port: int, workdir: Path, token_file: Path,
     the local runtime's (Landlock, seccomp) and never run as root: a server started as
     root runs them as the workspace's owner or TROUPER_SANDBOX_UID (65532).
     """
-    from .runtimes.remote_server.serve import ServeError, ServeOptions, serve
+    from ..runtimes.remote_server.serve import ServeError, ServeOptions, serve
 
     options = ServeOptions(
         host=host, port=port, workdir=workdir, token_file=token_file, tls_cert=tls_cert,

@@ -16,14 +16,14 @@ import random
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .cli_support import ENVIRONMENT, USAGE, CliError, os_message
-from .paths import Home
-from .testing.script import Script, load_script
+from ..home.paths import Home
+from ..testing.script import Script, load_script
+from .support import ENVIRONMENT, USAGE, CliError, os_message
 
 DEMO_TASK = "Write a small Python program with a test, run it, then improve it."
 DEMO_MODEL = "hosted_vllm/trouper-demo"
 """The demo's model name; ``resume`` knows a demo session by it and plays the demo again."""
-DEMO_SCRIPT = Path(__file__).parent / "testing" / "demo_script.json"
+DEMO_SCRIPT = Path(__file__).parent.parent / "testing" / "demo_script.json"
 SCRIPTED_MODEL = "hosted_vllm/scripted"
 """The model name of a ``--script`` run without ``--model``: ``resume`` asks for the script."""
 SCRIPTED_KEY = "trouper-fake-llm-key"
@@ -42,7 +42,7 @@ def serve(stack: contextlib.ExitStack, script: Script, port: int | None = None) 
     ``port``: the one a stored session knows (EADDRINUSE is an environment error); None
     picks a free one below the ephemeral range.
     """
-    from .testing import FakeLLMServer
+    from ..testing import FakeLLMServer
 
     candidates = [port] if port is not None else _stable_ports()
     for candidate in candidates:
@@ -77,7 +77,7 @@ def script_to_serve(home: Home, session_id: str, script: Path | None
     and the port the session knows it at; (None, 0) for a real model. Read from the
     store, so an unknown id or a missing ``--script`` is an error before any actor starts.
     """
-    from .store import open_store
+    from ..store import open_store
 
     loaded = load_script(script) if script is not None else None
     store = open_store(home)

@@ -26,10 +26,10 @@ from typing import Any
 
 import click
 
-from .exceptions import ConfigError, InvalidRequest, TrouperError, UnknownSession
-from .masking import mask_known
-from .paths import HOME_ENV, Home, default_home
-from .testing.script import ScriptError
+from ..exceptions import ConfigError, InvalidRequest, TrouperError, UnknownSession
+from ..home.paths import HOME_ENV, Home, default_home
+from ..security.masking import mask_known
+from ..testing.script import ScriptError
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def log_to_home(home: Home, debug: bool) -> Path:
     definitions, which also create the file owner-only), so there is one definition.
     With ``debug``, this process logs at DEBUG.
     """
-    from .logfiles import log_definitions
+    from ..home.logs import log_definitions
 
     try:
         defs = log_definitions(home)

@@ -29,31 +29,21 @@ from thespian.actors import (  # noqa: E402
     InvalidActorAddress,
 )
 
-from .actors import (
-    forking,  # noqa: E402
-    root,  # noqa: E402, F401 - imported before the fork, on purpose
-)
-from .actors.transport import seal  # noqa: E402
-from .agent.tools import tool_specs  # noqa: E402
-from .core.warm import warm_up  # noqa: E402
-from .exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
-from .logfiles import log_definitions  # noqa: E402
-from .messages.protocol import Accepted, Refusal, Refused  # noqa: E402
-from .messages.tree import (  # noqa: E402
-    BootRoot,
-    Layout,
-    Probe,
-    ProbeAnswer,
-    Shutdown,
-    ShutdownDone,
-)
-from .paths import Home  # noqa: E402
-from .processes import children_of, published_pid, signal_quietly  # noqa: E402
-from .restarts import RestartPolicy  # noqa: E402
+from ..actors import forking
+from ..actors.transport import seal  # noqa: E402
+from ..agent.tools import tool_specs  # noqa: E402
+from ..config.models import RestartPolicy  # noqa: E402
+from ..config.settings import settings  # noqa: E402
+from ..core.warm import warm_up  # noqa: E402
+from ..exceptions import InvalidRequest, RequestTimeout, TrouperError, UnknownSession  # noqa: E402
+from ..home.logs import log_definitions  # noqa: E402
+from ..home.paths import Home  # noqa: E402
+from ..host.processes import children_of, published_pid, signal_quietly  # noqa: E402
+from ..messages.protocol import Accepted, Refusal, Refused  # noqa: E402
+from ..messages.tree import BootRoot, Layout, Probe, ProbeAnswer, Shutdown, ShutdownDone
+from ..runtimes import sandbox_zygote  # noqa: E402
+from ..security.transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 from .root_watch import RootWatch  # noqa: E402
-from .runtimes import sandbox_zygote  # noqa: E402
-from .settings import settings  # noqa: E402
-from .transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +135,7 @@ class ActorSystemHandle:
             sandbox_zygote.prepare(self.home.root / "logs" / "sandbox-zygote.log")
             self._zygote = True
         if "litellm" in sys.modules:  # the program has it already: its actors inherit it,
-            from .llm import client  # and the broker shares the warm-up done here
+            from ..llm import client  # and the broker shares the warm-up done here
 
             client.preload_first_call()
         tool_specs()  # the tools' JSON schemas, built once here for every Controller forked below
@@ -183,11 +173,11 @@ class ActorSystemHandle:
         self._start_root()
         # The program checks each session's model with litellm (``start_session``): it is
         # imported now, after every fork from this process, while the broker imports its own.
-        from .llm import credentials  # noqa: F401
+        from ..llm import credentials  # noqa: F401
 
     def _start_root(self) -> None:
         """Create and boot the root actor, and watch its process (``root_watch.py``)."""
-        from .actors.root import RootSupervisor
+        from ..actors.root import RootSupervisor
 
         with self._lock:  # no request reaches the new root before its boot
             assert self._asys is not None

@@ -15,13 +15,13 @@ from typing import Any, get_args
 
 from pydantic import SecretStr
 
-from .config import LLMConfig, SessionConfig
-from .config_check import session_config
-from .exceptions import ConfigError, InvalidRequest, MissingCredentials, UnknownSession
-from .masking import LLM_KEY_NAME, SecretMasker
-from .messages.tree import Layout
-from .paths import default_home
-from .store import EventStore
+from ..config.checks import session_config
+from ..config.models import LLMConfig, SessionConfig
+from ..exceptions import ConfigError, InvalidRequest, MissingCredentials, UnknownSession
+from ..home.paths import default_home
+from ..messages.tree import Layout
+from ..security.masking import LLM_KEY_NAME, SecretMasker
+from ..store import EventStore
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
@@ -71,7 +71,7 @@ def checked_config(
 ) -> SessionConfig:
     """The checked config (see ``config_check.session_config``, then the model's provider and
     key); every ConfigError leaves masked with the values it was given."""
-    from .llm.credentials import check_llm  # litellm, here: after the actors' fork
+    from ..llm.credentials import check_llm  # litellm, here: after the actors' fork
 
     try:
         config = session_config(task, llm, runtime, workspace, secrets or {}, options,

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from pydantic import BaseModel, SecretStr
 
+from ..core.fold import SessionView
+from ..daemon.files import DaemonFiles, read_token, running_info
 from ..exceptions import (
     ConfigError,
     InvalidRequest,
@@ -41,17 +43,15 @@ from ..exceptions import (
     TrouperError,
     UnknownSession,
 )
-from ..fold import SessionView
+from ..home.paths import Home
 from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
-from ..paths import Home
-from ..session import new_session_id
-from ..session_info import SessionInfo, SessionSummary, state_filter
-from ..tls import default_ssl_context
-from .files import DaemonFiles, read_token, running_info
+from ..security.tls import default_ssl_context
+from .info import SessionInfo, SessionSummary, state_filter
+from .session import new_session_id
 from .sse_reading import cut_when_set, parse_sse
 
 if TYPE_CHECKING:
-    from ..config import LLMConfig, RuntimeConfig
+    from ..config.models import LLMConfig, RuntimeConfig
 
 RECONNECT_WAIT_S = 0.5
 RETRY_S = 15.0

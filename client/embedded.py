@@ -22,27 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from .actor_system import ActorSystemHandle
-from .api_checks import (
-    check_trouper_args,
-    checked_config,
-    checked_request_id,
-    free_id,
-    workspace_path,
-)
-from .config import LLMConfig, RuntimeConfig, SessionConfig
-from .core.states import RESTORABLE
-from .exceptions import InvalidRequest, RequestTimeout, UnknownSession
-from .masking import remember_secrets, session_maskers
-from .messages.events import AgentState
-from .messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
-from .messages.tree import Layout
-from .paths import Home, private_dir
-from .restarts import RestartPolicy
-from .runtimes.docker_support import gc_at_start, sweep_at_close
-from .session import Session, new_session_id
-from .session_info import SessionSummary
-from .session_secrets import (
+from ..config.models import LLMConfig, RestartPolicy, RuntimeConfig, SessionConfig
+from ..config.settings import Settings
+from ..core.states import RESTORABLE
+from ..exceptions import InvalidRequest, RequestTimeout, UnknownSession
+from ..home.paths import Home, private_dir
+from ..messages.events import AgentState
+from ..messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
+from ..messages.tree import Layout
+from ..runtimes.docker_support import gc_at_start, sweep_at_close
+from ..security.masking import remember_secrets, session_maskers
+from ..security.secrets_file import (
     read_runtime_token,
     read_secrets,
     runtime_token,
@@ -50,12 +40,21 @@ from .session_secrets import (
     without_runtime_token,
     write_session_secrets,
 )
-from .settings import Settings
-from .store import EventStore, open_store, store_url
+from ..store import EventStore, open_store, store_url
+from .actor_system import ActorSystemHandle
+from .checks import (
+    check_trouper_args,
+    checked_config,
+    checked_request_id,
+    free_id,
+    workspace_path,
+)
+from .info import SessionSummary
+from .session import Session, new_session_id
 from .store_reader import summaries
 
 if TYPE_CHECKING:
-    from .daemon.client import RemoteTrouper
+    from .daemon import RemoteTrouper
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +288,7 @@ class Trouper:
                 home: str | os.PathLike[str] | None = None) -> RemoteTrouper:
         """A client of a running ``trouper daemon``, with this same session API over HTTP
         (default: the daemon of ``home``, its url and token read there); docs/daemon.md."""
-        from .daemon.client import connect
+        from .daemon import connect
 
         return connect(url, token=token, home=home)
 

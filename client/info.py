@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_serializer
 
-from .config import SessionConfig
-from .exceptions import ConfigError
-from .messages.events import ActionEvent, AgentState
+from ..config.models import SessionConfig
+from ..exceptions import ConfigError
+from ..messages.events import ActionEvent, AgentState
 
 if TYPE_CHECKING:
-    from .fold import SessionView
-    from .store import SessionRecord
+    from ..core.fold import SessionView
+    from ..store import SessionRecord
 
 
 class SessionSummary(BaseModel):

@@ -29,10 +29,10 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 if TYPE_CHECKING:
-    from .config import LLMConfig, RuntimeConfig
-    from .fold import SessionView
-    from .messages.events import ActionEvent, AgentState, Event
-    from .session_info import SessionInfo, SessionSummary
+    from ..config.models import LLMConfig, RuntimeConfig
+    from ..core.fold import SessionView
+    from ..messages.events import ActionEvent, AgentState, Event
+    from .info import SessionInfo, SessionSummary
 
 
 class SessionHandle(Protocol):

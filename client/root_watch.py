@@ -21,7 +21,7 @@ import select
 import threading
 from collections.abc import Callable
 
-from .processes import exit_watch
+from ..host.processes import exit_watch
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from .fold import SessionView
-from .messages.events import ActionEvent, AgentState, Event
-from .session_info import SessionInfo
-from .settings import settings
+from ..config.settings import settings
+from ..core.fold import SessionView
+from ..messages.events import ActionEvent, AgentState, Event
+from .info import SessionInfo
 
 if TYPE_CHECKING:
-    from .store import EventStore, SessionRecord
+    from ..store import EventStore, SessionRecord
 
 
 def new_session_id() -> str:

@@ -13,15 +13,15 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidRequest
-from .messages.events import AgentState
-from .paths import Home
+from ..exceptions import InvalidRequest
+from ..home.paths import Home
+from ..messages.events import AgentState
+from .info import SessionSummary, state_filter
 from .session import Session
-from .session_info import SessionSummary, state_filter
 
 if TYPE_CHECKING:
-    from .config import LLMConfig, RuntimeConfig
-    from .store import EventStore
+    from ..config.models import LLMConfig, RuntimeConfig
+    from ..store import EventStore
 
 READ_ONLY = ("{what}: this client reads the store of {home} only; open a Trouper on the "
              "home, or go through its daemon ('trouper daemon start')")
@@ -31,7 +31,7 @@ class StoreReader:
     """The sessions of ``home`` as its store holds them; commands refused."""
 
     def __init__(self, home: str | os.PathLike[str] | Home | None = None) -> None:
-        from .store import open_store  # looked up now: a test may have replaced it
+        from ..store import open_store  # looked up now: a test may have replaced it
 
         self.home = home if isinstance(home, Home) else Home.at(home)
         self.store: EventStore = open_store(self.home)

@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from .config import _RUNTIME_ADAPTER, LLMConfig, LocalRuntime, SessionConfig, _runtime_by_name
-from .exceptions import ConfigError
-from .runtimes import BACKENDS
-from .text import LONE_SURROGATE
+from ..exceptions import ConfigError
+from ..messages.text import LONE_SURROGATE
+from ..runtimes import BACKENDS
+from .models import _RUNTIME_ADAPTER, LLMConfig, LocalRuntime, SessionConfig, _runtime_by_name
 
 ARGUMENTS = frozenset({"task", "llm", "runtime", "workspace", "secret_names"})
 """Fields of SessionConfig set from start_session's own arguments, never as options."""

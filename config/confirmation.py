@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from .messages.base import Frozen
+from ..messages.base import Frozen
 
 
 class ConfirmationPolicy(Frozen):

@@ -25,9 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from ..messages.text import storable
+from ..runtimes.sandbox.owners import checked_user
 from .confirmation import ConfirmationPolicy
-from .runtimes.sandbox.owners import checked_user
-from .text import storable
 
 
 class Config(BaseModel):
@@ -281,3 +281,30 @@ class SessionConfig(Config):
             raise ValueError("branch is given without repo")
         return self
     _runtime_named = field_validator("runtime", mode="before")(_runtime_by_name)
+
+
+class RestartPolicy(BaseModel):
+    """How a supervisor restarts its children."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    intensity: int = Field(default=5, ge=0)
+    """Restarts of one child allowed within ``period_s``; past that the supervisor gives up."""
+    period_s: float = Field(default=60.0, gt=0)
+    backoff_initial_s: float = Field(default=0.05, ge=0)
+    """Upper bound of the wait before the second restart in ``period_s`` (the first is
+    at once); it doubles for each one after."""
+    backoff_max_s: float = Field(default=5.0, ge=0)
+    """Cap on one wait before a restart."""
+    giveup_cooldown_s: float = Field(default=30.0, ge=0)
+    """After giving up on a child: wait this long, then try it again from a clean start."""
+    giveup_cooldown_max_s: float = Field(default=300.0, ge=0)
+    """Cap on the cooldown, which doubles each round."""
+    giveup_rounds: int = Field(default=3, ge=0)
+    """Cooldown rounds before a child stays down until a user resumes; 0 never retries."""
+
+    def cooldown_s(self, round_no: int) -> float | None:
+        """The wait after give-up round ``round_no`` (1 for the first); None: stay down."""
+        if round_no > self.giveup_rounds:
+            return None
+        return min(self.giveup_cooldown_max_s, self.giveup_cooldown_s * 2 ** (round_no - 1))

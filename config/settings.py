@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config_check import config_error, pydantic_problems
+from .checks import config_error, pydantic_problems
 
 ENV_PREFIX = "TROUPER_"
 """Every setting's variable is this prefix plus the field's name in capitals."""

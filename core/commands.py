@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from ..fold import RESUMED_BY_USER
 from ..messages.events import AgentState, ConfirmationEvent, MessageEvent, ObservationEvent
 from ..messages.outcomes import Outcome
 from ..messages.protocol import UserCommand
 from .effects import Answer, RestartRuntime
 from .ending import SandboxEnding
+from .fold import RESUMED_BY_USER
 from .states import Why
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .messages.events import (
+from ..messages.events import (
     ActionEvent,
     AgentState,
     ConfirmationEvent,

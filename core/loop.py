@@ -15,7 +15,7 @@ from typing import Any
 from ..agent.condense import condensed
 from ..agent.parse import parse_response
 from ..agent.tools import tool_specs
-from ..confirmation import needs_confirmation, summary
+from ..config.confirmation import needs_confirmation, summary
 from ..messages.actions import CloneRepository, Finish, RunCommand, Think
 from ..messages.events import (
     ActionEvent,

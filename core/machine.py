@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 from ..agent.prompt import PromptBuilder
-from ..config import SessionConfig
-from ..fold import SessionView
-from ..masking import SecretMasker
+from ..config.models import SessionConfig
 from ..messages.actions import RUNTIME_KINDS
 from ..messages.events import (
     AgentState,
@@ -31,10 +29,12 @@ from ..messages.events import (
 from ..messages.protocol import (
     Complete,
 )
+from ..security.masking import SecretMasker
 from .effects import (
     Append,
     Effect,
 )
+from .fold import SessionView
 from .states import AS_BEFORE, STAY, Why, row_for
 
 logger = logging.getLogger(__name__)

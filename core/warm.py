@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
-from ..config import LLMConfig, SessionConfig
-from ..masking import session_maskers
+from ..config.models import LLMConfig, SessionConfig
 from ..messages.events import EVENT_ADAPTER
 from ..messages.outcomes import Outcome
 from ..messages.protocol import Completed, Executed, RuntimeReady, ToolCall
+from ..security.masking import session_maskers
 from .effects import Append, AskModel, RunAction
 from .session import SessionCore
 

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config.settings import Settings, settings
 from ..exceptions import (
     ConfigError,
     InvalidRequest,
@@ -30,13 +31,12 @@ from ..exceptions import (
 from ..messages.events import AgentState
 from ..serving.asgi import RequestLimits
 from ..serving.limits import INT64_MAX, HttpLimits
-from ..settings import Settings, settings
 from .auth import SUBPROTOCOL, Guard, limit_error_body
 from .service import Answer, Conflict, CreateSession, Message, Service
 from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_loop
 
 if TYPE_CHECKING:
-    from ..api import Trouper
+    from ..client.embedded import Trouper
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..paths import FILE_MODE, Home, private_dir, write_private
+from ..home.paths import FILE_MODE, Home, private_dir, write_private
 
 LOCK_NAME, PID_NAME, INFO_NAME, TOKEN_NAME = "daemon.lock", "daemon.pid", "daemon.json", "token"
 LOG_NAME = "daemon.log"

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..paths import Home, private_file
-from ..tls import default_ssl_context
+from ..home.paths import Home, private_file
+from ..security.tls import default_ssl_context
 from .files import DaemonFiles, lock_is_held, read_token, running_info
 from .server import DaemonError
 

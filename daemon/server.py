@@ -29,9 +29,9 @@ from typing import Any
 import uvicorn
 
 from ..exceptions import TrouperError
-from ..masking import install_log_masking
-from ..paths import Home, enter_private_process
-from ..processes import die_if_forked, signal_handlers
+from ..home.paths import Home, enter_private_process
+from ..host.processes import die_if_forked, signal_handlers
+from ..security.masking import install_log_masking
 from ..serving.limits import HttpLimits, Notes
 from ..serving.protocol import Door, guarded_protocol
 from .auth import LOOPBACK_NAMES, allowed_hosts, limit_error_body
@@ -107,7 +107,7 @@ def run(home: Home, host: str, port: int, ready: Ready) -> int:
 
 def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: Ready,
                   stop: _Stop) -> int:
-    from ..api import Trouper
+    from ..client.embedded import Trouper
     from .app import create_app, http_limits
 
     sock = bind(host, port)

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..client.info import SessionInfo, SessionSummary
+from ..client.session import Session
+from ..core.fold import SessionView
 from ..exceptions import ConfigError, InvalidRequest, UnknownSession
-from ..fold import SessionView
-from ..masking import known_masker
 from ..messages.events import EVENT_ADAPTER, AgentState, Event
-from ..session import Session
-from ..session_info import SessionInfo, SessionSummary
-from ..session_secrets import remember_session_secrets
+from ..security.masking import known_masker
+from ..security.secrets_file import remember_session_secrets
 
 if TYPE_CHECKING:
-    from ..api import Trouper
+    from ..client.embedded import Trouper
     from ..store import SessionRecord
 
 REQUEST_META = "daemon.create_request"

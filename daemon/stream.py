@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..client.session import Session
 from ..messages.events import Event
-from ..session import Session
 from .service import event_json
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..config import LLMConfig
+from ..config.models import LLMConfig
 
 
 @dataclass(frozen=True)

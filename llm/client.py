@@ -16,10 +16,9 @@ from typing import Any
 import litellm
 from litellm.exceptions import ModelNotMappedError
 
-from .. import http_pool
-from ..config import LLMConfig
+from ..config.models import LLMConfig
 from ..messages.protocol import Complete, Completed, ToolCall
-from . import direct
+from . import direct, http_pool
 from .credentials import require_key
 
 http_pool.install()  # the broker's threads share one pool (encode/httpcore#1110)

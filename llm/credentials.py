@@ -19,8 +19,8 @@ import re
 
 import litellm
 
-from ..config import LLMConfig
-from ..config_check import Problem, config_error
+from ..config.checks import Problem, config_error
+from ..config.models import LLMConfig
 from ..exceptions import MissingCredentials
 from .errors import sdk_refused_to_start
 

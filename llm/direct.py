@@ -40,8 +40,8 @@ from litellm.main import base_llm_http_handler
 from litellm.types.utils import LlmProviders, ModelResponse
 from litellm.utils import ProviderConfigManager
 
-from ..config import LLMConfig
-from ..settings import settings
+from ..config.models import LLMConfig
+from ..config.settings import settings
 from .checked import CheckedHistories, mentions_cache_control
 
 DIRECT_PROVIDERS = frozenset({"hosted_vllm", "openai"})

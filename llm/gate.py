@@ -50,7 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..settings import settings
+from ..config.settings import settings
 from .headers import parse_count, parse_duration_s
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from ..text import storable
+from .text import storable
 
 
 class Frozen(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..config import LLMConfig, SessionConfig
+from ..config.models import LLMConfig, SessionConfig
 from .actions import RuntimeAction
 from .base import Frozen
 from .causes import RuntimeFailure

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..restarts import RestartPolicy
+from ..config.models import RestartPolicy
 from .base import Frozen
 from .protocol import StartSession
 

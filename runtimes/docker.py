@@ -8,7 +8,7 @@ restarted proxy finds the server through ``server.json`` and the container by it
 re-attaches to both and reads each action's real outcome. Nothing is needed in the image
 but a POSIX ``sh``; on the host, the docker CLI and the ``docker`` Python SDK.
 
-The container: labelled ``trouper.session``, ``trouper.owner`` (this trouper home) and
+The container: labelled ``trouper.client.session``, ``trouper.owner`` (this trouper home) and
 ``trouper.epoch``; ``--init``; never root: ``config.user``, else the caller's uid:gid, or
 when trouper is root the workspace owner's or ``TROUPER_SANDBOX_UID`` with the workspace
 handed to it (``docker_user.py``); every capability dropped, ``no-new-privileges``, and
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import RuntimeUnavailable
+from ..home.paths import private_dir
 from ..messages.causes import RuntimeFailure
-from ..paths import private_dir
 from .base import SandboxHealth
 from .docker_seccomp import profile_json
 from .docker_support import (

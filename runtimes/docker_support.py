@@ -18,7 +18,7 @@ from ..exceptions import RuntimeUnavailable
 
 logger = logging.getLogger(__name__)
 
-LABEL_SESSION = "trouper.session"
+LABEL_SESSION = "trouper.client.session"
 LABEL_OWNER = "trouper.owner"
 """Which trouper home made the container: its containers are the only ones it touches."""
 LABEL_EPOCH = "trouper.epoch"

@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..settings import settings
+from ..config.settings import settings
 from .sandbox.owners import chown_tree, numeric_ids
 
 logger = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.settings import settings
 from ..exceptions import StaleEpoch, StoreUnavailable, class_path
-from ..masking import mask_known
+from ..host.processes import exit_watch
 from ..messages.protocol import (
     CloseSandbox,
     Execute,
@@ -43,8 +44,7 @@ from ..messages.protocol import (
     SandboxClosed,
 )
 from ..messages.tree import Superseded
-from ..processes import exit_watch
-from ..settings import settings
+from ..security.masking import mask_known
 from .base import JournalRecord, Sandbox, SandboxHealth
 from .call_failures import cause_of
 

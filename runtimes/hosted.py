@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..config.models import RestartPolicy
 from ..core.effects import RuntimeDown, RuntimeReplaced, SandboxEnded
-from ..masking import mask_known
 from ..messages.protocol import (
     CloseSandbox,
     Execute,
@@ -38,7 +38,8 @@ from ..messages.protocol import (
     SandboxClosed,
 )
 from ..messages.tree import Superseded
-from ..restarts import RestartBudget, RestartPolicy, give_up_text
+from ..security.masking import mask_known
+from ..supervisor import RestartBudget, give_up_text
 from .base import Sandbox
 from .driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
 

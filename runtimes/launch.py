@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..processes import current_umask, pid_alive
+from ..host.processes import current_umask, pid_alive
 from . import sandbox_zygote
 from .sandbox_zygote import EXIT_UNKNOWN, RUNTIMES_DIR
 

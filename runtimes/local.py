@@ -29,10 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..config.settings import settings
 from ..exceptions import RuntimeUnavailable, StaleEpoch
-from ..messages.causes import RuntimeFailure
-from ..paths import creator_umask, private_dir
-from ..processes import (
+from ..home.paths import creator_umask, private_dir
+from ..host.processes import (
     children_of,
     end_processes,
     is_bash,
@@ -43,11 +43,11 @@ from ..processes import (
     session_members,
     signal_quietly,
 )
-from ..settings import settings
+from ..messages.causes import RuntimeFailure
 from .base import SandboxHealth
-from .client import SandboxClient
 from .launch import Launched, launch_server
 from .sandbox import EXIT_LOCKED
+from .sandbox_client import SandboxClient
 from .shell_confinement import confinement_args, unconfined_warning
 
 logger = logging.getLogger(__name__)

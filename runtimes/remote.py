@@ -36,9 +36,9 @@ from typing import Any
 from urllib.parse import quote
 
 from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch
-from ..masking import remember_secrets
 from ..messages.causes import RuntimeFailure
-from ..tls import default_ssl_context
+from ..security.masking import remember_secrets
+from ..security.tls import default_ssl_context
 from .action_calls import ActionCalls
 from .base import SandboxHealth
 from .call_failures import answer_json, cause_of
@@ -275,7 +275,7 @@ class RemoteSandbox(ActionCalls):
             if self._http is None:
                 import httpx
 
-                from .. import http_pool
+                from ..llm import http_pool
 
                 http_pool.install()  # its threads share the pool (encode/httpcore#1110)
                 verify: Any = self.config.verify

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..home.paths import Home
 from ..messages.protocol import StartSession
-from ..paths import Home
 from . import Sandbox, load_sandbox
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import LocalRuntime
+from ..config.models import LocalRuntime
 
 IN_HOME = (
     ".ssh", ".gnupg", ".password-store", ".local/share/keyrings",

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
-from .runtimes.sandbox.mask import MIN_SECRET_CHARS, TextMasker
+from ..runtimes.sandbox.mask import MIN_SECRET_CHARS, TextMasker
 from .transport_key import TRANSPORT_KEY_FILE_ENV, read_key_file
 
 if TYPE_CHECKING:
-    from .config import LLMConfig
+    from ..config.models import LLMConfig
 
 __all__ = ["LLM_KEY_NAME", "MIN_SECRET_CHARS", "TRANSPORT_KEY_NAME", "SecretMasker",
            "credentials", "install_log_masking", "known_masker", "mask_known",

@@ -11,9 +11,9 @@ import json
 
 from pydantic import SecretStr
 
-from .config import LLMConfig, RemoteRuntime, SessionConfig
+from ..config.models import LLMConfig, RemoteRuntime, SessionConfig
+from ..home.paths import Home, write_private
 from .masking import LLM_KEY_NAME, RUNTIME_TOKEN_NAME, remember_secrets
-from .paths import Home, write_private
 
 
 def write_session_secrets(home: Home, session_id: str, secrets: dict[str, str],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from .exceptions import TrouperError
+from ..exceptions import TrouperError
 
 KEY_BYTES = 32
 """The shortest transport key: 256 bits."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import StoreError
-from ..paths import Home
+from ..home.paths import Home
 from .base import EventStore, SessionRecord
 from .sqlite import SQLiteEventStore
 

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from ..config import SessionConfig
+from ..config.models import SessionConfig
 from ..messages.base import Frozen
 from ..messages.events import AgentState, Event
 

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..paths import private_dir
+from ..home.paths import private_dir
 
 logger = logging.getLogger(__name__)
 

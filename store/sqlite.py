@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..config import SessionConfig
+from ..config.models import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
-from ..masking import known_masker
 from ..messages.events import AgentState, Event, StateChanged, event_from_json
+from ..security.masking import known_masker
 from .base import SessionRecord
 from .faults import storage_fault
 from .sqlite_conn import SQLiteConnections, immediate

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..exceptions import InvalidRequest, StoreError
-from ..paths import private_dir
+from ..home.paths import private_dir
 from .files import make_private
 
 logger = logging.getLogger(__name__)

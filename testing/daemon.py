@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from ..paths import Home
-from ..tls import default_ssl_context
+from ..home.paths import Home
+from ..security.tls import default_ssl_context
 from .faults import wait_until
 
 
@@ -80,7 +80,7 @@ class TestDaemon:
         """SIGKILL the daemon process; wait until its lock is free and its actor system
         has ended (its admin watches the daemon's pid and ends its process group)."""
         from ..daemon.files import lock_is_held
-        from ..processes import pid_alive
+        from ..host.processes import pid_alive
 
         admin = _admin_pid(self.home)
         os.kill(self.pid, signal.SIGKILL)
@@ -95,7 +95,7 @@ class TestDaemon:
 
     def client(self) -> Any:
         """A ``RemoteTrouper`` of this daemon (closed with the daemon)."""
-        from ..daemon.client import RemoteTrouper
+        from ..client.daemon import RemoteTrouper
 
         client = RemoteTrouper(self.url, self.token)
         self._clients.append(client)

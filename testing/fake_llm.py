@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
-from ..processes import SignalRelay
+from ..host.processes import SignalRelay
 from .fake_llm_wire import (
     SESSION_HEADER,
     TURN_HEADER,

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..exceptions import TrouperError
+from ..host.processes import pid_alive, published_pid, signal_quietly, start_time
 from ..messages.tree import FailRuntime
-from ..processes import pid_alive, published_pid, signal_quietly, start_time
 from ..runtimes import Sandbox, load_sandbox
 from ..runtimes.local import LocalSandbox
-from ..session_secrets import read_runtime_token, with_runtime_token
+from ..security.secrets_file import read_runtime_token, with_runtime_token
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from ..client.session import Session
 
 SESSION_ROLES = frozenset({"runtime", "controller", "session"})
 SHARED_ROLES = frozenset({"broker", "root"})

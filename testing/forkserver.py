@@ -42,7 +42,7 @@ from .cgroups import join_cgroup
 from .forked_process import ForkedProcess
 
 FORK_ENV = "TROUPER_TEST_FORK"
-PRELOAD = ("trouper.cli", "trouper.actor_system", "trouper.daemon.server",
+PRELOAD = ("trouper.cli", "trouper.client.actor_system", "trouper.daemon.server",
            "trouper.daemon.app", "trouper.testing.fake_llm")
 """What a trouper process imports at the most: ~3.5 s of CPU (litellm ~2.5) paid once;
 with it, what opening an actor system loads for litellm's first call (~0.14 s each)."""

@@ -24,7 +24,7 @@ from .fake_llm import FakeLLMServer
 from .script import load_script
 
 if TYPE_CHECKING:
-    from ..api import Trouper
+    from ..client.embedded import Trouper
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def fake_llm() -> Iterator[Callable[..., FakeLLMServer]]:
 def trouper(trouper_home: Path) -> Iterator[Trouper]:
     """A running ``Trouper`` on ``trouper_home``, closed (sandboxes included) after the test."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from ..api import Trouper
+    from ..client.embedded import Trouper
 
     with Trouper(home=trouper_home) as running:
         yield running

@@ -79,7 +79,7 @@ def main() -> None:
     _die_with_parent()
     for name in args:
         importlib.import_module(name)
-    if "trouper.actor_system" in sys.modules:  # a test's program calls models: preloaded
+    if "trouper.client.actor_system" in sys.modules:  # a test's program calls models: preloaded
         importlib.import_module("trouper.llm.client").preload_first_call()
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
         raise SystemExit(f"zygote: an import started threads: {threading.enumerate()}")

@@ -95,7 +95,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="module")
 def layout(request: pytest.FixtureRequest) -> str:
     """The session layout of this module's Troupers (the setting's, unless parametrized)."""
-    from trouper.settings import settings
+    from trouper.config.settings import settings
 
     return getattr(request, "param", None) or settings().session_layout
 
@@ -222,7 +222,7 @@ def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
     left = []
     for home in homes:
         for container in list_containers(docker_client, [f"{LABEL_OWNER}={owner_of_home(home)}"]):
-            left.append(f"{container.name} ({container.labels.get('trouper.session')})")
+            left.append(f"{container.name} ({container.labels.get('trouper.client.session')})")
             container.remove(force=True)
     assert not left, f"containers left behind: {left}"
 
@@ -291,7 +291,7 @@ class RemoteServer:
     def healthy(self) -> bool:
         import httpx
 
-        from trouper.tls import default_ssl_context
+        from trouper.security.tls import default_ssl_context
 
         if self.tls:  # the test's own self-signed certificate
             import ssl

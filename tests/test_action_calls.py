@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from trouper.config import RemoteRuntime
+from trouper.config.models import RemoteRuntime
 from trouper.exceptions import InvalidRequest, StaleEpoch, StoreUnavailable
 from trouper.messages.actions import RunCommand, WriteFile
 from trouper.messages.causes import RuntimeFailure
@@ -26,8 +26,8 @@ from trouper.runtimes.call_failures import (
     refusal,
     unreachable,
 )
-from trouper.runtimes.client import SandboxClient
 from trouper.runtimes.remote import RemoteSandbox, RemoteUnavailable
+from trouper.runtimes.sandbox_client import SandboxClient
 
 LIMITS = {"timeout_s": 30.0, "no_output_timeout_s": 10.0}
 DONE = {"action_id": "a1", "state": "finished", "epoch": 3,

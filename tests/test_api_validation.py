@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trouper import AgentState, ConfigError, Trouper, UnknownSession
-from trouper.session import Session
+from trouper.client.session import Session
 
 LLM = {"model": "hosted_vllm/scripted", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"}
 """Never called: every session below is refused before it could be."""
@@ -123,8 +123,8 @@ def test_a_docker_runtime_by_name_alone_needs_its_image(refused):
                                      {"kind": "docker", "image": "debian", "network": "bridge",
                                       "user": "1000:1000", "keep": True}])
 def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
-    from trouper.config import DockerRuntime
-    from trouper.config_check import runtime_problems, session_config
+    from trouper.config.checks import runtime_problems, session_config
+    from trouper.config.models import DockerRuntime
 
     assert runtime_problems(runtime) == []
     assert runtime_problems(DockerRuntime(image="x")) == []
@@ -134,8 +134,8 @@ def test_a_docker_runtime_with_an_image_is_accepted(runtime, tmp_path):
 
 
 def test_the_remote_runtime_is_accepted_and_its_url_checked(refused, tmp_path):
-    from trouper.config import RemoteRuntime
-    from trouper.config_check import session_config
+    from trouper.config.checks import session_config
+    from trouper.config.models import RemoteRuntime
 
     runtime = {"kind": "remote", "url": "http://127.0.0.1:9", "token": SECRET}
     config = session_config("t", LLM, runtime, tmp_path, {}, {})
@@ -147,7 +147,7 @@ def test_the_remote_runtime_is_accepted_and_its_url_checked(refused, tmp_path):
 
 
 def test_the_runtime_is_stored_typed_and_read_by_name_too():
-    from trouper.config import LocalRuntime, SessionConfig
+    from trouper.config.models import LocalRuntime, SessionConfig
 
     named = SessionConfig(task="t", llm={"model": "m"}, workspace="/w", runtime="local")
     assert named.runtime == LocalRuntime()
@@ -281,7 +281,7 @@ def test_a_non_positive_ask_timeout_is_refused(tmp_path):
 def test_a_docker_network_that_reaches_loopback_is_refused(network):
     from pydantic import ValidationError
 
-    from trouper.config import DockerRuntime
+    from trouper.config.models import DockerRuntime
 
     with pytest.raises(ValidationError, match="loopback"):
         DockerRuntime(image="busybox", network=network)
@@ -291,7 +291,7 @@ def test_a_docker_network_that_reaches_loopback_is_refused(network):
 def test_a_remote_runtime_url_needs_a_scheme():
     from pydantic import ValidationError
 
-    from trouper.config import RemoteRuntime
+    from trouper.config.models import RemoteRuntime
 
     with pytest.raises(ValidationError, match="http"):
         RemoteRuntime(url="127.0.0.1:8000")
@@ -307,7 +307,7 @@ def test_a_remote_runtime_url_needs_a_scheme():
 def test_a_repository_session_is_checked_before_anything_starts(options, field, words):
     from pydantic import ValidationError
 
-    from trouper.config import SessionConfig
+    from trouper.config.models import SessionConfig
 
     with pytest.raises(ValidationError, match=words) as caught:
         SessionConfig(task="t", llm={"model": "m"}, workspace="/w", **options)

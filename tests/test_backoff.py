@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from trouper.config import LLMConfig
+from trouper.config.models import LLMConfig
 from trouper.llm.backoff import Backoff
 
 DRAWS = 400

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from thespian.actors import Actor, ActorAddress, ActorExitRequest
 
-from trouper.actors.supervision import ChildSpec, Supervisor
-from trouper.processes import pid_alive
-from trouper.restarts import RestartPolicy
+from trouper.config.models import RestartPolicy
+from trouper.host.processes import pid_alive
+from trouper.supervisor import ChildSpec, Supervisor
 from trouper.testing import wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it

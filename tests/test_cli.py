@@ -65,7 +65,7 @@ def test_readmes_first_command_runs_the_demo_with_no_key_and_no_network(tmp_path
     log = home / "logs" / "trouper.log"
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     # written by the CLI's own process (it closes the actor system), beside the actors'
-    assert "trouper.actor_system: closed sandboxes of 1 session(s)" in log.read_text()
+    assert "trouper.client.actor_system: closed sandboxes of 1 session(s)" in log.read_text()
 
 
 def test_run_with_no_task_and_no_model_is_the_demo(tmp_path):
@@ -174,7 +174,7 @@ def test_resume_gives_a_stored_session_a_message_and_follows_it(tmp_path):
 
 def test_a_scripted_server_listens_where_the_kernel_hands_out_no_port():
     """So that ``resume --script`` can listen at the same address again."""
-    from trouper.cli_scripted import scripted_port, serve
+    from trouper.cli.scripted import scripted_port, serve
     from trouper.testing import load_script
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

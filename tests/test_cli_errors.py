@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trouper.cli import main
-from trouper.cli_support import classify
+from trouper.cli.main import main
+from trouper.cli.support import classify
 from trouper.exceptions import (
     ConfigError,
     InvalidRequest,
@@ -27,7 +27,7 @@ from trouper.exceptions import (
     StoreUnavailable,
     UnknownSession,
 )
-from trouper.masking import remember_secrets
+from trouper.security.masking import remember_secrets
 from trouper.testing import ScriptError, forkserver
 
 USAGE, ENVIRONMENT, UNEXPECTED = 2, 3, 4
@@ -106,7 +106,7 @@ def test_an_unknown_session_is_a_usage_error(tmp_path, command):
     assert line == "trouper: error: no session has the id 's-missing'"
     if command == "resume":  # it opened its log first: the log keeps the traceback
         log = (tmp_path / "logs" / "trouper.log").read_text()
-        assert "ERROR trouper.cli_support: exit 2: no session has the id 's-missing'" in log
+        assert "ERROR trouper.cli.support: exit 2: no session has the id 's-missing'" in log
         assert "Traceback" in log
 
 
@@ -230,7 +230,7 @@ def test_an_unexpected_exception_names_its_type_and_asks_for_debug(monkeypatch, 
 def test_the_console_reads_the_terminal_settings_when_it_first_prints(monkeypatch):
     """Not on import: a process forked after the import (or a program that sets COLUMNS
     later) prints at the width it has then."""
-    from trouper import cli_session
+    from trouper.cli import drive as cli_session
 
     monkeypatch.setattr(cli_session._FirstUseConsole, "_console", None)
     monkeypatch.setenv("COLUMNS", "123")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trouper.config import LLMConfig, SessionConfig
+from trouper.config.models import LLMConfig, SessionConfig
+from trouper.home.paths import Home
 from trouper.messages.events import AgentState, MessageEvent, StateChanged
-from trouper.paths import Home
 from trouper.store import open_store
 from trouper.testing import forkserver
 
@@ -44,13 +44,13 @@ def test_reading_commands_load_no_actor_system_and_no_litellm(tmp_path):
     probe = textwrap.dedent(f"""
         import json, sys
         from click.testing import CliRunner
-        from trouper.cli import main
+        from trouper.cli.main import main
         runner = CliRunner()
         codes = [runner.invoke(main, args).exit_code for args in (
             ["sessions", "--json"], ["sessions", "--state", "finished"],
             ["events", "{session_id}", "--json"], ["events", "{session_id}", "--follow"])]
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("thespian", "litellm")
-                       or m in ("trouper.api", "trouper.actor_system"))
+                       or m in ("trouper.client.embedded", "trouper.client.actor_system"))
         print(json.dumps({{"codes": codes, "heavy": heavy}}))
     """)
     env = {**os.environ, "TROUPER_HOME": str(tmp_path / "home")}

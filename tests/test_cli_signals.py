@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.processes import descendants, pid_alive, start_time
+from trouper.host.processes import descendants, pid_alive, start_time
 from trouper.testing import FakeLLMServer, check_log, forkserver, wait_until
 from trouper.testing.zygote import STACKS_SIGNAL
 
@@ -169,7 +169,7 @@ def _end(cli: subprocess.Popen, processes: dict[int, int | None]) -> None:
 def _carry_on(home: Path, session_id: str, script: Path, by_cli: bool) -> None:
     """The session was paused, not ended: resume it (from the CLI, or the API) to FINISHED."""
     from trouper import AgentState, Trouper
-    from trouper.cli_scripted import scripted_port
+    from trouper.cli.scripted import scripted_port
 
     if by_cli:
         again = forkserver.run(
@@ -202,7 +202,7 @@ def test_a_second_signal_exits_at_once():
     """The handler alone, in a process of its own: no trouper process to leave behind."""
     code = textwrap.dedent("""
         import os, signal, sys, time
-        from trouper.cli_session import Interrupts
+        from trouper.cli.drive import Interrupts
         with Interrupts().installed() as interrupts:
             os.kill(os.getpid(), signal.SIGTERM)
             assert interrupts.stop.wait(10), "the first signal set stop"

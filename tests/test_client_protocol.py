@@ -16,17 +16,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from trouper.api import Trouper
-from trouper.client_protocol import SessionHandle, TrouperClient
-from trouper.config import ConfirmationPolicy, LLMConfig, LocalRuntime, RuntimeConfig
-from trouper.daemon.client import RemoteSession, RemoteTrouper, _plain
+from trouper.client.daemon import RemoteSession, RemoteTrouper, _plain
+from trouper.client.embedded import Trouper
+from trouper.client.info import SessionInfo, SessionSummary, state_filter
+from trouper.client.protocol import SessionHandle, TrouperClient
+from trouper.client.session import Session
+from trouper.client.store_reader import StoreReader
+from trouper.config.models import ConfirmationPolicy, LLMConfig, LocalRuntime, RuntimeConfig
+from trouper.core.fold import SessionView
 from trouper.exceptions import ConfigError, InvalidRequest, UnknownSession
-from trouper.fold import SessionView
 from trouper.messages.events import ActionEvent, AgentState, Event, StateChanged
-from trouper.session import Session
-from trouper.session_info import SessionInfo, SessionSummary, state_filter
 from trouper.store import SessionRecord
-from trouper.store_reader import StoreReader
 
 NAMES = {  # what the modules import only for type checking, to resolve their hints
     "ActionEvent": ActionEvent, "AgentState": AgentState, "Event": Event,
@@ -143,7 +143,7 @@ def test_the_check_sees_a_signature_that_differs():
 
 
 def a_record(config_extra: dict | None = None) -> SessionRecord:
-    from trouper.config import SessionConfig
+    from trouper.config.models import SessionConfig
 
     config = SessionConfig(task="make hello.txt", workspace="/tmp/ws",
                            llm=LLMConfig(model="hosted_vllm/x", base_url="http://127.0.0.1:1"),
@@ -220,7 +220,7 @@ def test_a_daemons_client_sends_config_models_as_json_with_their_secrets():
 
 
 def test_the_store_reader_lists_and_reads_but_drives_nothing(tmp_path):
-    from trouper.paths import Home
+    from trouper.home.paths import Home
     from trouper.store import open_store
 
     home = Home.at(tmp_path / "home")

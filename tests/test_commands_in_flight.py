@@ -32,12 +32,12 @@ from thespian.actors import ActorExitRequest  # noqa: E402
 
 from trouper.actors.controller import utc_now
 from trouper.actors.in_flight import HANDED_AT_MOST
+from trouper.config.models import RestartPolicy
 from trouper.core.effects import Append
+from trouper.home.paths import Home
 from trouper.messages.events import MessageEvent
 from trouper.messages.protocol import Accepted, Refused, UserCommand
 from trouper.messages.tree import BootRoot, Relay
-from trouper.paths import Home
-from trouper.restarts import RestartPolicy
 from trouper.store import open_store
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trouper.config import LLMConfig, SessionConfig
+from trouper.config.models import LLMConfig, SessionConfig
 from trouper.core.effects import (
     Answer,
     Append,
@@ -30,11 +30,10 @@ from trouper.core.effects import (
     StartTimer,
     TimerFired,
 )
+from trouper.core.fold import SessionView
 from trouper.core.loop import LOST_CONTENT
 from trouper.core.session import SessionCore
 from trouper.core.states import Why, row_for
-from trouper.fold import SessionView
-from trouper.masking import session_maskers
 from trouper.messages.events import (
     ActionEvent,
     AgentState,
@@ -57,6 +56,7 @@ from trouper.messages.protocol import (
     ToolCall,
     UserCommand,
 )
+from trouper.security.masking import session_maskers
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 S = AgentState

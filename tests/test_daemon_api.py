@@ -31,7 +31,7 @@ def daemon(tmp_path_factory):
 def sse_events(http: httpx.Client, session_id: str, after: int = 0, until_settled=True,
                headers=None, stop_after: int | None = None) -> tuple[list[dict], dict | None]:
     """Read an SSE stream: the events, and the end message (None if cut by stop_after)."""
-    from trouper.daemon.client import parse_sse
+    from trouper.client.daemon import parse_sse
 
     got, end = [], None
     with http.stream("GET", f"/v1/sessions/{session_id}/events/stream",
@@ -243,7 +243,7 @@ def test_too_many_streams_is_a_visible_429(daemon, scripted):
 def test_trouper_connect_finds_the_homes_daemon_and_speaks_the_session_api(daemon, scripted,
                                                                           tmp_path):
     from trouper import ConfigError, Trouper, UnknownSession
-    from trouper.daemon.client import DaemonUnavailable
+    from trouper.client.daemon import DaemonUnavailable
 
     _, llm = scripted([{"tool": "run", "args": {"command": "echo hi > hi.txt"}},
                        {"say": "More?"}, FINISH])

@@ -10,12 +10,12 @@ import threading
 import pytest
 
 from trouper import AgentState
-from trouper.daemon.client import parse_sse
+from trouper.client.daemon import parse_sse
 from trouper.daemon.files import lock_is_held
 from trouper.daemon.process import start as start_daemon
 from trouper.daemon.server import DaemonError
+from trouper.home.paths import Home
 from trouper.messages.events import ActionEvent, ObservationEvent
-from trouper.paths import Home
 from trouper.store import open_store
 from trouper.testing import check_log, forkserver, wait_until
 from trouper.testing.daemon import TestDaemon, running_daemon

@@ -16,9 +16,9 @@ from websockets.exceptions import InvalidStatus
 
 from trouper.daemon.app import create_app
 from trouper.daemon.auth import PUBLIC_PATHS, allowed_hosts
-from trouper.processes import children_of
+from trouper.host.processes import children_of
+from trouper.security.tls import default_ssl_context
 from trouper.testing.daemon import running_daemon
-from trouper.tls import default_ssl_context
 
 pytestmark = pytest.mark.slow  # starts a daemon process
 
@@ -173,7 +173,7 @@ def test_no_proxy_from_the_environment_ever_sees_the_token(daemon, monkeypatch):
     to the daemon; a listener standing in for the proxy is never even connected to."""
     import socket
 
-    from trouper.daemon.client import RemoteTrouper
+    from trouper.client.daemon import RemoteTrouper
     from trouper.daemon.process import health
 
     trap = socket.socket()

@@ -10,7 +10,7 @@ import json
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
-from trouper.daemon.client import parse_sse
+from trouper.client.daemon import parse_sse
 from trouper.testing import wait_until
 from trouper.testing.daemon import running_daemon
 
@@ -130,7 +130,7 @@ def test_a_client_that_stops_reading_is_closed_with_the_seq_to_resume_from(tmp_p
     """Over a real socket: a client that reads nothing while ~20 MB wait fills the TCP
     buffers, then the daemon's; it is closed with ``end`` (overflow) and the seq to resume
     from, and resuming from there gets the rest: nothing dropped, nothing twice."""
-    from trouper.config import LLMConfig, SessionConfig
+    from trouper.config.models import LLMConfig, SessionConfig
     from trouper.messages.events import AgentState, MessageEvent, StateChanged
     from trouper.store import open_store
 

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from trouper.client.daemon import parse_sse
 from trouper.daemon.auth import Guard, allowed_hosts
-from trouper.daemon.client import parse_sse
 from trouper.daemon.files import DaemonFiles, HomeLock, ensure_token, lock_is_held, read_token
 from trouper.daemon.stream import HEARTBEAT, End, StreamLimits, Streams
+from trouper.home.paths import Home
 from trouper.messages.events import MessageEvent
-from trouper.paths import Home
 
 
 class FakeSession:
@@ -158,7 +158,8 @@ def test_the_home_lock_is_one_holder_and_free_when_released(tmp_path):
     assert first.acquire()
     # another process asks: held (lockf locks belong to a process, so ask from another)
     probe = ("import sys; from trouper.daemon.files import DaemonFiles, HomeLock, "
-             "lock_is_held; from trouper.paths import Home; f = DaemonFiles(Home.at(sys.argv[1]));"
+             "lock_is_held; from trouper.home.paths import Home; "
+             "f = DaemonFiles(Home.at(sys.argv[1]));"
              " print(lock_is_held(f), HomeLock(f).acquire())")
     import subprocess
     import sys
@@ -173,7 +174,7 @@ def test_the_home_lock_is_one_holder_and_free_when_released(tmp_path):
 
 
 def test_store_pages_by_state_and_cursor(tmp_path):
-    from trouper.config import LLMConfig, SessionConfig
+    from trouper.config.models import LLMConfig, SessionConfig
     from trouper.messages.events import AgentState, StateChanged
     from trouper.store import open_store
 

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from trouper import AgentState, Trouper
-from trouper.cli import main
-from trouper.config import DockerRuntime
+from trouper.cli.main import main
+from trouper.config.models import DockerRuntime
 from trouper.runtimes.docker_support import (
     LABEL_OWNER,
     LABEL_SESSION,

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
+from trouper.config.settings import settings
 from trouper.messages.actions import EditFile, RunCommand, WriteFile
 from trouper.runtimes.docker import DockerSandbox
 from trouper.runtimes.docker_support import IO_MOUNT, LABEL_OWNER, LABEL_SESSION
-from trouper.settings import settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker,
               pytest.mark.skipif(os.geteuid() != 0, reason="the root cases need root (CI)")]

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
+from trouper.config.settings import settings
 from trouper.exceptions import RuntimeUnavailable
 from trouper.messages.actions import ReadFile, RunCommand, WriteFile
 from trouper.messages.causes import RuntimeFailure
@@ -26,7 +27,6 @@ from trouper.runtimes.docker_support import (
     owner_of_home,
     session_keeper,
 )
-from trouper.settings import settings
 from trouper.testing import wait_until
 from trouper.testing.runtime_contract import SandboxContract
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, ObservationEvent, Trouper
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
 from trouper.testing import FakeLLMServer, load_script
 
 sys.path.insert(0, str(Path(__file__).parent))  # the grep of test_secrets_home

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trouper import AgentState, ObservationEvent, RestartPolicy, RuntimeEvent, StateChanged
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
 from trouper.runtimes.docker_support import LABEL_SESSION, list_containers
 from trouper.testing import check_log, kill_actor, kill_sandbox, wait_until
 

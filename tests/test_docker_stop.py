@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from trouper import AgentState, ObservationEvent, RestartPolicy, RuntimeEvent, StateChanged
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
 from trouper.runtimes.docker_support import (
     LABEL_OWNER,
     LABEL_SESSION,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, Trouper
-from trouper.restarts import RestartPolicy
+from trouper.config.models import RestartPolicy
 from trouper.testing import wait_until
 from trouper.testing.cgroups import new_cgroup
 

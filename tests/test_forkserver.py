@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.processes import listening_sockets, socket_inodes
+from trouper.host.processes import listening_sockets, socket_inodes
 from trouper.testing import forkserver
 from trouper.testing.cgroups import new_cgroup, remove_cgroup
 from trouper.testing.forkserver import ForkedProcess, ForkServer

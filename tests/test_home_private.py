@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, Trouper
-from trouper.paths import creator_umask
+from trouper.home.paths import creator_umask
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -71,7 +71,7 @@ def test_opening_a_loose_home_tightens_it_and_says_so(tmp_path, caplog):
         path.chmod(0o755)
     (home / "logs" / "trouper.log").chmod(0o644)
     (home / "sessions" / "s-1" / "workspace" / "user-file").chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="trouper.paths"):
+    with caplog.at_level(logging.WARNING, logger="trouper.home.paths"):
         Trouper(home=home).close()
     assert _readable_by_others(home) == []
     assert "tightened" in caplog.text and "to owner-only" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trouper.config.models import RestartPolicy
 from trouper.core.effects import RuntimeDown, RuntimeReplaced
 from trouper.exceptions import RuntimeUnavailable, StaleEpoch
 from trouper.messages.protocol import (
@@ -18,7 +19,6 @@ from trouper.messages.protocol import (
     SandboxClosed,
 )
 from trouper.messages.tree import Superseded
-from trouper.restarts import RestartPolicy
 from trouper.runtimes.base import JournalRecord, SandboxHealth
 from trouper.runtimes.driver import After, Drop, Reply, ToParent, Work
 from trouper.runtimes.hosted import TIMER, HostedRuntime, ToCore

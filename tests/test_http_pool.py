@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpcore
 from httpcore._sync.connection_pool import PoolRequest
 
-from trouper import http_pool
+from trouper.llm import http_pool
 
 
 class FakeConnection:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from trouper import AgentState, Trouper
-from trouper.processes import descendants, pid_alive, start_time
+from trouper.host.processes import descendants, pid_alive, start_time
 from trouper.testing import actor_pid, check_log, hang, kill, sandbox_pid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]

@@ -16,8 +16,9 @@ from thespian.actors import Actor, ActorSystem, WakeupMessage
 
 from trouper.actors import base
 from trouper.actors.controller import Controller
-from trouper.config import LLMConfig, SessionConfig
-from trouper.fold import SessionView
+from trouper.config.models import LLMConfig, SessionConfig
+from trouper.core.fold import SessionView
+from trouper.home.paths import Home
 from trouper.messages.events import AgentState
 from trouper.messages.outcomes import Outcome
 from trouper.messages.protocol import (
@@ -41,7 +42,6 @@ from trouper.messages.tree import (
     Rewire,
     RuntimeGaveUp,
 )
-from trouper.paths import Home
 from trouper.store import open_store, store_url
 
 

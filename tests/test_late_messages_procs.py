@@ -27,7 +27,9 @@ from thespian.actors import ActorExitRequest, WakeupMessage
 from trouper.actors.base import Timer
 from trouper.actors.llm_broker import LLMBroker
 from trouper.actors.runtime_proxy import RuntimeProxy
-from trouper.config import LLMConfig, SessionConfig
+from trouper.config.models import LLMConfig, SessionConfig
+from trouper.home.paths import Home
+from trouper.host.processes import pid_alive
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
 from trouper.messages.protocol import (
@@ -46,8 +48,6 @@ from trouper.messages.protocol import (
     StartSession,
 )
 from trouper.messages.tree import BootBroker, BootedUp, BootRuntime, Working
-from trouper.paths import Home
-from trouper.processes import pid_alive
 from trouper.store import store_url
 from trouper.testing import wait_until
 
@@ -319,6 +319,7 @@ def host(trouper, tmp_path):
 
 
 def test_session_host_drops_what_it_cannot_use_and_closes_its_sandbox_once(host):
+    from trouper.config.models import RestartPolicy
     from trouper.messages.tree import (
         BootController,
         FailRuntime,
@@ -326,7 +327,6 @@ def test_session_host_drops_what_it_cannot_use_and_closes_its_sandbox_once(host)
         Shutdown,
         ShutdownDone,
     )
-    from trouper.restarts import RestartPolicy
 
     actor, start, state_dir = host
     sid = start.session_id

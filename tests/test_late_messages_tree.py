@@ -33,8 +33,9 @@ from trouper.actors.base import Timer, describe
 from trouper.actors.controller import Controller
 from trouper.actors.root import RootSupervisor
 from trouper.actors.session_supervisor import SessionSupervisor
-from trouper.config import LLMConfig, SessionConfig
-from trouper.fold import SessionView
+from trouper.config.models import LLMConfig, RestartPolicy, SessionConfig
+from trouper.core.fold import SessionView
+from trouper.home.paths import Home
 from trouper.messages.events import AgentState, StateChanged, Why
 from trouper.messages.outcomes import Outcome
 from trouper.messages.protocol import (
@@ -79,8 +80,6 @@ from trouper.messages.tree import (
     Superseded,
     Working,
 )
-from trouper.paths import Home
-from trouper.restarts import RestartPolicy
 from trouper.store import open_store, store_url
 from trouper.testing import wait_until
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trouper.processes import pid_alive
+from trouper.host.processes import pid_alive
 from trouper.testing import forkserver, wait_until
 from trouper.testing.cgroups import new_cgroup, remove_cgroup
 
@@ -78,7 +78,7 @@ def test_a_program_killed_while_opening_leaves_no_process(tmp_path, delay_ms):
     mark = uuid.uuid4().hex
     ready = tmp_path / "importing-done"
     program = _program(tmp_path / "home", f"""
-        import trouper.actor_system  # the heavy imports first: the kill hits the opening
+        import trouper.client.actor_system  # the heavy imports first: the kill hits the opening
         open({str(ready)!r}, "w").close()
         Trouper(home=home)
         time.sleep(60)
@@ -132,7 +132,7 @@ def test_a_new_trouper_ends_the_orphaned_system_of_a_dead_program(tmp_path):
 def test_open_close_cycles_leave_no_zombie_and_no_process(tmp_path):
     mark = uuid.uuid4().hex
     program = _program(tmp_path / "home", """
-        from trouper.processes import children_of
+        from trouper.host.processes import children_of
         for _ in range(50):
             Trouper(home=home).close()
         zombies = [pid for pid in children_of(os.getpid())
@@ -157,7 +157,8 @@ def test_an_admin_port_taken_before_the_admin_binds_it_is_replaced(tmp_path, mon
 
     from thespian.system import systemBase
 
-    from trouper import Trouper, actor_system
+    from trouper import Trouper
+    from trouper.client import actor_system
 
     patience = (systemBase.MAX_SYSTEM_SHUTDOWN_DELAY, systemBase.MAX_ADMIN_STATUS_REQ_DELAY)
 
@@ -183,7 +184,7 @@ def test_an_admin_port_taken_before_the_admin_binds_it_is_replaced(tmp_path, mon
         # Thespian's patience is back however the open ends (undo runs before teardown)
         monkeypatch.setattr(systemBase, "MAX_SYSTEM_SHUTDOWN_DELAY", patience[0])
         monkeypatch.setattr(systemBase, "MAX_ADMIN_STATUS_REQ_DELAY", patience[1])
-        with caplog.at_level("WARNING", logger="trouper.actor_system"):
+        with caplog.at_level("WARNING", logger="trouper.client.actor_system"):
             with Trouper(home=tmp_path / "home") as trouper:
                 assert trouper.sessions() == []
     assert handed == [taken]

@@ -10,7 +10,7 @@ import litellm
 import litellm.utils
 import pytest
 
-from trouper.config import LLMConfig
+from trouper.config.models import LLMConfig
 from trouper.llm import client
 from trouper.messages.protocol import Complete
 from trouper.testing import FakeLLMServer, wait_until

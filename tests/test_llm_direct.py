@@ -12,12 +12,12 @@ from typing import Any
 import litellm
 import pytest
 
-from trouper.actor_system import free_port
-from trouper.config import LLMConfig
+from trouper.client.actor_system import free_port
+from trouper.config.models import LLMConfig
+from trouper.config.settings import settings
 from trouper.llm import client, direct
 from trouper.llm.errors import classify, retry_after_s
 from trouper.messages.protocol import Complete
-from trouper.settings import settings
 from trouper.testing import FakeLLMServer
 from trouper.testing.fake_llm import load_script
 

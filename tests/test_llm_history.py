@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trouper.config import LLMConfig
+from trouper.config.models import LLMConfig
 from trouper.llm.gate import estimate_tokens, tokens_of
 from trouper.llm.history import HistorySender, HistoryStore
 from trouper.messages.protocol import Complete

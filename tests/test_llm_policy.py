@@ -7,8 +7,8 @@ import time
 import pytest
 
 from trouper import AgentState, LLMRetry, StateChanged, Trouper
+from trouper.config.settings import env_name
 from trouper.messages.events import PromptCondensed
-from trouper.settings import env_name
 from trouper.testing import check_log, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it

@@ -137,7 +137,7 @@ def test_without_network_the_shell_opens_no_socket_but_unix(tmp_path, scripted, 
 
 
 def test_options_are_checked_before_anything_starts():
-    from trouper.config import LocalRuntime
+    from trouper.config.models import LocalRuntime
 
     with pytest.raises(ValueError, match="not an absolute path"):
         LocalRuntime(unreadable=("relative/path",))

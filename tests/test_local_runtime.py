@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from trouper.exceptions import ConfigError, InvalidRequest, RuntimeUnavailable, StaleEpoch
+from trouper.host.processes import children_of, parent_of, pid_alive, process_name
 from trouper.messages.actions import RunCommand
-from trouper.processes import children_of, parent_of, pid_alive, process_name
 from trouper.runtimes import Runtime, Sandbox, load_sandbox
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from trouper.masking import MIN_SECRET_CHARS, SecretMasker
 from trouper.messages.actions import RunCommand
 from trouper.messages.events import ActionEvent, MessageEvent, ObservationEvent
 from trouper.messages.outcomes import Outcome
 from trouper.messages.protocol import Complete, Completed, ToolCall
+from trouper.security.masking import MIN_SECRET_CHARS, SecretMasker
 
 TOKEN = "ghp_abcdef123456"
 
@@ -213,7 +213,7 @@ REGISTERED = "registered-secret-8d7c6b"
 def test_log_records_are_masked_where_they_are_made():
     import logging
 
-    from trouper.masking import mask_known, remember_secrets
+    from trouper.security.masking import mask_known, remember_secrets
 
     remember_secrets({"REG": REGISTERED})
     assert mask_known(f"x {REGISTERED}") == "x <secret:REG>"
@@ -238,7 +238,7 @@ def test_log_records_are_masked_where_they_are_made():
 
 
 def test_registry_keeps_two_sessions_values_under_one_name():
-    from trouper.masking import known_masker, remember_secrets
+    from trouper.security.masking import known_masker, remember_secrets
 
     remember_secrets({"GITHUB_TOKEN": "first-session-token"})
     remember_secrets({"GITHUB_TOKEN": "second-session-token"})

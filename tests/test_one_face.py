@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from trouper import AgentState, Trouper
-from trouper.client_protocol import SessionHandle, TrouperClient
+from trouper.client.protocol import SessionHandle, TrouperClient
+from trouper.client.store_reader import StoreReader
 from trouper.exceptions import ConfigError, UnknownSession
 from trouper.messages.events import StateChanged
-from trouper.store_reader import StoreReader
 from trouper.testing import FakeLLMServer, forkserver, load_script, wait_until
 from trouper.testing.daemon import running_daemon
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState
-from trouper.processes import descendants
+from trouper.host.processes import descendants
 from trouper.testing import wait_until
 
 # real processes (`-m 'not slow'` skips them), in each session layout

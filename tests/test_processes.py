@@ -7,7 +7,7 @@ import signal
 import subprocess
 import threading
 
-from trouper import processes
+from trouper.host import processes
 
 
 def test_children_are_found_whoever_of_its_threads_started_them():
@@ -33,7 +33,7 @@ def test_children_are_found_whoever_of_its_threads_started_them():
 
 DEADLOCK_PROBE = """
 import os, signal, sys, threading
-from trouper.cli_session import Interrupts
+from trouper.cli.drive import Interrupts
 
 interrupts = Interrupts()
 with interrupts.installed():

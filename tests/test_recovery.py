@@ -26,7 +26,7 @@ from trouper import (
     StateChanged,
     Trouper,
 )
-from trouper.settings import settings
+from trouper.config.settings import settings
 from trouper.testing import (
     actor_pid,
     check_log,
@@ -233,7 +233,7 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
     """A replaced proxy's epoch is refused by the sandbox (promise I2, docs/promises.md)."""
     from trouper.exceptions import StaleEpoch
     from trouper.messages.actions import RunCommand
-    from trouper.runtimes.client import SandboxClient
+    from trouper.runtimes.sandbox_client import SandboxClient
 
     _, llm = scripted([{"tool": "run", "args": {"command": "echo hi"}}, FINISH])
     session = trouper.start_session("t", llm=llm, workspace=tmp_path)
@@ -300,7 +300,7 @@ def test_close_stops_the_sandbox_of_a_session_whose_agent_loop_is_down(layout, s
                                                                        tmp_path):
     """In its give-up cooldown nobody drives the session (hosted: no process of its own
     runs); Trouper.close() still stops its sandbox, as it does every other's."""
-    from trouper.processes import pid_alive
+    from trouper.host.processes import pid_alive
     from trouper.testing import sandbox_pid
 
     _, llm = scripted([{"tool": "run", "args": {"command": "touch started; sleep 30"}},

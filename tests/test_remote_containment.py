@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from trouper.config import RemoteRuntime
+from trouper.config.models import RemoteRuntime
+from trouper.config.settings import settings
 from trouper.messages.actions import RunCommand
 from trouper.runtimes import load_sandbox
 from trouper.runtimes.remote import RemoteSandbox
 from trouper.runtimes.sandbox.confinement import available
-from trouper.settings import settings
 
 pytestmark = pytest.mark.slow  # starts a runtime server
 

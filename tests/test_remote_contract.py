@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from trouper.config import RemoteRuntime
+from trouper.config.models import RemoteRuntime
 from trouper.exceptions import StaleEpoch
 from trouper.messages.actions import RunCommand
 from trouper.runtimes import load_sandbox
 from trouper.runtimes.remote import RemoteSandbox
+from trouper.security.tls import default_ssl_context
 from trouper.testing import wait_until
 from trouper.testing.runtime_contract import LIMITS, SandboxContract
-from trouper.tls import default_ssl_context
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -100,7 +100,7 @@ def health(server) -> dict:
 
 def session_members(leader: int) -> list[int]:
     """Live processes of the session ``leader`` leads (zombies are gone for good)."""
-    from trouper.processes import pid_alive
+    from trouper.host.processes import pid_alive
 
     found = []
     for name in os.listdir("/proc"):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from trouper.config import RemoteRuntime
+from trouper.config.models import RemoteRuntime
 from trouper.exceptions import InvalidRequest
 from trouper.runtimes.remote import RemoteSandbox, RemoteUnavailable
 from trouper.runtimes.remote_server.serve import (

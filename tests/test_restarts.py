@@ -7,7 +7,8 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from trouper.restarts import RestartBudget, RestartPolicy
+from trouper.config.models import RestartPolicy
+from trouper.supervisor import RestartBudget
 
 
 class Clock:

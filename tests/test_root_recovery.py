@@ -13,7 +13,7 @@ import pytest
 
 from trouper import AgentState, Trouper
 from trouper.exceptions import RequestTimeout
-from trouper.processes import pid_alive
+from trouper.host.processes import pid_alive
 from trouper.testing import actor_pid, check_log, hang, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from trouper import AgentState, ObservationEvent, RestartPolicy, Trouper
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
 from trouper.testing import check_log, kill, kill_actor, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trouper.host.processes import pid_alive
 from trouper.messages.actions import RunCommand
-from trouper.processes import pid_alive
 from trouper.runtimes.local import LocalSandbox
 from trouper.runtimes.sandbox import bash as bash_module
 from trouper.testing import wait_until

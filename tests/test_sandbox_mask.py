@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from trouper.masking import SecretMasker
 from trouper.runtimes.sandbox.logs import MaskingFormatter, OncePer
 from trouper.runtimes.sandbox.mask import MIN_SECRET_CHARS, TextMasker
 from trouper.runtimes.sandbox.stream import StreamMasker
+from trouper.security.masking import SecretMasker
 
 TOKEN = "ghp_abcdef123456"
 ODD = 'pa"ss\\wörd-42'

@@ -14,11 +14,11 @@ import re
 
 import pytest
 
-from trouper.masking import SecretMasker
 from trouper.runtimes.sandbox import mask as mask_module
 from trouper.runtimes.sandbox.mask import TextMasker
 from trouper.runtimes.sandbox.spelling import value_pattern
 from trouper.runtimes.sandbox.stream import StreamMasker
+from trouper.security.masking import SecretMasker
 
 TOKEN = "ghp_abcdef123456"
 ODD = 'pa"ss/wö\\rd-\U0001d11e'

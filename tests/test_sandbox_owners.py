@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.config import DockerRuntime
+from trouper.config.models import DockerRuntime
 from trouper.runtimes.docker_user import choose_user, prepare_io
 from trouper.runtimes.sandbox import files
 from trouper.runtimes.sandbox.clone import clone

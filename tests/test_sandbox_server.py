@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from trouper.host.processes import pid_alive
 from trouper.messages.actions import WriteFile
-from trouper.processes import pid_alive
-from trouper.runtimes import client as client_module
-from trouper.runtimes.client import SandboxClient
+from trouper.runtimes import sandbox_client as client_module
 from trouper.runtimes.launch import BOOT as _BOOT
 from trouper.runtimes.launch import RUNTIMES_DIR
 from trouper.runtimes.local import LocalSandbox
 from trouper.runtimes.sandbox import MAX_BODY_BYTES
+from trouper.runtimes.sandbox_client import SandboxClient
 from trouper.testing import wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from trouper.host.processes import pid_alive
 from trouper.messages.actions import RunCommand
 from trouper.messages.outcomes import Outcome
-from trouper.processes import pid_alive
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import wait_until
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, Trouper
+from trouper.host.processes import descendants, parent_of, pid_alive, process_name
 from trouper.messages.actions import RunCommand
-from trouper.processes import descendants, parent_of, pid_alive, process_name
 from trouper.runtimes import sandbox_zygote
 from trouper.runtimes.local import LocalSandbox
 from trouper.testing import kill_sandbox, wait_until

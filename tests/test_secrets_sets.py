@@ -15,10 +15,15 @@ from pathlib import Path
 import pytest
 
 from trouper import ActionEvent, AgentState, ObservationEvent
-from trouper.config import LLMConfig
-from trouper.masking import LLM_KEY_NAME, TRANSPORT_KEY_NAME, credentials, session_maskers
+from trouper.config.models import LLMConfig
 from trouper.messages.actions import RunCommand
-from trouper.transport_key import TRANSPORT_KEY_FILE_ENV
+from trouper.security.masking import (
+    LLM_KEY_NAME,
+    TRANSPORT_KEY_NAME,
+    credentials,
+    session_maskers,
+)
+from trouper.security.transport_key import TRANSPORT_KEY_FILE_ENV
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 
@@ -111,9 +116,9 @@ def test_a_refused_config_does_not_quote_a_secret_or_the_key(trouper, tmp_path: 
 
 
 def test_the_terminal_shows_known_secrets_masked_and_never_clips_one_in_half():
-    from trouper.masking import remember_secrets
+    from trouper.cli.render import render
     from trouper.messages.events import MessageEvent
-    from trouper.render import render
+    from trouper.security.masking import remember_secrets
 
     shown_secret = "render-secret-value-5b6c7d"
     remember_secrets({"SHOWN": shown_secret})
@@ -133,8 +138,8 @@ def test_a_provider_error_that_echoes_the_key_is_masked(trouper, scripted, tmp_p
 
 
 def test_a_remote_runtime_token_is_a_credential_masked_and_never_revealed():
-    from trouper.config import RemoteRuntime
-    from trouper.masking import RUNTIME_TOKEN_NAME
+    from trouper.config.models import RemoteRuntime
+    from trouper.security.masking import RUNTIME_TOKEN_NAME
 
     token = "rt-" + "z" * 30
     runtime = RemoteRuntime(url="http://127.0.0.1:9", token=token)
@@ -163,8 +168,8 @@ def test_the_secrets_file_is_written_whole_and_durably(tmp_path: Path, monkeypat
     fails leaves neither a file nor a temporary."""
     import os
 
-    from trouper.paths import Home
-    from trouper.session_secrets import read_secrets, write_session_secrets
+    from trouper.home.paths import Home
+    from trouper.security.secrets_file import read_secrets, write_session_secrets
 
     home = Home(tmp_path / "home")
     llm = LLMConfig(model="hosted_vllm/x", api_key="sk-durable-1")

@@ -19,9 +19,9 @@ from trouper import (
     Trouper,
     UnknownSession,
 )
-from trouper.config import LLMConfig, SessionConfig
-from trouper.paths import Home
-from trouper.session import Session
+from trouper.client.session import Session
+from trouper.config.models import LLMConfig, SessionConfig
+from trouper.home.paths import Home
 from trouper.store import open_store
 from trouper.testing import check_log
 

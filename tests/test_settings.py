@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from trouper.config.settings import Settings, env_name, settings
 from trouper.exceptions import ConfigError
 from trouper.llm.gate import AdmissionGate, GateLimits
-from trouper.settings import Settings, env_name, settings
 
 WINDOW = env_name("rate_window_s")
 
@@ -105,7 +105,7 @@ def test_trouper_refuses_a_bad_setting_before_creating_anything(fresh_settings,
 def test_every_setting_is_documented_in_operations():
     from pathlib import Path
 
-    from trouper.settings import Settings, env_name
+    from trouper.config.settings import Settings, env_name
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     assert [n for n in Settings.model_fields if env_name(n) not in docs] == []

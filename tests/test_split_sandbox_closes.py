@@ -24,11 +24,11 @@ from test_late_messages_tree import (  # noqa: E402
 )
 from thespian.actors import ActorExitRequest  # noqa: E402
 
+from trouper.config.models import RestartPolicy  # noqa: E402
+from trouper.home.paths import Home  # noqa: E402
 from trouper.messages.events import AgentState, RuntimeEvent  # noqa: E402
 from trouper.messages.protocol import Accepted, SandboxClosed  # noqa: E402
 from trouper.messages.tree import CloseFor, Shutdown, ShutdownDone  # noqa: E402
-from trouper.paths import Home  # noqa: E402
-from trouper.restarts import RestartPolicy  # noqa: E402
 from trouper.store import open_store  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from trouper import AgentState, Trouper
-from trouper.processes import pid_alive
+from trouper.host.processes import pid_alive
 from trouper.testing import check_log, wait_until
 from trouper.testing.faults import actor_pid, sandbox_pid
 

@@ -16,7 +16,7 @@ import pytest
 
 from trouper import AgentState, ObservationEvent, RuntimeEvent
 from trouper.core.ending import SHELL_RESET
-from trouper.processes import descendants, is_bash, pid_alive, session_members, start_time
+from trouper.host.processes import descendants, is_bash, pid_alive, session_members, start_time
 from trouper.testing import check_log, wait_until
 from trouper.testing.faults import sandbox_pid
 

@@ -178,7 +178,7 @@ def _session_process(root: int | None, not_pid: int) -> int | None:
     """The one live agent loop under the root (its child, or split its grandchild), other
     than ``not_pid``."""
     from trouper.actors.base import PROCESS_NAMES
-    from trouper.processes import children_of
+    from trouper.host.processes import children_of
 
     def named(pid: int) -> str:
         try:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trouper.config import LLMConfig, SessionConfig
+from trouper.config.models import LLMConfig, SessionConfig
 from trouper.exceptions import InvalidRequest, StoreError, UnknownSession
+from trouper.home.paths import Home
 from trouper.messages.actions import RunCommand
 from trouper.messages.events import (
     ActionEvent,
@@ -27,7 +28,6 @@ from trouper.messages.events import (
     StateChanged,
 )
 from trouper.messages.outcomes import Outcome
-from trouper.paths import Home
 from trouper.store import EventStore, SQLiteEventStore, open_store
 
 FORK = multiprocessing.get_context("fork")
@@ -298,7 +298,7 @@ STORE_SECRET = 'store-secret-"q/é\\z-41'
 
 
 def test_known_secrets_are_masked_in_the_config_and_every_event(db: Path):
-    from trouper.masking import remember_secrets
+    from trouper.security.masking import remember_secrets
 
     remember_secrets({"STORE_SECRET": STORE_SECRET})
     s = SQLiteEventStore(db)
@@ -594,8 +594,8 @@ def test_a_config_an_older_trouper_stored_still_opens(tmp_path, caplog):
     default on read, with a warning, rather than making the session unreadable."""
     import sqlite3
 
-    from trouper.config import LLMConfig, SessionConfig
-    from trouper.paths import Home
+    from trouper.config.models import LLMConfig, SessionConfig
+    from trouper.home.paths import Home
     from trouper.store import open_store
 
     home = Home.at(tmp_path / "home")
@@ -615,7 +615,7 @@ def test_a_config_an_older_trouper_stored_still_opens(tmp_path, caplog):
 
 def test_a_store_is_named_by_a_url(tmp_path):
     from trouper.exceptions import StoreError
-    from trouper.paths import Home
+    from trouper.home.paths import Home
     from trouper.store import open_store, store_url
 
     home = Home.at(tmp_path / "my home")

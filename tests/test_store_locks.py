@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trouper.actors.forking import release_inherited_descriptors
-from trouper.paths import Home
+from trouper.home.paths import Home
 from trouper.store import open_store
 
 pytestmark = [pytest.mark.slow,
@@ -92,7 +92,7 @@ def test_a_forked_actor_locks_the_real_files(tmp_path):
 
 
 def _config(tmp_path: Path):
-    from trouper.config import LLMConfig, SessionConfig
+    from trouper.config.models import LLMConfig, SessionConfig
 
     return SessionConfig(task="t", llm=LLMConfig(model="hosted_vllm/x"),
                          workspace=str(tmp_path))

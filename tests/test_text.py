@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from trouper.messages.protocol import Complete
-from trouper.text import storable
+from trouper.messages.text import storable
 
 BAD = "a\ud800b"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from trouper.actors.transport import LISTEN_DEPTH
-from trouper.processes import listening_sockets, socket_inodes
+from trouper.host.processes import listening_sockets, socket_inodes
 from trouper.testing import wait_until
 
 

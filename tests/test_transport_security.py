@@ -26,7 +26,7 @@ from trouper.actors.transport import (
     check_seams,
     sealed,
 )
-from trouper.processes import listening_sockets, pid_alive, socket_inodes
+from trouper.host.processes import listening_sockets, pid_alive, socket_inodes
 from trouper.testing import check_log, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
@@ -183,7 +183,7 @@ def test_the_program_itself_is_sealed_once_a_trouper_opened(trouper):
 
 def test_a_shared_key_file_must_be_private_and_long(tmp_path):
     from trouper.exceptions import TrouperError
-    from trouper.transport_key import read_key_file
+    from trouper.security.transport_key import read_key_file
 
     key = tmp_path / "transport.key"
     key.write_bytes(os.urandom(48).hex().encode())

@@ -42,8 +42,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from ...messages.text import storable
 from ...serving.limits import INT64_MAX
-from ...text import storable
 from ..sandbox import MAX_BODY_BYTES, PROTOCOL_VERSION
 from ..sandbox.confine import FileError
 from ..sandbox.service import BadRequest, StaleEpoch, StorageUnavailable

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...processes import start_time
+from ...host.processes import start_time
 from ..sandbox.journal import Journal
 from ..sandbox.mask import TextMasker
 from ..sandbox.service import BadRequest, Service
