@@ -177,10 +177,13 @@ def spawn(kind: str) -> Any:
 
 def fork_python_processes() -> None:
     """``--quick`` (a smoke run, its figures not read): fork the bench's Python processes
-    from a pre-imported zygote (``trouper.testing.forkserver``), the suite's when the
-    bench itself was forked from one, instead of paying trouper's imports in each."""
-    from trouper.testing import forkserver
+    from a pre-imported zygote (the test suite's fork server, ``tests/accel/``), the
+    suite's own when the bench itself was forked from one, instead of paying trouper's
+    imports in each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from trouper.testing.daemon import TestDaemon
+
+    from accel import forkserver
 
     SPAWN.update(popen=forkserver.Popen, run=forkserver.run)
     TestDaemon.popen = forkserver.Popen

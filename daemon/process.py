@@ -36,7 +36,7 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
     """Start the home's daemon; return its info (url, pid, port...). Raises DaemonError.
 
     ``popen`` starts the process (``subprocess.Popen``'s arguments; a test harness may
-    pass ``testing.forkserver.Popen``)."""
+    pass its own, as trouper's suite passes its fork server's, ``tests/accel/``)."""
     files = DaemonFiles(home)
     info = running_info(files)
     if info is not None:

@@ -1,7 +1,7 @@
 """A cgroup per test program: every process it starts stays in it (setsid, double fork),
-so a test can list them all, however the program was started (``forkserver``'s
-``cgroup=`` option). Needs root and a cgroup file system; ``new_cgroup`` says None
-otherwise."""
+so a test can list them all, however the program was started (``join_cgroup`` first
+thing in the child: trouper's suite forks its programs with a ``cgroup=`` option). Needs
+root and a cgroup file system; ``new_cgroup`` says None otherwise."""
 
 from __future__ import annotations
 

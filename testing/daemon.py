@@ -32,7 +32,8 @@ class TestDaemon:
 
     popen: Callable[..., Any] = subprocess.Popen
     """What starts the daemon process (``subprocess.Popen``'s arguments): a suite may set
-    ``forkserver.Popen`` here once, so that its daemons skip the imports."""
+    a faster starter here once (trouper's own sets its fork server's ``Popen``, from a
+    pre-imported zygote), so that its daemons skip the imports."""
 
     def __init__(self, home: Path, port: int = 0, env: dict[str, str] | None = None,
                  popen: Callable[..., Any] | None = None) -> None:

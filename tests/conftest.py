@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # broker with it (as a program that imported litellm first): no second import per worker.
 # test_lean_processes runs a lean program.
 import trouper.llm.client  # noqa: E402, F401
-from trouper.testing import FakeLLMServer, forkserver, load_script  # noqa: E402
+from trouper.testing import FakeLLMServer, load_script  # noqa: E402
 from trouper.testing.daemon import TestDaemon  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))  # the suite's own helpers: tests import accel
+from accel import forkserver  # noqa: E402
+
 # The suite's trouper processes (CLI commands, daemons) and pytest's workers are forked
-# from one zygote that imported trouper, litellm and pytest once (testing/forkserver.py):
+# from one zygote that imported trouper, litellm and pytest once (accel/forkserver.py):
 # ~3.5 s of CPU each otherwise, most of the suite's. README's first command still starts
 # afresh.
 TestDaemon.popen = forkserver.Popen

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.testing import forkserver
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 

@@ -28,7 +28,9 @@ from trouper.exceptions import (
     UnknownSession,
 )
 from trouper.security.masking import remember_secrets
-from trouper.testing import ScriptError, forkserver
+from trouper.testing import ScriptError
+
+from accel import forkserver
 
 USAGE, ENVIRONMENT, UNEXPECTED = 2, 3, 4
 

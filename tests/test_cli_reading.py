@@ -19,7 +19,8 @@ from trouper.config.models import LLMConfig, SessionConfig
 from trouper.home.paths import Home
 from trouper.messages.events import AgentState, MessageEvent, StateChanged
 from trouper.store import open_store
-from trouper.testing import forkserver
+
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # runs the CLI as processes
 

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from trouper.host.processes import descendants, pid_alive, start_time
-from trouper.testing import FakeLLMServer, check_log, forkserver, wait_until
-from trouper.testing.zygote import STACKS_SIGNAL
+from trouper.testing import FakeLLMServer, check_log, wait_until
+
+from accel import forkserver
+from accel.zygote import STACKS_SIGNAL
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 

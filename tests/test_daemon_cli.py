@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
-from trouper.testing import forkserver, wait_until
+from trouper.testing import wait_until
 from trouper.testing.daemon import running_daemon
+
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # starts a daemon process
 

@@ -17,8 +17,10 @@ from trouper.daemon.server import DaemonError
 from trouper.home.paths import Home
 from trouper.messages.events import ActionEvent, ObservationEvent
 from trouper.store import open_store
-from trouper.testing import check_log, forkserver, wait_until
+from trouper.testing import check_log, wait_until
 from trouper.testing.daemon import TestDaemon, running_daemon
+
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # starts daemon processes
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from trouper.host.processes import listening_sockets, socket_inodes
-from trouper.testing import forkserver
 from trouper.testing.cgroups import new_cgroup, remove_cgroup
-from trouper.testing.forkserver import ForkedProcess, ForkServer
-from trouper.testing.zygote import STACKS_SIGNAL
+
+from accel import forkserver
+from accel.forkserver import ForkedProcess, ForkServer
+from accel.zygote import STACKS_SIGNAL
 
 pytestmark = pytest.mark.slow  # starts zygotes (real processes)
 
@@ -200,7 +201,7 @@ def test_a_cgroup_holds_the_child_and_all_it_starts(server):
 
 def test_a_forked_process_forks_through_the_same_zygote(server):
     """A bench run forked from the suite's zygote starts its daemons from it too."""
-    code = ("import os, sys; from trouper.testing import forkserver;"
+    code = ("import os, sys; from accel import forkserver;"
             "inner = forkserver.run([sys.executable, '-c', 'import os; print(os.getppid())'],"
             " capture_output=True, text=True, timeout=60);"
             "print(inner.stdout.strip(), inner.returncode)")
@@ -250,4 +251,4 @@ def test_this_worker_was_forked_from_the_suite_s_zygote():
         pytest.skip("not an xdist worker forked from the zygote")
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
         parent = f.read().split(b"\0")
-    assert b"trouper.testing.zygote" in parent and b"--listen" in parent
+    assert forkserver.ZYGOTE.encode() in parent and b"--listen" in parent

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from trouper.host.processes import pid_alive
-from trouper.testing import forkserver, wait_until
+from trouper.testing import wait_until
 from trouper.testing.cgroups import new_cgroup, remove_cgroup
+
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 

@@ -105,7 +105,7 @@ def test_a_call_with_tools_loads_no_mcp_handler():
     import subprocess
     import sys
 
-    from trouper.testing import forkserver
+    from accel import forkserver
 
     assert client.SKIP_MCP, "this litellm lost _skip_mcp_handler: see llm/client.py"
     probe = forkserver.run([sys.executable, "-c", MCP_PROBE], capture_output=True, text=True,

@@ -20,8 +20,10 @@ from trouper.client.protocol import SessionHandle, TrouperClient
 from trouper.client.store_reader import StoreReader
 from trouper.exceptions import ConfigError, UnknownSession
 from trouper.messages.events import StateChanged
-from trouper.testing import FakeLLMServer, forkserver, load_script, wait_until
+from trouper.testing import FakeLLMServer, load_script, wait_until
 from trouper.testing.daemon import running_daemon
+
+from accel import forkserver
 
 pytestmark = pytest.mark.slow  # an actor system and a daemon process
 

@@ -30,12 +30,13 @@ from trouper.config.settings import settings
 from trouper.testing import (
     actor_pid,
     check_log,
-    forkserver,
     kill,
     kill_actor,
     kill_sandbox,
     wait_until,
 )
+
+from accel import forkserver
 
 # real processes (`-m 'not slow'` skips them), in each session layout
 pytestmark = [pytest.mark.slow, pytest.mark.each_layout]

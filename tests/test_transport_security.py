@@ -213,7 +213,7 @@ def test_a_program_sealed_with_one_key_refuses_another(tmp_path):
 def test_a_system_runs_on_an_operators_key_file(scripted, tmp_path):
     import sys
 
-    from trouper.testing import forkserver
+    from accel import forkserver
 
     _, llm = scripted([{"tool": "finish", "args": {"message": "done"}}])
     key = tmp_path / "transport.key"

@@ -1,4 +1,4 @@
-"""A process forked by the test zygote (``testing/zygote.py``) through ``forkserver``:
+"""A process forked by the test zygote (``zygote.py`` here) through ``forkserver``:
 as much of ``subprocess.Popen`` as tests use."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The parent process of ``forkserver``: imports trouper once, then forks each process a
 test asks for and lets it become ``python -m ...``, ``python -c ...`` or ``python FILE``.
 
-    python -m trouper.testing.zygote FD [--listen LFD] [MODULE...]
+    python tests/accel/zygote.py FD [--listen LFD] [MODULE...]
     # FD: its end of the test process's socketpair; MODULE: what to import first
     # (``forkserver`` passes its PRELOAD)
     # LFD: a listening Unix socket (in an owner-only folder): each connection is a
@@ -206,7 +206,7 @@ def _reap(replies: dict[int, socket.socket]) -> None:
 def _become(job: Job) -> None:
     """Put the descriptors, session, folder, environment and signals in place."""
     if job.cgroup:  # first: whatever it starts from here on is in the group too
-        from .cgroups import join_cgroup
+        from trouper.testing.cgroups import join_cgroup
 
         join_cgroup(job.cgroup)
     floor = max([*job.targets, *job.fds, job.control]) + 1  # no dup2 overwrites a source
@@ -280,4 +280,9 @@ def _die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # started by path: run as ``accel.zygote``, from ``tests/``, so that ``_become`` hands
+    # the child its socket in ``accel.forkserver``, the module the suite's processes import
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from accel.zygote import main as accel_main
+
+    accel_main()

@@ -1,5 +1,5 @@
 """The ``python`` that pytest-xdist starts for each worker: it asks the suite's zygote
-(``testing/zygote.py``, started by pytest's controller through ``forkserver.serve_workers``)
+(``zygote.py`` here, started by pytest's controller through ``forkserver.serve_workers``)
 to fork the worker with this process's descriptors, environment and folder, then stands
 for it until it exits, with its exit status.
 

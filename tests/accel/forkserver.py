@@ -3,11 +3,11 @@
 A fresh trouper process spends ~3.5 s of CPU importing trouper and litellm before it does
 anything; a suite that starts dozens of them spends most of its CPU there. ``run`` and
 ``Popen`` here take the arguments of their ``subprocess`` namesakes and fork the process
-from a zygote (``testing/zygote.py``) that imported all that once: a real process with its
+from a zygote (``zygote.py`` here) that imported all that once: a real process with its
 own pid, descriptors, environment, folder, session and exit status, running the real
 entry point, in a few milliseconds.
 
-    from trouper.testing import forkserver
+    from accel import forkserver  # tests/accel: conftest.py puts tests/ on sys.path
     done = forkserver.run([sys.executable, "-m", "trouper", "demo"], capture_output=True)
     proc = forkserver.Popen([sys.executable, "-m", "trouper", "run", ...],
                             start_new_session=True, sigint_ignored=True)
@@ -37,8 +37,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trouper.testing.cgroups import join_cgroup
+
 from . import worker_python
-from .cgroups import join_cgroup
 from .forked_process import ForkedProcess
 
 FORK_ENV = "TROUPER_TEST_FORK"
@@ -53,6 +54,9 @@ start-up (pytest sets ``PYTEST_CURRENT_TEST`` for each test; opening an actor sy
 the Thespian two, importing litellm the last). Any other (``PYTHONPATH``, the many that
 litellm reads on import) must match."""
 START_TIMEOUT_S = 120.0
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+"""Started by its path, not with ``-m``: ``tests/`` is on no path until conftest.py puts it
+there, so the zygote puts it on its own and runs as ``accel.zygote``."""
 
 
 class ForkServer:
@@ -153,7 +157,7 @@ class ForkServer:
             listen = ["--listen", str(self._listener.fileno())]
             passed.append(self._listener.fileno())
         zygote = subprocess.Popen(
-            [sys.executable, "-m", "trouper.testing.zygote", str(theirs.fileno()), *listen,
+            [sys.executable, ZYGOTE, str(theirs.fileno()), *listen,
              *(PRELOAD if self._preload is None else self._preload)],
             pass_fds=passed, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env=env, start_new_session=True, cwd="/")
