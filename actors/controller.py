@@ -79,6 +79,7 @@ from ..messages.tree import (
 from ..security.masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..store import EventStore, open_store
 from .loop_watch import LoopWatch
+from .standing_down import SettledStandDown
 from .store_fault import StoreFaultMode
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-class Controller(StoreFaultMode, LoopWatch):
+class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
     role = "controller"
 
     def __init__(self) -> None:
@@ -141,6 +142,8 @@ class Controller(StoreFaultMode, LoopWatch):
         home = Home.at(msg.start.home)
         self.publish_pid(home.actor_pid_path("controller", msg.start.session_id))
         self.boot_reply_to = msg.reply_to
+        if msg.start.restore:
+            self.restored_grace()
         self.store = open_store(msg.start.store_url)
         # on a store that takes no writes (a full disk) this raises StoreUnavailable: the
         # Controller waits in store-fault mode and its probe boots it (no restart loop)
@@ -262,7 +265,7 @@ class Controller(StoreFaultMode, LoopWatch):
             self.feed(RuntimeReplaced())
 
     def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
-        """The sandbox an ``EndSandbox`` asked to end is ended (split: from the parent)."""
+        """The sandbox an ``EndSandbox`` asked to end is ended (from the parent)."""
         if self.from_parent(msg, sender, "who ends the sandbox"):
             self.feed(SandboxEnded())
 
@@ -284,6 +287,7 @@ class Controller(StoreFaultMode, LoopWatch):
         if not isinstance(inner, UserCommand):
             logger.warning("controller: cannot relay %s", type(inner).__name__)
             return
+        self.relays_seen += 1
         self.replies[inner.request_id] = msg.reply_to
         self.feed(inner)
 
@@ -293,6 +297,7 @@ class Controller(StoreFaultMode, LoopWatch):
         for effect in effects:
             self._perform(effect)
         self.tell_working()
+        self.consider_standing_down()
 
     def _perform(self, effect: Effect) -> None:  # noqa: C901 - one branch per effect kind
         if isinstance(effect, Append):

@@ -45,7 +45,7 @@ class CommandsInFlight:
 
     def handed(self, relay: Relay) -> None:
         cmd = relay.msg
-        if isinstance(cmd, UserCommand):  # a FailRuntime is for the driver that was
+        if isinstance(cmd, UserCommand):
             _, times = self.relays.get(cmd.request_id, (relay, 0))
             self.relays[cmd.request_id] = (relay, times + 1)
 

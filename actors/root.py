@@ -34,6 +34,7 @@ from ..messages.protocol import (
     FaultStatus,
     Refusal,
     Refused,
+    SandboxClosed,
     StartSession,
     StoreFault,
     UserCommand,
@@ -41,24 +42,21 @@ from ..messages.protocol import (
 from ..messages.tree import (
     BootBroker,
     BootRoot,
-    BootSession,
     BrokerMoved,
     BrokerSlow,
+    CloseFor,
     CommandAnswered,
-    FailRuntime,
-    Layout,
     Relay,
     Shutdown,
     ShutdownDone,
     Superseded,
     Working,
 )
-from ..supervisor import ChildSpec
+from ..supervisor import ChildSpec, give_up_text
 from .base import Timer
-from .hosted_sessions import BROKER, HostedSessions, session_role
-from .in_flight import CommandsInFlight, taken_text
+from .in_flight import CommandsInFlight
 from .lazy_broker import LazyBroker
-from .session_supervisor import SessionSupervisor
+from .root_sessions import BROKER, RootSessions, session_role
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +71,15 @@ class _Closing:
     done: list[str] = field(default_factory=list)
 
 
-class RootSupervisor(HostedSessions):
+class RootSupervisor(RootSessions):
     role = "root"
     broker_class: type = LazyBroker
     """The shared LLM broker (``LazyBroker``: the root never imports litellm); a test puts
     a fake in its place."""
-    session_class: type = SessionSupervisor
 
     def __init__(self) -> None:
         super().__init__()
         self.home = ""
-        self.layout: Layout = "hosted"  # set by the boot
         self.pending_shutdown: dict[str, _Closing] = {}
         self.closing = False
         """A shutdown came: the tree is going away, and no session is started again (its
@@ -92,11 +88,11 @@ class RootSupervisor(HostedSessions):
         """Sessions that cannot record anything now, for clients (the log cannot say)."""
         self.unrecorded: set[str] = set()
         """Those of ``faults`` that are a downtime no process could record."""
-        self.split_in_flight: dict[str, CommandsInFlight] = {}
-        """Split layout: each session's user commands its supervisor has not answered."""
+        self.closers: dict[str, ActorAddress] = {}
+        """Role -> the one-shot proxy closing that session's sandbox while the tree closes."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
-        self.home, self.policy, self.layout = msg.home, msg.policy, msg.layout
+        self.home, self.policy = msg.home, msg.policy
         self.publish_pid(Home.at(msg.home).actor_pid_path("root"))
         if self.child(BROKER) is None:
             self.supervise(ChildSpec(BROKER, self.broker_class,
@@ -114,22 +110,19 @@ class RootSupervisor(HostedSessions):
         self._start_session(msg, sender)
 
     def on_user_command(self, msg: UserCommand, sender: ActorAddress) -> None:
-        self._forward(msg, Relay(msg=msg, reply_to=sender))
-
-    def on_fail_runtime(self, msg: FailRuntime, sender: ActorAddress) -> None:
-        self._forward(msg, Relay(msg=msg, reply_to=sender))
+        self.forward(Relay(msg=msg, reply_to=sender))
 
     def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
         role = session_role(start.session_id)
-        if self.child(role) is not None or start.session_id in self.kept:
-            kept = self.kept.get(start.session_id)
+        kept = self.kept.get(start.session_id)
+        if kept is not None or self.child(role) is not None:
             if kept is not None and kept.standing_down:
-                kept.restore_asked = True  # started again once its host is gone
-            if reply_to is not None:  # running (or, hosted, restarting) already
+                kept.restore_asked = True  # started again once it is gone
+            if reply_to is not None:  # running (or restarting) already
                 self.send(reply_to, Accepted(request_id=start.request_id,
                                              session_id=start.session_id))
             return
-        # answered first, not once the session's process is up: the session is in the
+        # answered first, not once the session's processes are up: the session is in the
         # store, and its start below cannot be refused (a fork that fails is the child's
         # exit, restarted under the policy: ``reaping.start_failure`` names the cause); a
         # caller starting many goes on with the next while this one forks, and what goes
@@ -138,41 +131,10 @@ class RootSupervisor(HostedSessions):
             self.send(reply_to, Accepted(request_id=start.request_id,
                                          session_id=start.session_id))
         self._recorded_again(start.session_id)
-        if self.layout == "hosted":
-            self.start_hosted(start)
-        else:
-            def boot(n: int) -> BootSession:
-                again = start if n == 1 else start.model_copy(update={"restore": True})
-                return BootSession(start=again, broker=self.child(BROKER),  # type: ignore[arg-type]
-                                   policy=self.policy, reply_to=None)
-
-            self.supervise(ChildSpec(role, self.session_class, boot))
-
-    def _forward(self, cmd: UserCommand | FailRuntime, msg: Relay) -> None:
-        kept = self.kept.get(cmd.session_id)
-        if kept is not None:
-            self.forward_hosted(kept, msg)
-            return
-        session = self.child(session_role(cmd.session_id))
-        if session is None:
-            if msg.reply_to is not None:
-                self.send(msg.reply_to, Refused(
-                    request_id=cmd.request_id, session_id=cmd.session_id,
-                    error=Refusal.UNKNOWN_SESSION,
-                    message=f"no live session {cmd.session_id!r} in this actor system"))
-            return
-        self.split_in_flight.setdefault(cmd.session_id, CommandsInFlight()).handed(msg)
-        self.send(session, msg)
-        self.watch_answer(session_role(cmd.session_id), msg)
+        self.start_kept(start)
 
     def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
-        if self.hosted_answered(msg, sender):
-            return
-        in_flight = self.split_in_flight.get(msg.session_id)
-        if in_flight is None:
-            self.drop(msg, "not from the live host of a session whose commands it holds")
-        elif self._from_session(msg.session_id, sender, msg):
-            self.pass_answer(in_flight, msg)
+        self.kept_answered(msg, sender)
 
     def _from_session(self, session_id: str, sender: ActorAddress, msg: object) -> bool:
         """Whether ``sender`` is the live supervisor of ``session_id``; else drop ``msg``."""
@@ -185,8 +147,7 @@ class RootSupervisor(HostedSessions):
         if not self._from_session(msg.session_id, sender, msg):
             return
         self.faults.pop(msg.session_id, None)
-        self.forget_hosted(msg.session_id)
-        self.split_in_flight.pop(msg.session_id, None)
+        self.kept.pop(msg.session_id, None)
         self.stop_child(session_role(msg.session_id))
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
@@ -229,12 +190,10 @@ class RootSupervisor(HostedSessions):
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
-        kept = self.hosted_of(role)
+        kept = self.kept_of(role)
         if kept is not None:
             self._recorded_again(kept.start.session_id)
-            self.hosted_restarted(kept, address)
-        elif role.startswith("session:"):
-            self._split_restarted(role.removeprefix("session:"), address)
+            self.kept_restarted(kept, address)
         if role != BROKER:
             return
         for other in list(self._children):
@@ -242,36 +201,24 @@ class RootSupervisor(HostedSessions):
             if other != BROKER and session is not None:
                 self.send(session, BrokerMoved(broker=address))
 
-    def _split_restarted(self, session_id: str, address: ActorAddress) -> None:
-        """A split session's supervisor was restarted: it takes the commands its
-        predecessor died holding (its new Controller answers those already in the log)."""
-        in_flight = self.split_in_flight.get(session_id)
-        for relay in in_flight.again() if in_flight is not None else []:
-            in_flight.handed(relay)  # type: ignore[union-attr]
-            self.send(address, relay)
-            self.watch_answer(session_role(session_id), relay)
-
     def commands_of(self, role: str) -> CommandsInFlight | None:
-        kept = self.hosted_of(role)
-        if kept is not None:
-            return kept.in_flight
-        return self.split_in_flight.get(role.removeprefix("session:"))
+        kept = self.kept_of(role)
+        return kept.in_flight if kept is not None else None
 
     def on_child_down(self, role: str, reason: str) -> None:
-        kept = self.hosted_of(role)
-        in_flight = kept.in_flight if kept is not None else self.split_in_flight.get(
-            role.removeprefix("session:"))
-        if in_flight is not None:
-            self.refuse_spent(in_flight, reason)
+        kept = self.kept_of(role)
+        if kept is not None:
+            self.refuse_spent(kept, reason)
 
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
-        kept = self.hosted_of(role)
+        kept = self.kept_of(role)
         if kept is not None:
-            self.hosted_gave_up(kept, reason, retry_in_s)
-            return
-        in_flight = self.split_in_flight.pop(role.removeprefix("session:"), None)
-        for relay in in_flight.take_all() if in_flight is not None else []:
-            self._refuse(relay, taken_text(reason))
+            self.refuse_all(kept, reason)
+            # no supervisor, so no Controller to write the log: the root tells the
+            # session's clients instead, until it starts again
+            text, _ = give_up_text("the session's supervisor", self.policy, reason,
+                                   retry_in_s)
+            self.downtime_unrecorded(kept.start.session_id, text)
         later = f"trying again in {retry_in_s:g} s" if retry_in_s else "down until restarted"
         logger.error("root: %s gave up (%s): %s", role, later, reason)
 
@@ -289,8 +236,8 @@ class RootSupervisor(HostedSessions):
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
         held = sorted(set(self.kept) | {r.removeprefix("session:") for r in self._children
                                         if r.startswith("session:")})
-        # a hosted session whose host is down has nobody to stop its sandbox: a stand-in
-        closers = self.start_closers(msg) if msg.stop_sandboxes else set()
+        # a session whose supervisor is down has nobody to stop its sandbox: a closer does
+        closers = self._start_closers(msg) if msg.stop_sandboxes else set()
         if not sessions and not closers:
             self.send(sender, ShutdownDone(request_id=msg.request_id, held=held))
             return
@@ -299,23 +246,45 @@ class RootSupervisor(HostedSessions):
             self.send(self.child(role), msg)
         self.after(settings().shutdown_deadline_s, "shutdown_deadline", msg.request_id)
 
+    def _start_closers(self, shutdown: Shutdown) -> set[str]:
+        """A one-shot RuntimeProxy for each session whose supervisor is down (restarting,
+        in a cooldown), to stop its sandbox; the roles a shutdown waits for to be closed."""
+        for kept in self.kept.values():
+            role = session_role(kept.start.session_id)
+            if self.child(role) is None and role not in self.closers:
+                self.closers[role] = self.start_helper(
+                    self.session_class.runtime_class,
+                    CloseFor(start=kept.start, request_id=shutdown.request_id))
+        return set(self.closers)
+
     def on_shutdown_done(self, msg: ShutdownDone, sender: ActorAddress) -> None:
         closing = self.pending_shutdown.get(msg.request_id)
         roles = [r for r in closing.waiting if sender is not None and sender == self.child(r)
                  ] if closing else []
-        if closing is not None and roles:
-            self._closed(msg.request_id, closing, roles, msg.sessions)
-            return
-        closed_by = [r for r, closer in self.closers.items() if sender == closer]
-        if not closed_by:
+        if closing is None or not roles:
             self.drop(msg, "no shutdown under way waits for it from there")
             return
-        # a closing stand-in answers the shutdown that started it; every shutdown under
-        # way waits for its close alike
+        self._closed(msg.request_id, closing, roles, msg.sessions)
+
+    def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
+        """A closer stopped the sandbox of a session whose supervisor was down."""
+        self._closer_done(sender, [msg.session_id] if msg.session_id else [])
+
+    def on_helper_exited(self, address: ActorAddress) -> None:
+        self._closer_done(address, [])  # one that died before it answered is answered for
+
+    def _closer_done(self, closer: ActorAddress, sessions: list[str]) -> None:
+        closed_by = [r for r, c in self.closers.items() if closer is not None and closer == c]
+        if not closed_by:
+            self.drop(closer, "not a closer of this tree's")
+            return
+        for role in closed_by:
+            del self.closers[role]
+        # every shutdown under way waits for its close alike
         for request_id, other in list(self.pending_shutdown.items()):
             waited = [r for r in closed_by if r in other.waiting]
             if waited:
-                self._closed(request_id, other, waited, msg.sessions)
+                self._closed(request_id, other, waited, sessions)
 
     def _closed(self, request_id: str, closing: _Closing, roles: list[str],
                 sessions: list[str]) -> None:

@@ -1,13 +1,15 @@
-"""What a SessionSupervisor (split layout) does to close its session's sandbox.
+"""What a SessionSupervisor does to close its session's sandbox.
 
-Two things close it: the session stopping (``EndSandbox`` from the Controller, answered
-``SandboxClosed`` once the sandbox is ended) and the tree shutting down (``Shutdown``,
-answered ``ShutdownDone``). One close runs at a time and answers every request waiting
-for it. The live RuntimeProxy does it; when none is live (restarting after a crash,
-given up on past the restart intensity, killed during the close) a one-shot proxy does
-(``CloseFor``): before, a shutdown that found the proxy down was answered at once and the
-sandbox left (a container killed under a busy run stayed ``Exited`` after the program's
-close), and a restart timer firing after the shutdown started a fresh one.
+Three things close it: the session stopping (``EndSandbox`` from the Controller,
+answered ``SandboxClosed`` once the sandbox is ended), the tree shutting down
+(``Shutdown``, answered ``ShutdownDone``) and a settled session standing down
+(``SteppedDown`` to the root once closed, ``actors/root_sessions.py``). One close runs
+at a time and answers every request waiting for it. The live RuntimeProxy does it; when
+none is live (restarting after a crash, given up on past the restart intensity, killed
+during the close) a one-shot proxy does (``CloseFor``): before, a shutdown that found
+the proxy down was answered at once and the sandbox left (a container killed under a
+busy run stayed ``Exited`` after the program's close), and a restart timer firing after
+the shutdown started a fresh one.
 
 Once the sandbox is ended no proxy starts until the Controller asks (``RestartRuntime``,
 the session going on), and after a shutdown none starts at all.
@@ -21,7 +23,14 @@ from typing import Any
 from thespian.actors import ActorAddress
 
 from ..messages.protocol import CloseSandbox, SandboxClosed, StartSession
-from ..messages.tree import CloseFor, EndSandbox, Shutdown, ShutdownDone
+from ..messages.tree import (
+    CloseFor,
+    EndSandbox,
+    ForgetHistory,
+    Shutdown,
+    ShutdownDone,
+    SteppedDown,
+)
 from ..supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -29,14 +38,17 @@ logger = logging.getLogger(__name__)
 RUNTIME, CONTROLLER = "runtime", "controller"
 END = "end"
 """The request id of the close an end makes."""
+STAND_DOWN = "stand-down"
+"""The request id of the close a settled session's stand-down makes."""
 
 
 class SandboxClosing(Supervisor):
-    """The sandbox closes of a split session (mixed into ``SessionSupervisor``)."""
+    """The sandbox closes of a session (mixed into ``SessionSupervisor``)."""
 
     runtime_class: type
     start: StartSession | None
     session_id: str
+    broker: ActorAddress | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,6 +63,8 @@ class SandboxClosing(Supervisor):
         self.close_under_way = False
         self.closer: ActorAddress | None = None
         """A one-shot proxy closing the sandbox while the session's proxy is down."""
+        self.standing_down = False
+        """The session stands down: once the sandbox is closed, the root stops it."""
 
     def may_restart(self, role: str) -> bool:
         return not self.shut and not (role == RUNTIME and self.ended)
@@ -109,6 +123,11 @@ class SandboxClosing(Supervisor):
         closing, self.closing = self.closing, []
         for request, reply_to in closing:
             self.send(reply_to, ShutdownDone(request_id=request.request_id, sessions=sessions))
+        if self.standing_down:
+            self.standing_down = False
+            if self.broker is not None:  # its history, kept for the next request
+                self.send(self.broker, ForgetHistory(session_id=self.session_id))
+            self.send(self._parent_address, SteppedDown(session_id=self.session_id))
 
     def closer_exited(self, address: ActorAddress) -> bool:
         """Whether ``address`` was the one-shot closer; one that died before it answered

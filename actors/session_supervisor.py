@@ -38,12 +38,14 @@ from ..messages.tree import (
     BrokerSlow,
     CommandAnswered,
     DowntimeRecorded,
-    FailRuntime,
     RecordDowntime,
     Relay,
     RestartRuntime,
     Rewire,
     RuntimeGaveUp,
+    StandDown,
+    StandingDown,
+    SteppedDown,
     Superseded,
     Working,
 )
@@ -51,7 +53,7 @@ from ..supervisor import ChildSpec, give_up_text
 from .controller import Controller
 from .in_flight import CommandsInFlight, taken_text
 from .runtime_proxy import RuntimeProxy
-from .sandbox_closing import CONTROLLER, RUNTIME, SandboxClosing
+from .sandbox_closing import CONTROLLER, RUNTIME, STAND_DOWN, SandboxClosing
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class SessionSupervisor(SandboxClosing):
         self.first_reply: ActorAddress | None = None
         self.down_for_good = ""
         """Why the agent loop stays down until the root stops this session ("": it does not)."""
+        self.relays_seen = 0
+        """Relays received from the root (the stand-down says how many)."""
+        self.handed = 0
+        """Relays handed to the live Controller."""
         self.recording: RecordDowntime | None = None
         """The agent loop's downtime, while a stand-in Controller records it."""
         self.in_flight = CommandsInFlight()
@@ -132,6 +138,7 @@ class SessionSupervisor(SandboxClosing):
         if role == RUNTIME:
             self.runtime_lost()
         if role == CONTROLLER:  # what it may not be handed again is refused now
+            self.stay()
             for relay in self.in_flight.spent():
                 self._refuse(relay, relay.msg, Refusal.INVALID_REQUEST, taken_text(reason))
         # A proxy that reported its failure first already told the Controller; one killed
@@ -148,6 +155,7 @@ class SessionSupervisor(SandboxClosing):
         if role == RUNTIME:
             self._to_controller(Rewire(runtime=address, reason=reason))
         elif role == CONTROLLER:
+            self.handed = 0  # a new Controller counts afresh
             if self.ready is not None:
                 self.send(address, self.ready)
             self._release_held()
@@ -160,6 +168,7 @@ class SessionSupervisor(SandboxClosing):
             self.ready = None  # else a restarted Controller would be told it is ready
             self._to_controller(RuntimeGaveUp(reason=text, resumes_at=resumes_at))
         else:
+            self.stay()
             for relay in self.in_flight.take_all():  # no Controller takes them now
                 self._refuse(relay, relay.msg, Refusal.INVALID_REQUEST, taken_text(reason))
             self._controller_gave_up(text, resumes_at)
@@ -248,9 +257,8 @@ class SessionSupervisor(SandboxClosing):
 
     def on_relay(self, msg: Relay, sender: ActorAddress) -> None:
         cmd = msg.msg
-        if isinstance(cmd, FailRuntime):
-            self._fail_runtime(msg, cmd)
-        elif not isinstance(cmd, UserCommand):
+        self.relays_seen += 1
+        if not isinstance(cmd, UserCommand):
             self.drop(msg, "it relays user commands only", logging.WARNING)
         elif self.start is None:
             self._refuse(msg, cmd, "UnknownSession", "this session is not booted yet")
@@ -269,12 +277,7 @@ class SessionSupervisor(SandboxClosing):
         else:
             self._hand(msg)
 
-    def _fail_runtime(self, msg: Relay, cmd: FailRuntime) -> None:
-        """The fault harness asks for what only the hosted layout has (this is split)."""
-        self._refuse(msg, cmd, Refusal.INVALID_REQUEST, "the split layout runs its sandbox "
-                     "in a RuntimeProxy: SIGKILL that process instead")
-
-    def _refuse(self, msg: Relay, cmd: UserCommand | FailRuntime, error: str,
+    def _refuse(self, msg: Relay, cmd: UserCommand, error: str,
                 text: str) -> None:
         if msg.reply_to is None:
             self.drop(msg, text)
@@ -292,6 +295,7 @@ class SessionSupervisor(SandboxClosing):
     def _hand(self, relay: Relay) -> None:
         controller = self.child(CONTROLLER)
         if controller is not None:
+            self.handed += 1
             self.in_flight.handed(relay)
             self.send(controller, relay)
             self.watch_answer(CONTROLLER, relay)
@@ -309,3 +313,54 @@ class SessionSupervisor(SandboxClosing):
             return
         self.broker = msg.broker
         self._to_controller(Rewire(broker=msg.broker, reason="the LLM broker restarted"))
+
+    # -- a settled session stands down (``actors/root_sessions.py``) --------------------
+
+    def on_standing_down(self, msg: StandingDown, sender: ActorAddress) -> None:
+        """The Controller has been settled for ``settled_stand_down_s``: ask the root,
+        unless a command is on its way to it or anything else is under way here."""
+        if not self._from(sender, CONTROLLER, msg):
+            return
+        quiet = (self.handed == msg.relays and not self.held and not self.woken
+                 and self.recording is None and not self.in_flight.relays
+                 and not (self.shut or self.down_for_good or self.close_under_way
+                          or self.standing_down))
+        if not quiet:
+            self.send(sender, StandDown(session_id=self.session_id, go=False))
+            return
+        self.standing_down = True
+        self.send(self._parent_address, StandingDown(session_id=self.session_id,
+                                                     relays=self.relays_seen))
+
+    def on_stand_down(self, msg: StandDown, sender: ActorAddress) -> None:
+        if not self.from_parent(msg, sender, "who supervises the session"):
+            return
+        if not self.standing_down:
+            self.drop(msg, "it asked for no stand-down")
+            return
+        if not msg.go:
+            self.standing_down = False
+        controller = self.child(CONTROLLER)
+        if controller is not None:
+            self.send(controller, msg)  # go: the Controller looks once more
+        elif msg.go:
+            self.stay()
+
+    def on_stepped_down(self, msg: SteppedDown, sender: ActorAddress) -> None:
+        if not self._from(sender, CONTROLLER, msg):
+            return
+        if not self.standing_down:
+            self.drop(msg, "no stand-down is under way")
+        elif msg.stayed:
+            self.stay()
+        else:
+            logger.info("session %s: settled: closing its sandbox and standing down (the "
+                        "next command restores it)", self.session_id)
+            self._close_sandbox(STAND_DOWN)
+
+    def stay(self) -> None:
+        """A stand-down the root said go to is off: the commands it holds come here."""
+        if self.standing_down:
+            self.standing_down = False
+            self.send(self._parent_address, SteppedDown(session_id=self.session_id,
+                                                        stayed=True))

@@ -40,7 +40,7 @@ from ..home.logs import log_definitions  # noqa: E402
 from ..home.paths import Home  # noqa: E402
 from ..host.processes import children_of, published_pid, signal_quietly  # noqa: E402
 from ..messages.protocol import Accepted, Refusal, Refused  # noqa: E402
-from ..messages.tree import BootRoot, Layout, Probe, ProbeAnswer, Shutdown, ShutdownDone
+from ..messages.tree import BootRoot, Probe, ProbeAnswer, Shutdown, ShutdownDone
 from ..runtimes import sandbox_zygote  # noqa: E402
 from ..security.transport_key import TRANSPORT_KEY_FILE_ENV  # noqa: E402
 from .root_watch import RootWatch  # noqa: E402
@@ -102,13 +102,10 @@ class ActorSystemHandle:
         system_base: str,
         admin_port: int | None,
         detached: bool = False,
-        layout: Layout | None = None,
     ) -> None:
         self.home, self.policy, self.ask_timeout_s = home, policy, ask_timeout_s
         self.system_base, self.admin_port = system_base, admin_port
         self.detached = detached
-        self.layout: Layout = layout or settings().session_layout
-        """How this system lays a session's actors out in processes."""
         self._asys: ActorSystem | None = None
         self._root: Any = None
         self._lock = threading.Lock()
@@ -183,7 +180,7 @@ class ActorSystemHandle:
             assert self._asys is not None
             self._root = self._asys.createActor(RootSupervisor)
             self._root_gone.clear()
-            boot = BootRoot(home=str(self.home.root), policy=self.policy, layout=self.layout)
+            boot = BootRoot(home=str(self.home.root), policy=self.policy)
             answer = self._ask_locked(boot, "boot", self.ask_timeout_s)
         if isinstance(answer, Refused):
             raise _ERRORS.get(answer.error, TrouperError)(answer.message)

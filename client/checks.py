@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -19,7 +19,6 @@ from ..config.checks import session_config
 from ..config.models import LLMConfig, SessionConfig
 from ..exceptions import ConfigError, InvalidRequest, MissingCredentials, UnknownSession
 from ..home.paths import default_home
-from ..messages.tree import Layout
 from ..security.masking import LLM_KEY_NAME, SecretMasker
 from ..store import EventStore
 
@@ -47,14 +46,10 @@ def free_id(store: EventStore, session_id: str) -> str:
     raise InvalidRequest(f"session {session_id!r} already exists")
 
 
-def check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float,
-                       layout: str | None) -> None:
+def check_trouper_args(home: str | os.PathLike[str] | None, ask_timeout_s: float) -> None:
     """``Trouper(...)``'s arguments, before anything is opened."""
     if not ask_timeout_s > 0:
         raise ConfigError("ask_timeout_s: must be greater than 0", field="ask_timeout_s")
-    if layout is not None and layout not in get_args(Layout):
-        raise ConfigError(f"layout: must be one of {', '.join(get_args(Layout))} "
-                          f"(got {layout!r})", field="layout")
     path = Path(home).expanduser() if home is not None else default_home()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"home: {path} exists and is not a folder", field="home")

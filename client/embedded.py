@@ -29,7 +29,6 @@ from ..exceptions import InvalidRequest, RequestTimeout, UnknownSession
 from ..home.paths import Home, private_dir
 from ..messages.events import AgentState
 from ..messages.protocol import FaultQuery, FaultStatus, StartSession, UserCommand
-from ..messages.tree import Layout
 from ..runtimes.docker_support import gc_at_start, sweep_at_close
 from ..security.masking import remember_secrets, session_maskers
 from ..security.secrets_file import (
@@ -70,14 +69,10 @@ class Trouper:
             (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
         policy: the restart policy of the supervisors.
         ask_timeout_s: how long a request to the actor tree may take.
-        layout: ``"hosted"`` (one process per session) or ``"split"`` (three), how each
-            session's actors are laid out in processes (``docs/architecture.md``,
-            "Layouts"); None takes the ``TROUPER_SESSION_LAYOUT`` setting (``"hosted"``
-            unless set).
 
     Raises:
         ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not
-            positive, ``layout`` is not a layout, or a ``TROUPER_*`` setting in the
+            positive, or a ``TROUPER_*`` setting in the
             environment is refused (its ``field`` names the variable); checked before
             anything is created.
     """
@@ -91,16 +86,13 @@ class Trouper:
         ask_timeout_s: float = 30.0,
         system_base: str = "multiprocTCPBase",
         admin_port: int | None = None,
-        layout: Layout | None = None,
     ) -> None:
-        check_trouper_args(home, ask_timeout_s, layout)
-        given = Settings.from_env()  # the actors read these after the fork: refuse here
+        check_trouper_args(home, ask_timeout_s)
+        Settings.from_env()  # the actors read these after the fork: refuse here
         self.home = Home.at(home)
         open_store(self.home).close()  # a store that cannot open fails before any process
         self._system = ActorSystemHandle(
-            self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port,
-            layout=layout or given.session_layout,
-        )
+            self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port)
         self._closed = False
         self._containers: dict[str, bool] = {}
         """The docker sessions this program ran (id -> keep): none outlives its close."""

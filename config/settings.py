@@ -1,4 +1,4 @@
-"""trouper's timing policy (and the session layout) in one place: what may change without
+"""trouper's timing policy in one place: what may change without
 changing the protocol.
 
 ``Settings`` holds the constants that are a choice (how long a rate window is, how much
@@ -102,16 +102,10 @@ class Settings(BaseModel):
     session asks the new one again)."""
 
     settled_stand_down_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
-    """A hosted session settled this long (finished, waiting for the user, stopped,
+    """A session settled this long (finished, waiting for the user, stopped,
     paused), with nothing pending, closes its sandbox and its process goes; the next
     command restores it from its log (``docs/operations.md``). A sweep that runs many
     sessions in one program then holds only the live ones."""
-
-    session_layout: Literal["split", "hosted"] = "hosted"
-    """How a session's actors are laid out in processes (``docs/architecture.md``,
-    "Layouts"): ``hosted``, one process per session (the Controller, driving its sandbox,
-    supervised by the root); ``split``, a SessionSupervisor, a Controller and a
-    RuntimeProxy each in a process of its own. Read by the program when it opens."""
 
     llm_route: Literal["direct", "litellm"] = "direct"
     """How the broker calls an OpenAI-compatible endpoint named by ``base_url``:

@@ -19,10 +19,6 @@ from .protocol import StartSession
 Address = Any
 """A Thespian ``ActorAddress``."""
 
-Layout = Literal["split", "hosted"]
-"""How a session's actors are laid out in processes (``settings.Settings.session_layout``)."""
-
-
 # ---- the program and the root -------------------------------------------------------
 
 
@@ -32,7 +28,6 @@ class BootRoot(Frozen):
     kind: Literal["boot_root"] = "boot_root"
     home: str
     policy: RestartPolicy
-    layout: Layout
 
 
 class Shutdown(Frozen):
@@ -59,17 +54,6 @@ class Relay(Frozen):
     kind: Literal["relay"] = "relay"
     msg: Any
     reply_to: Address | None
-
-
-class FailRuntime(Frozen):
-    """The fault harness -> a hosted session (relayed by the root): fail its sandbox
-    driver as a SIGKILL fails a RuntimeProxy (``testing.kill_actor(session, "runtime")``).
-    Answered ``Accepted`` once the driver has failed, ``Refused`` where none runs."""
-
-    kind: Literal["fail_runtime"] = "fail_runtime"
-    request_id: str
-    session_id: str
-    reason: str = "failed by the fault harness"
 
 
 # ---- the root and the session supervisors ------------------------------------------
@@ -129,16 +113,14 @@ class Superseded(Frozen):
 
 
 class BootController(Frozen):
-    """SessionSupervisor (split) or RootSupervisor (hosted) -> a Controller: run the session."""
+    """SessionSupervisor -> a Controller: run the session."""
 
     kind: Literal["boot_controller"] = "boot_controller"
     start: StartSession
     broker: Address | None
     runtime: Address | None
-    """The RuntimeProxy (split layout); None in the hosted layout."""
+    """The session's RuntimeProxy."""
     reply_to: Address | None = None
-    policy: RestartPolicy | None = None
-    """The restart policy of a sandbox driven in this process (hosted layout)."""
 
 
 class RecordDowntime(Frozen):
@@ -153,10 +135,9 @@ class RecordDowntime(Frozen):
 
 
 class CloseFor(Frozen):
-    """RootSupervisor -> a one-shot SessionHost: the tree closes while this hosted
-    session's host is down; stop its sandbox, answer ``ShutdownDone`` and exit. In the
-    split layout, SessionSupervisor -> a one-shot RuntimeProxy: the sandbox is to close
-    while the session's proxy is down; stop it, answer ``SandboxClosed`` and exit."""
+    """SessionSupervisor (or, while the tree closes, the root) -> a one-shot RuntimeProxy:
+    the sandbox is to close while the session's proxy (or supervisor) is down; stop it,
+    answer ``SandboxClosed`` and exit."""
 
     kind: Literal["close_for"] = "close_for"
     start: StartSession
@@ -165,8 +146,8 @@ class CloseFor(Frozen):
 
 class CommandAnswered(Frozen):
     """The agent loop's answer to the user command ``request_id``, going back up the way
-    the command came down: to its parent (the root, or in the split layout its
-    SessionSupervisor, which passes it up), and from the root to ``reply_to``. Each
+    the command came down: to its SessionSupervisor, which passes it up to the root, and
+    from the root to ``reply_to``. Each
     parent lets go of the command only as it passes the answer on, so a process that
     dies between the two leaves it held and handed again (``actors/in_flight.py``)."""
 
@@ -179,9 +160,9 @@ class CommandAnswered(Frozen):
 
 
 class StandingDown(Frozen):
-    """SessionHost -> root: the session is settled and has been idle for
-    ``settled_stand_down_s``; it would close its sandbox and go. ``relays`` counts the
-    relays it has received, so the root can tell none is on its way to it."""
+    """Controller -> SessionSupervisor -> root: the session is settled and has been idle
+    for ``settled_stand_down_s``; it would close its sandbox and go. ``relays`` counts the
+    relays the sender has received, so its parent can tell none is on its way to it."""
 
     kind: Literal["standing_down"] = "standing_down"
     session_id: str
@@ -189,8 +170,8 @@ class StandingDown(Frozen):
 
 
 class StandDown(Frozen):
-    """Root -> SessionHost: go (``go``; the root holds the session's commands meanwhile),
-    or stay (a command is on its way, or the tree closes)."""
+    """Root -> SessionSupervisor -> Controller: go (``go``; the root holds the session's
+    commands meanwhile), or stay (a command is on its way, or the tree closes)."""
 
     kind: Literal["stand_down"] = "stand_down"
     session_id: str
@@ -198,8 +179,9 @@ class StandDown(Frozen):
 
 
 class SteppedDown(Frozen):
-    """SessionHost -> root: its sandbox is closed and it may be stopped; or (``stayed``)
-    it has work after all, and the commands held meanwhile are its to take."""
+    """Controller -> SessionSupervisor: still idle, close the sandbox (``stayed``: it has
+    work after all). SessionSupervisor -> root: the sandbox is closed and the session may
+    be stopped; or (``stayed``) the commands held meanwhile are its to take."""
 
     kind: Literal["stepped_down"] = "stepped_down"
     session_id: str
@@ -207,7 +189,7 @@ class SteppedDown(Frozen):
 
 
 class ForgetHistory(Frozen):
-    """SessionHost -> broker: the session stood down; let go of its history (a restored
+    """SessionSupervisor -> broker: the session stood down; let go of its history (a restored
     session sends its first request whole)."""
 
     kind: Literal["forget_history"] = "forget_history"

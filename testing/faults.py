@@ -1,7 +1,6 @@
 """Break things on purpose: SIGKILL a session's actors or its sandbox, and wait on conditions.
 
     kill_actor(session, "runtime")     # the RuntimeProxy: the sandbox and its shell live on
-                                       # (hosted layout: the driver in the Controller fails)
     kill_actor(session, "controller")  # the agent loop: rebuilt from the log
     kill_actor(session, "session")     # the SessionSupervisor (and, with it, both children)
     kill_actor(session, "broker")      # the shared LLMBroker
@@ -17,14 +16,11 @@ import contextlib
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..exceptions import TrouperError
 from ..host.processes import pid_alive, published_pid, signal_quietly, start_time
-from ..messages.tree import FailRuntime
 from ..runtimes import Sandbox, load_sandbox
 from ..runtimes.local import LocalSandbox
 from ..security.secrets_file import read_runtime_token, with_runtime_token
@@ -69,35 +65,11 @@ def kill_actor(session: Session, role: str, timeout_s: float = 30.0) -> int:
 
     Waits (up to ``timeout_s``) for the actor to be up first, so a kill right after a
     restart hits the new incarnation.
-
-    In the hosted layout no process drives the sandbox alone: ``"runtime"`` fails the
-    sandbox driver inside the Controller's process instead, as a SIGKILL fails a
-    RuntimeProxy (its work in flight is dropped, a fresh driver attaches to the sandbox
-    and asks the journal), and returns that process's pid.
     """
-    if role == "runtime" and session._trouper._system.layout == "hosted":  # noqa: SLF001
-        return _fail_hosted_runtime(session, timeout_s)
     pid = wait_until(lambda: actor_pid(session, role), timeout_s, f"a live {role} actor")
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not pid_alive(pid), timeout_s, f"the {role} actor (pid {pid}) to die")
     return pid
-
-
-def _fail_hosted_runtime(session: Session, timeout_s: float) -> int:
-    system = session._trouper._system  # noqa: SLF001 - the harness is part of trouper
-
-    def failed() -> int | None:
-        pid = actor_pid(session, "controller")
-        if pid is None:
-            return None
-        try:
-            system.request(FailRuntime(request_id=uuid.uuid4().hex, session_id=session.id,
-                                       reason="failed by the fault harness (kill_actor)"))
-        except TrouperError:  # no driver running yet, or the Controller restarting
-            return None
-        return pid
-
-    return wait_until(failed, timeout_s, "a running sandbox driver to fail", poll_s=0.05)
 
 
 def sandbox_of(session: Session) -> Sandbox:
@@ -148,14 +120,10 @@ def hang(session: Session, what: str, timeout_s: float = 30.0) -> Iterator[int]:
 
     trouper finds a hung process by probing it and SIGKILLs it (``docs/operations.md``, "A
     hung process"), so a test waits for that inside the block; on leaving, a process still
-    stopped (the same one: its start time is checked) is continued with SIGCONT. In the
-    hosted layout the sandbox driver runs in the session's process: hang ``"controller"``.
+    stopped (the same one: its start time is checked) is continued with SIGCONT.
     """
     if what == "sandbox":
         pid = wait_until(lambda: sandbox_pid(session), timeout_s, "a live local sandbox server")
-    elif what == "runtime" and session._trouper._system.layout == "hosted":  # noqa: SLF001
-        raise ValueError("in the hosted layout no process drives the sandbox alone: hang "
-                         "'controller' (the session's process) or 'sandbox'")
     else:
         pid = wait_until(lambda: actor_pid(session, what), timeout_s, f"a live {what} actor")
     started = start_time(pid)

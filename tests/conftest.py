@@ -84,36 +84,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test marked ``each_layout`` that opens a Trouper (through the ``trouper`` or
-    ``layout`` fixture) runs once per session layout."""
-    from typing import get_args
-
-    from trouper.messages.tree import Layout
-
-    if "layout" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-            "each_layout"):
-        metafunc.parametrize("layout", get_args(Layout), indirect=True, scope="module")
+@pytest.fixture(scope="module")
+def trouper_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
 
 
 @pytest.fixture(scope="module")
-def layout(request: pytest.FixtureRequest) -> str:
-    """The session layout of this module's Troupers (the setting's, unless parametrized)."""
-    from trouper.config.settings import settings
-
-    return getattr(request, "param", None) or settings().session_layout
-
-
-@pytest.fixture(scope="module")
-def trouper_home(tmp_path_factory: pytest.TempPathFactory, layout: str) -> Path:
-    return tmp_path_factory.mktemp(f"home-{layout}")
-
-
-@pytest.fixture(scope="module")
-def trouper(trouper_home: Path, layout: str) -> Iterator[Any]:
+def trouper(trouper_home: Path) -> Iterator[Any]:
     from trouper import Trouper
 
-    with Trouper(home=trouper_home, layout=layout) as t:  # type: ignore[arg-type]
+    with Trouper(home=trouper_home) as t:
         yield t
 
 

@@ -1,6 +1,6 @@
 """A user's command whose taker dies before it answers is carried out once, not lost.
 
-The root (and, in the split layout, the SessionSupervisor) keeps each command it handed
+The root and the SessionSupervisor keep each command they handed
 on until the agent loop says it answered (``CommandAnswered``), and hands the unanswered
 ones to the loop's next incarnation, which answers one already in its log without
 carrying it out again (``actors/in_flight.py``). Driven in Thespian's in-process simple
@@ -59,7 +59,7 @@ class DyingController(RecordedController):
 
 
 class DyingSession(FakeSession):
-    """A split session whose supervisor dies before it hands on the next ``plan`` commands."""
+    """A session whose supervisor dies before it hands on the next ``plan`` commands."""
 
     controller_class = DyingController
     plan: ClassVar[int] = 0
@@ -70,10 +70,6 @@ class DyingSession(FakeSession):
             self.send(self.myAddress, ActorExitRequest())  # its Controller goes with it
             return
         super().on_relay(msg, sender)
-
-
-class DyingHostRoot(FakeRoot):
-    host_class = DyingController
 
 
 class DyingSplitRoot(FakeRoot):
@@ -87,11 +83,10 @@ def plans():
     DyingController.plan, DyingSession.plan = [], 0
 
 
-def _session(asys: Any, tmp_path: Any, layout: str) -> tuple[Root, str]:
-    root_class = DyingHostRoot if layout == "hosted" else DyingSplitRoot
-    root = Root(asys, Home.at(tmp_path / "home"), tmp_path, root_class=root_class)
+def _session(asys: Any, tmp_path: Any) -> tuple[Root, str]:
+    root = Root(asys, Home.at(tmp_path / "home"), tmp_path, root_class=DyingSplitRoot)
     policy = RestartPolicy(backoff_initial_s=0)  # every restart at once: no timer to wait
-    boot = BootRoot(home=str(root.home.root), policy=policy, layout=layout)  # type: ignore[arg-type]
+    boot = BootRoot(home=str(root.home.root), policy=policy)
     assert isinstance(root.ask(boot), Accepted)
     start = _start(root.home, tmp_path)
     assert isinstance(root.ask(start), Accepted)
@@ -116,11 +111,10 @@ def _user_messages(root: Root, session_id: str) -> list[str]:
         store.close()
 
 
-@pytest.mark.parametrize("layout", ["hosted", "split"])
 @pytest.mark.parametrize("dies", ["before", "after"])
 def test_a_command_whose_taker_dies_is_answered_once_and_carried_out_once(
-        system, plans, tmp_path, layout, dies):  # noqa: F811
-    root, sid = _session(system, tmp_path, layout)
+        system, plans, tmp_path, dies):  # noqa: F811
+    root, sid = _session(system, tmp_path)
     DyingController.plan = [dies]
     answers = _send(root, sid, "again", "r-1")
     assert len(answers) == 1 and isinstance(answers[0], Accepted), answers
@@ -128,21 +122,20 @@ def test_a_command_whose_taker_dies_is_answered_once_and_carried_out_once(
     assert _user_messages(root, sid) == ["t", "again"]
 
 
-def test_a_split_supervisor_that_dies_before_it_hands_a_command_on_gets_it_again(
+def test_a_supervisor_that_dies_before_it_hands_a_command_on_gets_it_again(
         system, plans, tmp_path):  # noqa: F811
-    root, sid = _session(system, tmp_path, "split")
+    root, sid = _session(system, tmp_path)
     DyingSession.plan = 1
     answers = _send(root, sid, "again", "r-1")
     assert len(answers) == 1 and isinstance(answers[0], Accepted), answers
     assert _user_messages(root, sid) == ["t", "again"]
 
 
-@pytest.mark.parametrize("layout", ["hosted", "split"])
 def test_a_command_whose_takers_keep_dying_is_refused_and_the_session_goes_on(
-        system, plans, tmp_path, layout):  # noqa: F811
+        system, plans, tmp_path):  # noqa: F811
     """Handed to two incarnations at most: a command that kills its taker is refused,
     saying the log tells whether it was done, rather than restarting it without end."""
-    root, sid = _session(system, tmp_path, layout)
+    root, sid = _session(system, tmp_path)
     DyingController.plan = ["after"] * HANDED_AT_MOST
     answers = _send(root, sid, "poison", "r-1")
     assert len(answers) == 1 and isinstance(answers[0], Refused), answers
@@ -155,10 +148,9 @@ def test_a_command_whose_takers_keep_dying_is_refused_and_the_session_goes_on(
     assert _user_messages(root, sid) == ["t", "poison", "next"]
 
 
-@pytest.mark.parametrize("layout", ["hosted", "split"])
 def test_an_answered_command_is_not_handed_to_the_next_taker(
-        system, plans, tmp_path, layout):  # noqa: F811
-    root, sid = _session(system, tmp_path, layout)
+        system, plans, tmp_path):  # noqa: F811
+    root, sid = _session(system, tmp_path)
     assert isinstance(_send(root, sid, "once", "r-1")[0], Accepted)
     system.tell(RecordedController.booted[-1], ActorExitRequest())
     assert len(RecordedController.booted) == 2

@@ -40,9 +40,8 @@ def steps_done(workspace: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("layout", ["hosted", "split"])
 def test_a_daemon_stop_leaves_only_kept_containers_and_its_sessions_carry_on_fresh(
-        tmp_path: Path, scripted, layout: str, docker_homes, docker_client):
+        tmp_path: Path, scripted, docker_homes, docker_client):
     steps = [{"tool": "run", "args": {"command": f"echo {i} >> steps.txt; sleep 0.2"}}
              for i in range(25)]
     _, llm = scripted([*steps, FINISH])
@@ -51,7 +50,7 @@ def test_a_daemon_stop_leaves_only_kept_containers_and_its_sessions_carry_on_fre
     runtime = {"kind": "docker", "image": IMAGE}
     kept_id = ""
     try:
-        with running_daemon(home, env={"TROUPER_SESSION_LAYOUT": layout}) as daemon:
+        with running_daemon(home) as daemon:
             client = daemon.client()
             plain = client.start_session("t", llm=llm, runtime=runtime,
                                          workspace=tmp_path / "plain", max_iterations=100)

@@ -2,7 +2,7 @@
 made outlives its close, however its containers died.
 
 Before: ``Session.stop()`` left the container running (with the agent's background jobs)
-until the session stood down ten minutes later; and in the split layout a container
+until the session stood down ten minutes later; and a container
 killed while its session worked was left ``Exited`` after the program's close whenever
 the session's RuntimeProxy was down at that moment (restarting, or given up on after
 repeated kills): the SessionSupervisor answered the shutdown without closing anything.
@@ -27,19 +27,19 @@ from trouper.runtimes.docker_support import (
 )
 from trouper.testing import check_log, kill, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.each_layout]
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 RUNTIME = DockerRuntime(image="trouper-test-busybox:latest")
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 
 
 @pytest.fixture(scope="module")
-def trouper(trouper_home: Path, layout: str, docker_homes: Callable[[Path], Path]
+def trouper(trouper_home: Path, docker_homes: Callable[[Path], Path]
             ) -> Iterator[Any]:
     from trouper import Trouper
 
     docker_homes(trouper_home)
-    with Trouper(home=trouper_home, layout=layout) as t:  # type: ignore[arg-type]
+    with Trouper(home=trouper_home) as t:
         yield t
 
 
@@ -98,10 +98,10 @@ def gave_up(session: Any) -> bool:
 
 
 def test_no_container_outlives_the_close_after_containers_are_killed_at_random(
-        scripted, tmp_path: Path, layout: str, docker_homes, docker_client):
+        scripted, tmp_path: Path, docker_homes, docker_client):
     """Two of three busy sessions get their container killed, each at a random moment of
     its work; with no restart allowed (``intensity=0``) each waits out a cooldown with no
-    live proxy (split) or driver (hosted) and its ``Exited`` container, while the third
+    live proxy and its ``Exited`` container, while the third
     works on. The program closes: none of its containers is left, and the sessions carry
     on in fresh ones when it opens again."""
     from trouper import Trouper
@@ -112,7 +112,7 @@ def test_no_container_outlives_the_close_after_containers_are_killed_at_random(
     home = docker_homes(tmp_path / "home")
     policy = RestartPolicy(intensity=0, giveup_cooldown_s=600)
     rng = random.Random()
-    with Trouper(home=home, layout=layout, policy=policy) as t:  # type: ignore[arg-type]
+    with Trouper(home=home, policy=policy) as t:
         sessions = [t.start_session("t", llm=llm, runtime=RUNTIME, workspace=tmp_path / f"w{i}",
                                     max_iterations=100) for i in range(3)]
         for victim in rng.sample(range(3), 2):
@@ -125,7 +125,7 @@ def test_no_container_outlives_the_close_after_containers_are_killed_at_random(
         assert sum("exited" in c for c in left) == 2 and sum("running" in c for c in left) == 1
     assert of_home(docker_client, home) == []  # Exited and running ones alike
     # they carry on in fresh containers (restarts allowed again)
-    with Trouper(home=home, layout=layout) as t:  # type: ignore[arg-type]
+    with Trouper(home=home) as t:
         for session in sessions:
             assert t.session(session.id).wait(timeout=240) == AgentState.FINISHED
             assert check_log(list(t.session(session.id).events())) == []

@@ -13,11 +13,11 @@ STEPS = 24
 
 
 @pytest.mark.slow
-def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(layout, scripted, tmp_path):
+def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(scripted, tmp_path):
     _, llm = scripted([{"tool": "run", "args": {"command": f"echo {i}; sleep 0.2"}}
                        for i in range(STEPS)] + [{"tool": "finish", "args": {"message": "ok"}}])
     policy = RestartPolicy(intensity=3, period_s=60, giveup_cooldown_s=1.0, giveup_rounds=3)
-    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as t:
+    with Trouper(home=tmp_path / "home", policy=policy) as t:
         session = t.start_session("survive", llm=llm, workspace=tmp_path / "ws",
                                   max_iterations=100)
         for _ in range(8):
@@ -30,8 +30,7 @@ def test_a_sandbox_killed_8_times_in_a_row_comes_back_by_itself(layout, scripted
     assert cooled and all(e.resumes_at is not None for e in cooled)
 
 
-@pytest.mark.each_layout
-def test_a_command_during_the_agent_loops_cooldown_wakes_it_at_once(layout, scripted, tmp_path):
+def test_a_command_during_the_agent_loops_cooldown_wakes_it_at_once(scripted, tmp_path):
     """Past the Controller's intensity the session waits out a long cooldown; a user's
     resume does not wait for it (nor time out): it starts the agent loop at once."""
     from trouper.testing import kill_actor, wait_until
@@ -40,7 +39,7 @@ def test_a_command_during_the_agent_loops_cooldown_wakes_it_at_once(layout, scri
                        {"tool": "finish", "args": {"message": "ok"}}])
     policy = RestartPolicy(intensity=1, period_s=60, backoff_initial_s=0.01,
                            giveup_cooldown_s=600, giveup_rounds=3)
-    with Trouper(home=tmp_path / "home", layout=layout, policy=policy, ask_timeout_s=10) as t:
+    with Trouper(home=tmp_path / "home", policy=policy, ask_timeout_s=10) as t:
         session = t.start_session("wake", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: (tmp_path / "ws" / "started").exists(), 30, "the command to run")
         for _ in range(2):
@@ -58,7 +57,7 @@ def test_cooldowns_double_and_end(tmp_path):
     assert RestartPolicy(giveup_rounds=0).cooldown_s(1) is None
 
 
-def test_lone_surrogates_and_binary_output_finish(layout, scripted, tmp_path):
+def test_lone_surrogates_and_binary_output_finish(scripted, tmp_path):
     """Any bytes in, valid text out (I6 in docs/promises.md): nothing a model or a command
     sends can stop it."""
     _, llm = scripted([
@@ -66,7 +65,7 @@ def test_lone_surrogates_and_binary_output_finish(layout, scripted, tmp_path):
         {"tool": "run", "args": {"command": "head -c 3000 /dev/urandom; printf '\\xff\\xfe\\x00'"}},
         {"say": "done \ud83d with a lone surrogate"},
     ])
-    with Trouper(home=tmp_path / "home", layout=layout) as t:
+    with Trouper(home=tmp_path / "home") as t:
         session = t.start_session("odd bytes \udc80", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         events = list(session.events())

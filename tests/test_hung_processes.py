@@ -17,7 +17,7 @@ from trouper import AgentState, Trouper
 from trouper.host.processes import descendants, pid_alive, start_time
 from trouper.testing import actor_pid, check_log, hang, kill, sandbox_pid, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+pytestmark = pytest.mark.slow
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 HUNG = "hung: it did not answer"
@@ -35,11 +35,11 @@ def _log(trouper: Trouper) -> str:
 
 
 def test_a_command_to_a_hung_session_process_is_answered_and_carried_out_once(
-        layout, scripted, tmp_path, quick_probes):
+        scripted, tmp_path, quick_probes):
     """Settled, so not probed until the command: the command waits, its parent probes,
     the process does not answer, it is killed, and its successor takes the command."""
     _, llm = scripted([{"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         with hang(session, "controller") as pid:
@@ -53,24 +53,20 @@ def test_a_command_to_a_hung_session_process_is_answered_and_carried_out_once(
         assert HUNG in _log(trouper)
 
 
+@pytest.mark.parametrize("role", ["controller", "session", "runtime"])
 def test_a_working_session_whose_process_hangs_carries_on_with_no_command(
-        layout, scripted, tmp_path, quick_probes):
-    """No command comes; the session works (an action runs), so its parent probes it."""
-    _hang_while_working(layout, "controller", scripted, tmp_path)
-
-
-@pytest.mark.parametrize("role", ["session", "runtime"])
-def test_a_split_session_whose_supervisor_or_proxy_hangs_carries_on(
         role, scripted, tmp_path, quick_probes):
-    """The split layout's other two processes (a hosted session has only the one)."""
-    _hang_while_working("split", role, scripted, tmp_path)
+    """No command comes; the session works (an action runs), so its parent probes it:
+    the Controller, the RuntimeProxy (by its SessionSupervisor) and the supervisor (by
+    the root)."""
+    _hang_while_working(role, scripted, tmp_path)
 
 
-def _hang_while_working(layout: str, role: str, scripted, tmp_path) -> None:
+def _hang_while_working(role: str, scripted, tmp_path) -> None:
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1 && echo slept"}},
                        {"tool": "run", "args": {"command": "echo second >> ledger.txt"}},
                        FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:  # type: ignore[arg-type]
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the first action to start")
@@ -83,10 +79,10 @@ def _hang_while_working(layout: str, role: str, scripted, tmp_path) -> None:
 
 
 def test_a_hung_broker_is_replaced_and_the_session_asks_the_new_one(
-        layout, scripted, tmp_path, quick_probes):
+        scripted, tmp_path, quick_probes):
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1"}},
                        {"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the first action to start")
@@ -99,15 +95,15 @@ def test_a_hung_broker_is_replaced_and_the_session_asks_the_new_one(
         assert actor_pid(session, "broker") not in (None, pid)
 
 
-def test_a_busy_process_that_answers_its_probes_is_left_alone(layout, scripted, tmp_path,
+def test_a_busy_process_that_answers_its_probes_is_left_alone(scripted, tmp_path,
                                                               quick_probes):
     """A slow model (3 s a call) and a long command (3 s): probed many times, the broker
     and the session's processes answer, and none is killed."""
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 3"}}, FINISH],
                       latency_s=3.0)
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
-        roles = ["broker", "controller"] + (["session", "runtime"] if layout == "split" else [])
+        roles = ["broker", "controller", "session", "runtime"]
         pids = {role: wait_until(lambda r=role: actor_pid(session, r), 30, role)
                 for role in roles}
         assert session.wait(timeout=60) == AgentState.FINISHED
@@ -118,14 +114,14 @@ def test_a_busy_process_that_answers_its_probes_is_left_alone(layout, scripted, 
                                           if "probe" in line.lower())
 
 
-def test_a_hung_sandbox_server_is_replaced_by_the_health_check(layout, scripted, tmp_path,
+def test_a_hung_sandbox_server_is_replaced_by_the_health_check(scripted, tmp_path,
                                                                monkeypatch):
     """The sandbox server is not an actor: its proxy's health check (here every 0.5 s; it
     waits 3 s for an answer) finds it hung; the action in flight is lost, not run again."""
     monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "0.5")
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 5; echo once >> ledger.txt"}},
                        FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the action to start")
@@ -146,18 +142,14 @@ def test_a_hung_sandbox_server_is_replaced_by_the_health_check(layout, scripted,
         assert left == [], "the hung server's shell or its jobs were left running"
 
 
-def test_hang_names_what_it_can_stop(layout, scripted, tmp_path):
+def test_hang_names_what_it_can_stop(scripted, tmp_path):
     _, llm = scripted([{"say": "What next?"}])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         with pytest.raises(ValueError, match="unknown role"):
             with hang(session, "nobody"):
                 pass
-        if layout == "hosted":
-            with pytest.raises(ValueError, match="hang 'controller'"):
-                with hang(session, "runtime"):
-                    pass
         with hang(session, "controller") as pid:  # settled: nothing probes it
             assert actor_pid(session, "controller") == pid
         session.send("go on")
@@ -166,7 +158,7 @@ def test_hang_names_what_it_can_stop(layout, scripted, tmp_path):
 
 
 def test_chaos_hangs_and_kills_leave_each_action_once_and_every_session_finished(
-        layout, scripted, tmp_path, quick_probes, monkeypatch):
+        scripted, tmp_path, quick_probes, monkeypatch):
     """3 sessions x 25 commands while a random process is SIGSTOPped (and waited for
     trouper to kill it) or SIGKILLed, again and again: every session finishes, `check_log`
     is clean and no command ran twice."""
@@ -178,10 +170,9 @@ def test_chaos_hangs_and_kills_leave_each_action_once_and_every_session_finished
                                                  f"echo s{i} >> ledger.txt"}}
              for i in range(25)]
     _, llm = scripted([*steps, FINISH])
-    victims = ["controller", "broker", "sandbox"] + (
-        ["session", "runtime"] if layout == "split" else [])
+    victims = ["controller", "broker", "sandbox", "session", "runtime"]
     found = 0
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
                     for i in range(3)]
         deadline = time.monotonic() + 30

@@ -1,4 +1,4 @@
-"""I5/I6 (docs/promises.md) for the RuntimeProxy, the LLMBroker and the SessionHost: every
+"""I5/I6 (docs/promises.md) for the RuntimeProxy and the LLMBroker: every
 handler is total.
 
 Each needs real collaborators (a local sandbox server; an HTTP model server), so each runs
@@ -47,7 +47,7 @@ from trouper.messages.protocol import (
     SandboxClosed,
     StartSession,
 )
-from trouper.messages.tree import BootBroker, BootedUp, BootRuntime, Working
+from trouper.messages.tree import BootBroker, BootedUp, BootRuntime
 from trouper.store import store_url
 from trouper.testing import wait_until
 
@@ -106,13 +106,11 @@ class Standalone:
 
     def dropped(self, role: str) -> int:
         """Lines this actor's process logged for a message it dropped; not counting its own
-        periodic health check, which may fire once after a close (every 5 s, at any time),
-        nor what a hosted sandbox driver that failed leaves (its late results, timers)."""
+        periodic health check, which may fire once after a close (every 5 s, at any time)."""
         mark = f" {self.pid} "
         lines = self.log.read_text(errors="replace").splitlines()
         return len([ln for ln in lines if mark in ln and f"{role} dropped" in ln
-                    and "dropped timer 'health'" not in ln
-                    and "sandbox driver" not in ln])
+                    and "dropped timer 'health'" not in ln])
 
     def expect_dropped(self, role: str, count: int) -> None:
         wait_until(lambda: self.dropped(role) >= count, 10, f"{count} drop lines")
@@ -292,79 +290,3 @@ def test_llm_broker_never_asks_the_model_twice_for_one_request(broker, scripted)
     actor.tell(_complete(llm, "r1"))
     actor.expect_dropped("broker", 1)
     assert len(server.requests) == 1
-
-
-# ---- SessionHost (the hosted layout's session process) ---------------------------------
-
-
-@pytest.fixture
-def host(trouper, tmp_path):
-    """A SessionHost not booted yet, its StartSession (the session is in its store), and
-    its sandbox's state folder."""
-    from trouper.actors.session_host import SessionHost
-    from trouper.store import open_store
-
-    home = Home.at(tmp_path / "home")
-    start = _start(home, tmp_path / "ws")
-    store = open_store(home)
-    try:
-        store.create_session(start.session_id, start.config)
-    finally:
-        store.close()
-    actor = Standalone(trouper, SessionHost)
-    state_dir = home.runtime_dir(start.session_id)
-    yield actor, start, state_dir
-    actor.stop()
-    _no_servers_left(state_dir)
-
-
-def test_session_host_drops_what_it_cannot_use_and_closes_its_sandbox_once(host):
-    from trouper.config.models import RestartPolicy
-    from trouper.messages.tree import (
-        BootController,
-        FailRuntime,
-        Relay,
-        Shutdown,
-        ShutdownDone,
-    )
-
-    actor, start, state_dir = host
-    sid = start.session_id
-    boot = BootController(start=start, broker=None, runtime=None, policy=RestartPolicy())
-    fail = FailRuntime(request_id="fail-1", session_id=sid)
-    actor.tell(boot)
-    actor.pid = _pid_of(Home.at(start.home).actor_pid_path("session", sid))
-    wait_until(lambda: f"session {sid}: sandbox started" in actor.log.read_text(
-        errors="replace"), 30, "the session's sandbox to start")
-    late = [
-        boot,  # a second boot
-        WakeupMessage(1, payload="no such timer"),
-        WakeupMessage(1, payload=Timer("runtime", (99, "restart", "forged"))),  # not set
-    ]
-    # a result for no action: the core settles it without a word (an action has one
-    # outcome, I1), so it is sent but not counted
-    actor.tell(*late, Executed(session_id=sid, action_id="nobody",
-                               outcome=Outcome(status="ok", content="x")))
-
-    def driver_failures() -> int:
-        text = actor.log.read_text(errors="replace")
-        return text.count(f"session {sid}: the sandbox driver failed")
-
-    # the harness's fault, twice: each fails the driver in process, and a fresh one
-    # attaches to the same sandbox server (it outlives its drivers)
-    server = _servers_on(state_dir)
-    for n, request_id in enumerate(("fail-1", "fail-2"), start=1):
-        actor.tell(Relay(msg=fail.model_copy(update={"request_id": request_id}),
-                         reply_to=None))
-        wait_until(lambda n=n: driver_failures() >= n, 10, f"driver failure {n}")
-    wait_until(lambda: f"session {sid}: sandbox attached" in actor.log.read_text(
-        errors="replace"), 30, "a new driver to attach")
-    assert _servers_on(state_dir) == server
-    actor.tell(Shutdown(request_id="down-1", stop_sandboxes=True),
-               Shutdown(request_id="down-2", stop_sandboxes=True))
-    got = actor.until(lambda got: len([m for m in got if isinstance(m, ShutdownDone)]) >= 2)
-    assert sorted((m.request_id, tuple(m.sessions)) for m in got
-                  if isinstance(m, ShutdownDone)) == [("down-1", (sid,)), ("down-2", (sid,))]
-    assert not [m for m in got if not isinstance(m, ShutdownDone | Working)]
-    wait_until(lambda: not _servers_on(state_dir), 10, "the sandbox to stop")
-    actor.expect_dropped("controller", len(late))

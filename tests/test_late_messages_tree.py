@@ -495,7 +495,7 @@ class Root:
 
 
 def _split_boot(root: Root) -> BootRoot:
-    return BootRoot(home=str(root.home.root), policy=RestartPolicy(), layout="split")
+    return BootRoot(home=str(root.home.root), policy=RestartPolicy())
 
 
 def _broker_boots() -> int:
@@ -539,8 +539,7 @@ def test_root_drops_strangers_duplicates_and_junk(system, drops, tmp_path):
     assert isinstance(root.ask(start.model_copy(update={"request_id": "again"})), Accepted)
     assert _runtime_boots() == 1 and _model_calls() == 1
     late = [
-        BootRoot(home=str(tmp_path / "elsewhere"), policy=RestartPolicy(intensity=0),
-                 layout="split"),
+        BootRoot(home=str(tmp_path / "elsewhere"), policy=RestartPolicy(intensity=0)),
         StoreFault(session_id=sid, cause="not from its session"),
         StoreFault(session_id="s-another", cause="disk full"),
         Superseded(session_id=sid, reason="not from its session"),
@@ -601,189 +600,116 @@ def test_a_session_is_accepted_before_its_controller_is_up(system, tmp_path):
     assert len(RecordedController.booted) == 1  # booted, and never up
 
 
-# ---- RootSupervisor, hosted layout: the root supervises each session's host -----------
+# ---- RootSupervisor: a session whose supervisor is down ------------------------------
 
 
-class HostRoot(FakeRoot):
-    host_class = RecordedController  # a real Controller: the runtime is not what is tested
+class DeadSession(FakeSession):
+    """A session supervisor that dies at its boot: the root gives up on it."""
+
+    boots: ClassVar[int] = 0
+
+    def on_boot_session(self, msg: BootSession, sender: Any) -> None:
+        DeadSession.boots += 1
+        if DeadSession.boots <= DeadSession.dying:
+            self.send(self.myAddress, ActorExitRequest())
+            return
+        super().on_boot_session(msg, sender)
+
+    dying: ClassVar[int] = 0
 
 
-class SlowHostRoot(FakeRoot):
-    host_class = SlowStandIn
+class DeadRoot(FakeRoot):
+    session_class = DeadSession
 
 
-def _hosted(system: ActorSystem, tmp_path: Path, policy: RestartPolicy,
-            root_class: type = HostRoot) -> tuple[Root, StartSession]:
+class Closer(FakeRuntime):
+    """A one-shot proxy whose ``CloseFor`` answers at once (the sandbox is not tested)."""
+
+    closed: ClassVar[list[str]] = []
+
+    def receiveMessage(self, msg: Any, sender: Any) -> None:  # noqa: N802
+        if isinstance(msg, CloseFor):
+            Closer.closed.append(msg.start.session_id)
+            self.send(sender, SandboxClosed(request_id=msg.request_id,
+                                            session_id=msg.start.session_id))
+            self.send(self.myAddress, ActorExitRequest())
+        else:
+            super().receiveMessage(msg, sender)
+
+
+class ClosingSession(DeadSession):
+    runtime_class = Closer
+
+
+class ClosingRoot(FakeRoot):
+    session_class = ClosingSession
+
+
+def _down(system: ActorSystem, tmp_path: Path, policy: RestartPolicy, dying: int,
+          root_class: type = DeadRoot) -> tuple[Root, StartSession]:
+    """A root whose session's supervisor dies at its first ``dying`` boots."""
+    DeadSession.boots, DeadSession.dying, Closer.closed = 0, dying, []
     root = Root(system, Home.at(tmp_path / "home"), tmp_path, root_class=root_class)
-    boot = BootRoot(home=str(root.home.root), policy=policy, layout="hosted")
-    assert isinstance(root.ask(boot), Accepted)
+    assert isinstance(root.ask(BootRoot(home=str(root.home.root), policy=policy)), Accepted)
     start = _start(root.home, tmp_path)
     assert isinstance(root.ask(start), Accepted)
-    assert len(RecordedController.booted) == 1 and _runtime_boots() == 0  # one process
     return root, start
 
 
-def _states(root: Root, session_id: str) -> list[StateChanged]:
-    store = open_store(root.home)
-    try:
-        return [e for e in store.read(session_id) if isinstance(e, StateChanged)]
-    finally:
-        store.close()
-
-
-def test_hosted_a_host_past_its_intensity_for_good_is_recorded_then_stopped(
-    system, drops, tmp_path
-):
-    """No SessionSupervisor: the root has a stand-in host record the downtime (the log's
-    one writer), then stops the session, so the program restores it on its next command."""
-    root, start = _hosted(system, tmp_path, RestartPolicy(intensity=0, giveup_rounds=0))
-    system.tell(RecordedController.booted[-1], ActorExitRequest())
-    last = _states(root, start.session_id)[-1]
-    assert last.cause == Why.LOOP_DOWN and last.resumes_at is None, last
-    assert "the agent loop failed 1 time within" in last.reason
-    refused = root.command(start.session_id, "resume")
-    assert isinstance(refused, Refused) and refused.error == "UnknownSession"
-    assert len(RecordedController.booted) == 1  # the stand-in does not boot
-
-
-def test_hosted_a_resume_while_the_downtime_is_recorded_carries_the_session_on(
-    system, drops, tmp_path
-):
-    SlowStandIn.waiting = []
-    root, start = _hosted(system, tmp_path, RestartPolicy(intensity=0, giveup_rounds=0),
-                          SlowHostRoot)
-    first = RecordedController.booted[-1]
-    system.tell(first, ActorExitRequest())  # down until a resume; the stand-in waits
-    assert len(SlowStandIn.waiting) == 1
-    resume = UserCommand(request_id="resume-1", session_id=start.session_id, command="resume")
-    assert root.ask(resume) is None  # held, not refused, not run beside the stand-in
-    assert RecordedController.booted == [first]
-    system.tell(SlowStandIn.waiting[0], "record now")
-    assert len(RecordedController.booted) == 2  # the host the resume started
-    answered = [m for to, m in Courier.seen if to == root.client
-                and getattr(m, "request_id", None) == "resume-1"]
-    assert answered == [Accepted(request_id="resume-1", session_id=start.session_id,
-                                 seq=answered[0].seq)], answered
-    assert [e.cause for e in _states(root, start.session_id)][-2:] == [Why.LOOP_DOWN,
-                                                                      Why.USER_RESUME]
-
-
-def test_hosted_a_command_in_the_cooldown_wakes_the_host_at_once(system, drops, tmp_path):
+def test_a_session_whose_supervisor_cannot_start_is_a_fault_until_it_does(
+        system, drops, tmp_path):
+    """No supervisor, so no Controller to write the log: the root says why to the
+    session's clients, and a command wakes the session at once in its cooldown."""
     policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
-    root, start = _hosted(system, tmp_path, policy)
-    system.tell(RecordedController.booted[-1], ActorExitRequest())
-    down = _states(root, start.session_id)[-1]
-    assert down.cause == Why.LOOP_DOWN and down.resumes_at is not None  # a cooldown
-    answer = root.command(start.session_id, "resume")  # held, then handed to the new host
+    root, start = _down(system, tmp_path, policy, dying=1)
+    fault = root.fault(start.session_id)
+    assert fault is not None and "the session's supervisor failed 1 time" in fault, fault
+    assert not RecordedController.booted
+    answer = root.command(start.session_id, "pause")  # held, then handed to the new one
     assert isinstance(answer, Accepted), answer
-    assert len(RecordedController.booted) == 2
-    assert _states(root, start.session_id)[-1].cause == Why.USER_RESUME
+    assert len(RecordedController.booted) == 1 and root.fault(start.session_id) is None
 
 
-def test_hosted_downtime_word_from_a_stranger_is_dropped(system, drops, tmp_path):
-    from trouper.messages.tree import DowntimeRecorded
-
-    root, start = _hosted(system, tmp_path, RestartPolicy())
-    forged = DowntimeRecorded(session_id=start.session_id)
-    root.tell(forged)
-    _one_line_each(drops(), [forged])
-    assert isinstance(root.command(start.session_id, "pause"), Accepted)  # still its host's
-
-
-class ClosingHost(RecordedController):
-    """A host whose closing stand-in answers at once (the sandbox is not what is tested)."""
-
-    FIRST = (*RecordedController.FIRST, CloseFor)
-    closed: ClassVar[list[str]] = []
-
-    def on_close_for(self, msg: CloseFor, sender: Any) -> None:
-        ClosingHost.closed.append(msg.start.session_id)
-        self.send(sender, ShutdownDone(request_id=msg.request_id,
-                                       sessions=[msg.start.session_id]))
-        self.send(self.myAddress, ActorExitRequest())
-
-
-class ClosingHostRoot(FakeRoot):
-    host_class = ClosingHost
-
-
-def test_hosted_a_session_whose_host_is_down_still_has_its_sandbox_closed(
-    system, drops, tmp_path
-):
-    """Nobody drives the session in its cooldown; at close a stand-in stops its sandbox."""
-    ClosingHost.closed = []
+def test_a_session_whose_supervisor_is_down_still_has_its_sandbox_closed(
+        system, drops, tmp_path):
+    """Nobody runs the session in its cooldown; at close a one-shot proxy stops its
+    sandbox, and two shutdowns under way at once are both answered by it."""
     policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
-    root, start = _hosted(system, tmp_path, policy, ClosingHostRoot)
-    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down for 600 s
-    # two shutdowns under way at once: one stand-in closes, and both are answered by it
+    root, start = _down(system, tmp_path, policy, dying=1, root_class=ClosingRoot)
     root.tell(Shutdown(request_id="close", stop_sandboxes=True),
               Shutdown(request_id="again", stop_sandboxes=True), via=root.client)
     done = [m for to, m in Courier.seen if to == root.client and isinstance(m, ShutdownDone)]
     assert sorted((d.request_id, tuple(d.sessions)) for d in done) == [
         ("again", (start.session_id,)), ("close", (start.session_id,))]
-    assert ClosingHost.closed == [start.session_id]
+    assert Closer.closed == [start.session_id]
     left = root.ask(Shutdown(request_id="leave", stop_sandboxes=False))  # nothing to stop
-    assert isinstance(left, ShutdownDone) and ClosingHost.closed == [start.session_id]
+    assert isinstance(left, ShutdownDone) and Closer.closed == [start.session_id]
 
 
-class SlowClosingHost(SlowStandIn, ClosingHost):
-    """A stand-in that records the downtime only when told to, and closes at once."""
-
-
-class SlowClosingHostRoot(FakeRoot):
-    host_class = SlowClosingHost
-
-
-def test_hosted_a_shutdown_while_the_downtime_is_recorded_still_closes_the_sandbox(
-    system, drops, tmp_path
-):
-    """The tree closes just after the host gave up, before the stand-in has written the
-    downtime: no process runs for the session, and once the downtime is written a closing
-    stand-in stops its sandbox (the shutdown was once answered at once, the sandbox left
-    running: seen under load in test_recovery.py)."""
-    SlowStandIn.waiting, ClosingHost.closed = [], []
-    policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
-    root, start = _hosted(system, tmp_path, policy, SlowClosingHostRoot)
-    system.tell(RecordedController.booted[-1], ActorExitRequest())
-    assert len(SlowStandIn.waiting) == 1  # the stand-in has not written the downtime yet
-    root.tell(Shutdown(request_id="close", stop_sandboxes=True), via=root.client)
-    assert not [m for to, m in Courier.seen if isinstance(m, ShutdownDone)]  # it waits
-    assert ClosingHost.closed == []  # never a closer beside the stand-in (one writer)
-    system.tell(SlowStandIn.waiting[0], "record now")
-    done = [m for to, m in Courier.seen if to == root.client and isinstance(m, ShutdownDone)]
-    assert [(d.request_id, d.sessions) for d in done] == [("close", [start.session_id])]
-    assert ClosingHost.closed == [start.session_id]
-    assert _states(root, start.session_id)[-1].cause == Why.LOOP_DOWN
-    assert len(RecordedController.booted) == 1  # the host is not started again
-
-
-def test_hosted_a_host_down_at_shutdown_is_not_started_again_after_its_sandbox_closed(
-    system, drops, tmp_path
-):
-    """The tree closes while a host waits out its give-up cooldown: a stand-in closes the
-    sandbox, and the cooldown's end must not start the host again (it would bring the
-    sandbox back up after its close, a server left running until its idle timeout)."""
-    ClosingHost.closed = []
+def test_a_supervisor_down_at_shutdown_is_not_started_again_after_its_sandbox_closed(
+        system, drops, tmp_path):
+    """The tree closes while a session's supervisor waits out its cooldown: a closer
+    stops the sandbox, and the cooldown's end must not start the session again (it would
+    bring the sandbox back up after its close)."""
     policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=0.3)
-    root, start = _hosted(system, tmp_path, policy, ClosingHostRoot)
-    system.tell(RecordedController.booted[-1], ActorExitRequest())  # down for 0.3 s
+    root, start = _down(system, tmp_path, policy, dying=1, root_class=ClosingRoot)
     done = root.ask(Shutdown(request_id="close", stop_sandboxes=True))
     assert isinstance(done, ShutdownDone) and done.sessions == [start.session_id]
-    assert ClosingHost.closed == [start.session_id]
+    assert Closer.closed == [start.session_id]
 
     def cooldown_over() -> bool:
         system.listen(0.05)  # lets the simple system deliver due timers
         return any("cooldown_over" in r.getMessage() for r in drops())
 
     wait_until(cooldown_over, 10, "the cooldown's end to be dropped")
-    assert len(RecordedController.booted) == 1  # never started again
+    assert DeadSession.boots == 1 and not RecordedController.booted  # never started again
 
 
-# ---- a settled hosted session stands down (the root's side; the hosts' own words are
-# in test_stand_down.py, with real processes) ------------------------------------
+# ---- a settled session stands down (the supervisors' side; the Controller's own words
+# are in test_stand_down.py, with real processes) ----------------------------------------
 
 
-class StandingHost(RecordedController):
+class StandingController(RecordedController):
     """A real Controller that asks to stand down, and says it has, when the test says."""
 
     answers: ClassVar[list[StandDown]] = []
@@ -794,19 +720,28 @@ class StandingHost(RecordedController):
         elif isinstance(msg, tuple) and msg[0] == "stepped":
             self.send(self._parent_address, SteppedDown(session_id=msg[1], stayed=msg[2]))
         elif isinstance(msg, StandDown):
-            StandingHost.answers.append(msg)
+            StandingController.answers.append(msg)
         else:
             return super().receiveMessage(msg, sender)
         return None
 
 
-class StandingHostRoot(FakeRoot):
-    host_class = StandingHost
+class StandingSession(FakeSession):
+    controller_class = StandingController
+
+
+class StandingRoot(FakeRoot):
+    session_class = StandingSession
 
 
 def _root(system: Any, tmp_path: Any) -> tuple[Root, str]:
-    StandingHost.answers = []
-    root, start = _hosted(system, tmp_path, RestartPolicy(), StandingHostRoot)
+    StandingController.answers = []
+    root = Root(system, Home.at(tmp_path / "home"), tmp_path, root_class=StandingRoot)
+    boot = BootRoot(home=str(root.home.root), policy=RestartPolicy(backoff_initial_s=0))
+    assert isinstance(root.ask(boot), Accepted)
+    start = _start(root.home, tmp_path)
+    assert isinstance(root.ask(start), Accepted)
+    assert len(RecordedController.booted) == 1
     return root, start.session_id
 
 
@@ -822,23 +757,25 @@ def _held(root: Root, session_id: str) -> str:
     return cmd.request_id
 
 
-def test_a_host_with_a_command_on_its_way_is_told_to_stay(system, drops, tmp_path):
+def test_a_session_with_a_command_on_its_way_is_told_to_stay(system, drops, tmp_path):
     root, sid = _root(system, tmp_path)
-    host = RecordedController.booted[-1]
-    assert isinstance(root.command(sid), Accepted)  # one relay handed to the host
-    system.tell(host, ("ask", sid, 0))  # it counts none: the relay is still on its way
-    assert [a.go for a in StandingHost.answers] == [False]
-    system.tell(host, ("ask", sid, 1))
-    assert [a.go for a in StandingHost.answers] == [False, True]
+    controller = RecordedController.booted[-1]
+    assert isinstance(root.command(sid), Accepted)  # one relay handed to the Controller
+    system.tell(controller, ("ask", sid, 0))  # it counts none: the relay is on its way
+    assert [a.go for a in StandingController.answers] == [False]
+    system.tell(controller, ("ask", sid, 1))
+    assert [a.go for a in StandingController.answers] == [False, True]
     assert drops() == []
 
 
 def test_stood_down_the_session_is_forgotten_and_a_command_restores_it(
         system, drops, tmp_path):
     root, sid = _root(system, tmp_path)
-    host = RecordedController.booted[-1]
-    system.tell(host, ("ask", sid, 0))
-    system.tell(host, ("stepped", sid, False))
+    controller = RecordedController.booted[-1]
+    system.tell(controller, ("ask", sid, 0))
+    system.tell(controller, ("stepped", sid, False))
+    closes = [m for m in FakeRuntime.seen if isinstance(m, CloseSandbox)]
+    assert len(closes) == 1  # the sandbox was closed first
     assert len(RecordedController.booted) == 1  # nothing started again
     refused = root.command(sid)  # the program restores it on this (Trouper.command)
     assert isinstance(refused, Refused) and refused.error == "UnknownSession"
@@ -847,22 +784,22 @@ def test_stood_down_the_session_is_forgotten_and_a_command_restores_it(
 
 @pytest.mark.parametrize("stayed", [False, True], ids=["stood-down", "stayed"])
 def test_a_command_while_it_stands_down_is_carried_out(system, drops, tmp_path, stayed):
-    """Held by the root, then handed to the host that stayed, or to its successor, started
-    at once."""
+    """Held by the root, then handed to the session that stayed, or to its successor,
+    started at once."""
     root, sid = _root(system, tmp_path)
-    host = RecordedController.booted[-1]
-    system.tell(host, ("ask", sid, 0))
+    controller = RecordedController.booted[-1]
+    system.tell(controller, ("ask", sid, 0))
     request_id = _held(root, sid)
-    system.tell(host, ("stepped", sid, stayed))
+    system.tell(controller, ("stepped", sid, stayed))
     assert len(RecordedController.booted) == (1 if stayed else 2)
     assert [type(a) for a in _answered(root, request_id)] == [Accepted]
     assert isinstance(root.command(sid, "resume"), Accepted)  # no longer held
     assert drops() == []
 
 
-def test_a_host_killed_while_it_stands_down_loses_no_command(system, drops, tmp_path):
-    """The host dies after the root said go, before it said it had closed its sandbox:
-    it is restarted as any dead host is, takes the command held meanwhile, and may
+def test_a_controller_killed_while_it_stands_down_loses_no_command(system, drops, tmp_path):
+    """The Controller dies after the root said go, before it said it was still idle: it
+    is restarted as any dead Controller is, takes the command held meanwhile, and may
     stand down again later (the root forgot the first attempt)."""
     root, sid = _root(system, tmp_path)
     first = RecordedController.booted[-1]
@@ -873,17 +810,18 @@ def test_a_host_killed_while_it_stands_down_loses_no_command(system, drops, tmp_
     assert [type(a) for a in _answered(root, request_id)] == [Accepted]
     second = RecordedController.booted[-1]
     system.tell(second, ("ask", sid, 1))  # it had the held command: one relay
-    assert [a.go for a in StandingHost.answers] == [True, True]
+    assert [a.go for a in StandingController.answers] == [True, True]
 
 
-def test_stand_down_words_from_anyone_but_the_live_host_are_dropped(system, drops, tmp_path):
+def test_stand_down_words_from_anyone_but_the_live_children_are_dropped(
+        system, drops, tmp_path):
     root, sid = _root(system, tmp_path)
     forged = [StandingDown(session_id=sid, relays=0), SteppedDown(session_id=sid),
               StandingDown(session_id="s-another", relays=0)]
     root.tell(*forged)
     _one_line_each(drops(), forged)
-    host = RecordedController.booted[-1]
-    system.tell(host, ("stepped", sid, False))  # it never asked: not standing down
+    controller = RecordedController.booted[-1]
+    system.tell(controller, ("stepped", sid, False))  # it never asked: not standing down
     assert len(drops()) == 1
-    assert StandingHost.answers == []
-    assert isinstance(root.command(sid), Accepted)  # still its host's
+    assert StandingController.answers == []
+    assert isinstance(root.command(sid), Accepted)  # still its own

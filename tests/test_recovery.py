@@ -38,8 +38,8 @@ from trouper.testing import (
 
 from accel import forkserver
 
-# real processes (`-m 'not slow'` skips them), in each session layout
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+# real processes (`-m 'not slow'` skips them)
+pytestmark = pytest.mark.slow
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
@@ -131,7 +131,7 @@ def test_broker_killed_mid_call_is_restarted_and_the_call_resent(trouper, script
 
 @pytest.mark.parametrize("role, cause", [("runtime", "the sandbox failed 3 times"),
                                          ("controller", "the agent loop failed 3 times")])
-def test_past_the_restart_intensity_error_then_resume_carries_on(layout, scripted, tmp_path,
+def test_past_the_restart_intensity_error_then_resume_carries_on(scripted, tmp_path,
                                                                  role, cause):
     """Past a child's restart intensity nobody drives that part of the session: it is
     recorded ERROR naming the cause, and a resume carries it on from the log (nothing run
@@ -145,7 +145,7 @@ def test_past_the_restart_intensity_error_then_resume_carries_on(layout, scripte
     # no cooldown rounds: past the intensity the session waits for the user (see
     # test_fault_edges.py for the rounds that come back by themselves)
     policy = RestartPolicy(intensity=2, period_s=60, backoff_initial_s=0.01, giveup_rounds=0)
-    with Trouper(home=home, layout=layout, policy=policy) as trouper:
+    with Trouper(home=home, policy=policy) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=workspace)
         started(workspace)
         for _ in range(3):
@@ -162,8 +162,8 @@ def test_past_the_restart_intensity_error_then_resume_carries_on(layout, scripte
 DRIVER = textwrap.dedent("""
     import sys, time
     from trouper import Trouper
-    home, url, workspace, out, layout = sys.argv[1:6]
-    t = Trouper(home=home, layout=layout)
+    home, url, workspace, out = sys.argv[1:5]
+    t = Trouper(home=home)
     s = t.start_session("t", llm={"model": "hosted_vllm/x", "base_url": url, "api_key": "k"},
                         workspace=workspace)
     open(out, "w").write(s.id)
@@ -171,7 +171,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_whole_process_tree_killed_then_reopened_carries_on(layout, scripted, tmp_path):
+def test_whole_process_tree_killed_then_reopened_carries_on(scripted, tmp_path):
     home, workspace, out = tmp_path / "home", tmp_path / "ws", tmp_path / "id.txt"
     _, llm = scripted([
         {"tool": "run", "args": {"command": SLOW_LEDGER}},
@@ -179,8 +179,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(layout, scripted, tm
         FINISH,
     ])
     driver = forkserver.Popen(
-        [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out),
-         layout],
+        [sys.executable, "-c", DRIVER, str(home), llm["base_url"], str(workspace), str(out)],
         start_new_session=True, stdin=subprocess.DEVNULL)
     try:
         started(workspace)
@@ -188,7 +187,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(layout, scripted, tm
         os.killpg(driver.pid, signal.SIGKILL)  # the program and every actor it forked
         driver.wait(timeout=30)
     session_id = out.read_text()
-    with Trouper(home=home, layout=layout) as trouper:  # resume=True: restores what was working
+    with Trouper(home=home) as trouper:  # resume=True: restores what was working
         session = trouper.session(session_id)
         assert session.wait(timeout=60) == AgentState.FINISHED
         assert (workspace / "ledger.txt").read_text() == "one\ntwo\n"
@@ -197,7 +196,7 @@ def test_whole_process_tree_killed_then_reopened_carries_on(layout, scripted, tm
 
 
 @pytest.mark.slow
-def test_chaos_many_sessions_random_kills_every_action_once(layout, scripted, tmp_path):
+def test_chaos_many_sessions_random_kills_every_action_once(scripted, tmp_path):
     import random
 
     rng = random.Random(7)
@@ -206,7 +205,7 @@ def test_chaos_many_sessions_random_kills_every_action_once(layout, scripted, tm
              for k in range(steps_n)]
     _, llm = scripted([*steps, FINISH])
     policy = RestartPolicy(intensity=20, period_s=60, backoff_initial_s=0.02)
-    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
+    with Trouper(home=tmp_path / "home", policy=policy) as trouper:
         sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
                     for i in range(sessions_n)]
         kills = 0
@@ -250,14 +249,14 @@ def test_the_sandbox_refuses_a_stale_proxy(trouper, scripted, tmp_path):
     assert not (tmp_path / "ledger.txt").exists()
 
 
-def test_an_idle_sandbox_server_that_dies_is_replaced_through_its_exit_watch(layout,
+def test_an_idle_sandbox_server_that_dies_is_replaced_through_its_exit_watch(
         scripted, tmp_path, monkeypatch):
     """With health checks an hour apart, only the proxy's wait on the server's exit (a
     pidfd Thespian selects on) can see the death: an idle session polls nothing."""
     monkeypatch.setenv("TROUPER_SANDBOX_HEALTH_EVERY_S", "3600")
     monkeypatch.setenv("TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S", "3600")
     _, llm = scripted([{"say": "Ready when you are."}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         killed_at = session.record.last_seq
@@ -297,17 +296,17 @@ def test_a_sandbox_that_dies_while_idle_is_replaced_by_the_health_check(trouper,
 
 
 
-def test_close_stops_the_sandbox_of_a_session_whose_agent_loop_is_down(layout, scripted,
+def test_close_stops_the_sandbox_of_a_session_whose_agent_loop_is_down(scripted,
                                                                        tmp_path):
-    """In its give-up cooldown nobody drives the session (hosted: no process of its own
-    runs); Trouper.close() still stops its sandbox, as it does every other's."""
+    """In its give-up cooldown nobody drives the session (no Controller runs);
+    Trouper.close() still stops its sandbox, as it does every other's."""
     from trouper.host.processes import pid_alive
     from trouper.testing import sandbox_pid
 
     _, llm = scripted([{"tool": "run", "args": {"command": "touch started; sleep 30"}},
                        FINISH])
     policy = RestartPolicy(intensity=0, giveup_rounds=1, giveup_cooldown_s=600)
-    t = Trouper(home=tmp_path / "home", layout=layout, policy=policy)
+    t = Trouper(home=tmp_path / "home", policy=policy)
     try:
         session = t.start_session("t", llm=llm, workspace=tmp_path / "ws")
         started(tmp_path / "ws")
@@ -373,19 +372,19 @@ def test_a_command_whose_taker_is_killed_before_it_answers_is_carried_out_once(
 
 
 def test_chaos_commands_sent_as_their_takers_are_killed_are_each_carried_out_once(
-        layout, scripted, tmp_path):
-    """Each message is sent while the session's process (split: the Controller or its
-    supervisor) is SIGKILLed at a random moment of the command's way: every send is
-    answered, and the log has each message once, in order. (Before, a command was lost;
-    then, with the answer sent beside the parent's word, an answer could be.)"""
+        scripted, tmp_path):
+    """Each message is sent while the session's Controller or its supervisor is SIGKILLed
+    at a random moment of the command's way: every send is answered, and the log has
+    each message once, in order. (Before, a command was lost; then, with the answer sent
+    beside the parent's word, an answer could be.)"""
     import random
 
     rng = random.Random(11)
     rounds, sessions_n = 24, 4
     _, llm = scripted([{"say": "ok?"}] * (rounds + sessions_n + 1))
-    roles = ["controller"] if layout == "hosted" else ["controller", "session"]
+    roles = ["controller", "session"]
     policy = RestartPolicy(intensity=100, period_s=60)
-    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
+    with Trouper(home=tmp_path / "home", policy=policy) as trouper:
         sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}")
                     for i in range(sessions_n)]
         sent: dict[str, list[str]] = {s.id: [] for s in sessions}
@@ -426,7 +425,7 @@ def test_chaos_commands_sent_as_their_takers_are_killed_are_each_carried_out_onc
 
 
 def test_chaos_approvals_as_things_are_killed_each_action_once_and_none_left_pending(
-        layout, scripted, tmp_path):
+        scripted, tmp_path):
     """Confirmation mode: each waiting action is approved or rejected while the session's
     process, its sandbox driver or its sandbox is SIGKILLed at a random moment; then every
     session is stopped. Each action has one outcome (none left pending), no rejected one
@@ -438,7 +437,7 @@ def test_chaos_approvals_as_things_are_killed_each_action_once_and_none_left_pen
     _, llm = scripted([{"tool": "run", "args": {"command": f"echo a{k} >> ledger.txt"}}
                        for k in range(rounds + 10)])
     policy = RestartPolicy(intensity=100, period_s=60)
-    with Trouper(home=tmp_path / "home", layout=layout, policy=policy) as trouper:
+    with Trouper(home=tmp_path / "home", policy=policy) as trouper:
         sessions = [trouper.start_session("t", llm=llm, workspace=tmp_path / f"ws{i}",
                                           confirm="always") for i in range(sessions_n)]
         rejected: set[str] = set()

@@ -16,16 +16,16 @@ from trouper.exceptions import RequestTimeout
 from trouper.host.processes import pid_alive
 from trouper.testing import actor_pid, check_log, hang, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+pytestmark = pytest.mark.slow
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 
 
-def test_a_root_that_dies_is_started_again_and_the_sessions_carry_on(layout, scripted,
+def test_a_root_that_dies_is_started_again_and_the_sessions_carry_on(scripted,
                                                                      tmp_path, caplog):
     _, llm = scripted([{"tool": "run", "args": {"command": "sleep 1; echo once >> l.txt"}},
                        {"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         wait_until(lambda: any(e.kind == "action" for e in session.events()), 30,
                    "the action to start")
@@ -41,12 +41,12 @@ def test_a_root_that_dies_is_started_again_and_the_sessions_carry_on(layout, scr
         assert "is gone; starting a new one" in caplog.text  # the program's own log
 
 
-def test_a_command_waiting_on_a_root_that_dies_is_asked_of_the_next(layout, scripted,
+def test_a_command_waiting_on_a_root_that_dies_is_asked_of_the_next(scripted,
                                                                      tmp_path):
     """The command reaches a hung root; the root is then killed: the waiting request is
     asked of the new root under its id, and carried out once."""
     _, llm = scripted([{"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         done: list[object] = []
@@ -64,11 +64,11 @@ def test_a_command_waiting_on_a_root_that_dies_is_asked_of_the_next(layout, scri
         assert check_log(list(session.events())) == []
 
 
-def test_a_hung_root_is_killed_once_a_request_to_it_times_out(layout, scripted, tmp_path,
+def test_a_hung_root_is_killed_once_a_request_to_it_times_out(scripted, tmp_path,
                                                                monkeypatch, caplog):
     monkeypatch.setenv("TROUPER_PROBE_ANSWER_S", "1")
     _, llm = scripted([{"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout, ask_timeout_s=2) as trouper:
+    with Trouper(home=tmp_path / "home", ask_timeout_s=2) as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         with hang(session, "root") as root:
@@ -85,11 +85,11 @@ def test_a_hung_root_is_killed_once_a_request_to_it_times_out(layout, scripted, 
         assert check_log(list(session.events())) == []
 
 
-def test_wait_keeps_to_its_timeout_while_the_root_hangs(layout, scripted, tmp_path, caplog):
+def test_wait_keeps_to_its_timeout_while_the_root_hangs(scripted, tmp_path, caplog):
     """`wait()` asks the tree about storage faults: within what is left of its own timeout,
     not the 30 s a request may take (and a short wait unanswered probes nothing)."""
     _, llm = scripted([{"say": "What next?"}, FINISH])
-    with Trouper(home=tmp_path / "home", layout=layout) as trouper:
+    with Trouper(home=tmp_path / "home") as trouper:
         session = trouper.start_session("t", llm=llm, workspace=tmp_path / "ws")
         assert session.wait(timeout=60) == AgentState.AWAITING_USER_INPUT
         with hang(session, "root") as root:

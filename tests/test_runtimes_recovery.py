@@ -18,7 +18,6 @@ from trouper.config.models import DockerRuntime
 from trouper.testing import check_log, kill, kill_actor, wait_until
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
-# (the default layout only: test_recovery.py runs the layouts' own recovery paths twice)
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 SLOW_LEDGER = "touch started; sleep 1.5; echo one >> ledger.txt"
@@ -56,14 +55,14 @@ def outcomes(session: Any) -> list:
 
 
 @pytest.mark.parametrize("role", ["controller", "session", "broker"])
-def test_an_actor_killed_mid_command_leaves_one_real_outcome(layout, role, backend, home,
+def test_an_actor_killed_mid_command_leaves_one_real_outcome(role, backend, home,
                                                              scripted, tmp_path):
     _, llm = scripted([
         {"tool": "run", "args": {"command": SLOW_LEDGER}},
         {"tool": "run", "args": {"command": "echo two >> ledger.txt"}},
         FINISH,
     ])
-    with Trouper(home=home, layout=layout) as trouper:
+    with Trouper(home=home) as trouper:
         session = trouper.start_session("t", llm=llm, runtime=backend.runtime,
                                         workspace=tmp_path / "ws")
         workspace = backend.where(session, tmp_path / "ws")
@@ -75,7 +74,7 @@ def test_an_actor_killed_mid_command_leaves_one_real_outcome(layout, role, backe
         assert check_log(list(session.events())) == []
 
 
-def test_chaos_random_kills_on_several_sessions_every_action_once(layout, backend, home,
+def test_chaos_random_kills_on_several_sessions_every_action_once(backend, home,
                                                                   scripted, tmp_path):
     rng = random.Random(11)
     sessions_n, steps_n = 3, 12
@@ -83,7 +82,7 @@ def test_chaos_random_kills_on_several_sessions_every_action_once(layout, backen
              for k in range(steps_n)]
     _, llm = scripted([*steps, FINISH])
     policy = RestartPolicy(intensity=20, period_s=60, backoff_initial_s=0.02)
-    with Trouper(home=home, layout=layout, policy=policy) as trouper:
+    with Trouper(home=home, policy=policy) as trouper:
         sessions = [trouper.start_session("t", llm=llm, runtime=backend.runtime,
                                           workspace=tmp_path / f"ws{i}")
                     for i in range(sessions_n)]

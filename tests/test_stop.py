@@ -20,7 +20,7 @@ from trouper.host.processes import descendants, is_bash, pid_alive, session_memb
 from trouper.testing import check_log, wait_until
 from trouper.testing.faults import sandbox_pid
 
-pytestmark = [pytest.mark.slow, pytest.mark.each_layout]
+pytestmark = pytest.mark.slow
 
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 BUSY = "cd /tmp && export K=v; sleep 1000 & sleep 1000"

@@ -86,9 +86,8 @@ def test_a_full_disk_is_error_naming_it_then_the_session_finishes(scripted, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.each_layout
 def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
-        layout, scripted, tmp_path, small_disk):
+        scripted, tmp_path, small_disk):
     """The session's process is killed while the disk is full, so its successor starts
     with a store it cannot claim: it waits in the fault (no restart loop), refuses a
     command at once with the cause, and carries on to the end once the disk is freed.
@@ -97,7 +96,7 @@ def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
     from trouper import InvalidRequest
     from trouper.testing import kill_actor
 
-    with Trouper(home=small_disk / "home", layout=layout) as t:
+    with Trouper(home=small_disk / "home") as t:
         session, filler = _in_the_fault(t, scripted, tmp_path, small_disk)
         root = actor_pid(session, "root")
         killed = kill_actor(session, "controller")
@@ -115,18 +114,17 @@ def test_a_session_process_that_starts_on_a_full_disk_waits_then_carries_on(
 
 
 @pytest.mark.slow
-@pytest.mark.each_layout
 @pytest.mark.parametrize("victim", ["runtime", "sandbox"])
 def test_a_sandbox_or_driver_that_dies_while_the_disk_is_full_is_back_once_it_is_freed(
-        layout, scripted, tmp_path, small_disk, victim):
-    """Two faults at once: the sandbox (or, hosted, its driver inside the session's
-    process) fails while the store takes no writes. The harness's request is answered
-    (it was dropped unanswered while the store was faulted), and once the disk is freed
-    the session carries on to the end with one outcome an action."""
+        scripted, tmp_path, small_disk, victim):
+    """Two faults at once: the sandbox or its RuntimeProxy fails while the store takes no
+    writes. The harness's request is answered (it was dropped unanswered while the store
+    was faulted), and once the disk is freed the session carries on to the end with one
+    outcome an action."""
     from trouper import InvalidRequest
     from trouper.testing import kill
 
-    with Trouper(home=small_disk / "home", layout=layout) as t:
+    with Trouper(home=small_disk / "home") as t:
         session, filler = _in_the_fault(t, scripted, tmp_path, small_disk)
         kill(session, victim, timeout_s=10)
         with pytest.raises(InvalidRequest, match="is full"):

@@ -1,4 +1,4 @@
-"""The split layout's SessionSupervisor closes its sandbox whether its RuntimeProxy lives or
+"""The SessionSupervisor closes its sandbox whether its RuntimeProxy lives or
 not (``actors/sandbox_closing.py``), in Thespian's in-process simple system with a real
 Controller on a real store and a fake proxy.
 
