@@ -73,21 +73,19 @@ def _kind(role: str) -> str:
 
 def run_n(
     n: int, steps: int, latency_s: float, workdir: Path, port: int, timeout_s: float,
-    layout: str | None = None,
 ) -> dict[str, Any]:
     from contenders import TASK, llm_config, wait_until
 
     from trouper import AgentState, Trouper
     from trouper.testing import FakeLLMServer
 
-    home = workdir / f"conc-home-{n}{_suffix(layout)}"
+    home = workdir / f"conc-home-{n}"
     result: dict[str, Any] = {"n": n, "steps": steps, "latency_ms": latency_s * 1000}
     with (
         # bodies not kept: 20 steps of 1,000 sessions would hold about a GB of them here
         FakeLLMServer(echo_script(steps), latency_s=latency_s, keep_bodies=False) as server,
-        Trouper(home=home, admin_port=port, layout=layout) as t,  # type: ignore[arg-type]
+        Trouper(home=home, admin_port=port) as t,
     ):
-        result["layout"] = layout
         # the system is ready once its broker has booted (imported litellm, warmed it up):
         # a cost of opening, once, not of the sessions measured here
         if not wait_until(lambda: t.home.actor_pid_path("broker").exists(), 120.0):
@@ -102,7 +100,7 @@ def run_n(
             t.start_session(
                 TASK,
                 llm=llm_config(server),
-                workspace=workdir / f"conc-{n}{_suffix(layout)}-{i}",
+                workspace=workdir / f"conc-{n}-{i}",
                 max_iterations=steps + 5,
             )
             for i in range(n)
@@ -126,7 +124,7 @@ def run_n(
     good = sum(
         1
         for i in range(n)
-        if read_lines(workdir / f"conc-{n}{_suffix(layout)}-{i}" / "out.txt")
+        if read_lines(workdir / f"conc-{n}-{i}" / "out.txt")
         == expected_lines(steps)
     )
     per_step = 1000 / max(1, len(latencies))
@@ -175,10 +173,6 @@ def run_n(
         kill_tree(port, home)
     result["restarts"] = _restarts(home)
     return result
-
-
-def _suffix(layout: str | None) -> str:
-    return f"-{layout}" if layout else ""
 
 
 def _per_process(pids: dict[int, str]) -> dict[str, dict[str, float]]:
@@ -274,16 +268,14 @@ def _step_latencies_ms(server: Any, session_ids: list[str]) -> list[float]:
 
 def run_isolated(
     n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float,
-    layout: str | None = None,
 ) -> dict[str, Any]:
     """``run_n`` in a child process, ended if it overruns its time or the memory floor."""
     from trouper.client.actor_system import free_port
 
-    tag = f"{n}{_suffix(layout)}"
-    port, home, out = free_port(), workdir / f"conc-home-{tag}", workdir / f"conc-{tag}.json"
+    port, home, out = free_port(), workdir / f"conc-home-{n}", workdir / f"conc-{n}.json"
     timeout_s = 120 + n * steps * 0.2
     cfg = {"n": n, "steps": steps, "latency_s": latency_s, "workdir": str(workdir),
-           "port": port, "timeout_s": timeout_s, "out": str(out), "layout": layout}
+           "port": port, "timeout_s": timeout_s, "out": str(out)}
     child = spawn("popen")([sys.executable, __file__, json.dumps(cfg)],
                              stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout_s + 120 + n * 0.5  # + opening, sampling, closing
@@ -301,7 +293,7 @@ def run_isolated(
             kill_tree(port, home)
             break
         time.sleep(0.25)
-    result: dict[str, Any] = {"n": n, "steps": steps, "layout": layout}
+    result: dict[str, Any] = {"n": n, "steps": steps}
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
@@ -312,11 +304,9 @@ def run_isolated(
     return result
 
 
-def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float,
-             layout: str | None = None) -> str | None:
-    """Why not to start N sessions, judged by the largest N >= 50 run so far in the same
-    layout (None: go)."""
-    ok = [r for r in done if "error" not in r and r["n"] >= 50 and r.get("layout") == layout]
+def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float) -> str | None:
+    """Why not to start N sessions, judged by the largest N >= 50 run so far (None: go)."""
+    ok = [r for r in done if "error" not in r and r["n"] >= 50]
     if not ok:
         return None
     base = max(ok, key=lambda r: r["n"])
@@ -331,40 +321,34 @@ def _too_big(n: int, done: list[dict[str, Any]], mem_floor_mb: float,
 def run(
     ns: list[int], steps: int, latency_s: float, workdir: Path,
     mem_floor_mb: float = MEM_FLOOR_MB, bare_max_n: int = BARE_MAX_N,
-    layouts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Each N in each layout (``None``: the program's default), each followed at once by
-    N bare loops at once (up to ``bare_max_n``), so that trouper's ratios to the bare
-    fleet compare two runs a few seconds apart (the machine is shared: others' work comes
-    and goes); the rows of one N alternate which layout goes first."""
+    """Each N, each followed at once by N bare loops at once (up to ``bare_max_n``), so
+    that trouper's ratios to the bare fleet compare two runs a few seconds apart (the
+    machine is shared: others' work comes and goes)."""
     results: list[dict[str, Any]] = []
-    wanted: list[str | None] = list(layouts) if layouts else [None]
-    for i, n in enumerate(ns):
-        order = wanted[i % len(wanted):] + wanted[:i % len(wanted)]
-        for layout in order:
-            row = _one_n(n, steps, latency_s, workdir, mem_floor_mb, layout, results)
-            results.append(row)
-            if n <= bare_max_n:
-                print(f"  concurrency: the bare loop, N={n} at once", flush=True)
-                bare = bare_fleet_isolated(n, steps, latency_s, workdir)
-                row["bare_loop"] = bare
-                row.update(against_bare(row, bare))
+    for n in ns:
+        row = _one_n(n, steps, latency_s, workdir, mem_floor_mb, results)
+        results.append(row)
+        if n <= bare_max_n:
+            print(f"  concurrency: the bare loop, N={n} at once", flush=True)
+            bare = bare_fleet_isolated(n, steps, latency_s, workdir)
+            row["bare_loop"] = bare
+            row.update(against_bare(row, bare))
     return {"steps": steps, "latency_ms": latency_s * 1000, "mem_floor_mb": mem_floor_mb,
-            "bare_max_n": bare_max_n, "layouts": wanted, "by_n": results}
+            "bare_max_n": bare_max_n, "by_n": results}
 
 
 def _one_n(n: int, steps: int, latency_s: float, workdir: Path, mem_floor_mb: float,
-           layout: str | None, done: list[dict[str, Any]]) -> dict[str, Any]:
-    print(f"  concurrency: N={n} x {steps} steps, model latency {latency_s * 1000:g} ms"
-          + (f", {layout} layout" if layout else ""), flush=True)
-    skip = _too_big(n, done, mem_floor_mb, layout)
+           done: list[dict[str, Any]]) -> dict[str, Any]:
+    print(f"  concurrency: N={n} x {steps} steps, model latency {latency_s * 1000:g} ms",
+          flush=True)
+    skip = _too_big(n, done, mem_floor_mb)
     if skip:
-        return {"n": n, "steps": steps, "layout": layout, "error": skip}
+        return {"n": n, "steps": steps, "error": skip}
     try:
-        return run_isolated(n, steps, latency_s, workdir, mem_floor_mb, layout)
+        return run_isolated(n, steps, latency_s, workdir, mem_floor_mb)
     except Exception as exc:  # noqa: BLE001 - one failed N must not hide the others
-        return {"n": n, "steps": steps, "layout": layout,
-                "error": f"{type(exc).__name__}: {exc}"}
+        return {"n": n, "steps": steps, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def against_bare(row: dict[str, Any], bare: dict[str, Any]) -> dict[str, float | None]:
@@ -406,7 +390,7 @@ def _child(cfg: dict[str, Any]) -> int:
     out = Path(cfg["out"])
     try:
         result = run_n(cfg["n"], cfg["steps"], cfg["latency_s"], Path(cfg["workdir"]),
-                       cfg["port"], cfg["timeout_s"], cfg.get("layout"))
+                       cfg["port"], cfg["timeout_s"])
     except Exception as exc:  # noqa: BLE001 - reported as this N's error
         result = {"n": cfg["n"], "steps": cfg["steps"], "error": f"{type(exc).__name__}: {exc}"}
     out.write_text(json.dumps(result, default=str))

@@ -241,28 +241,27 @@ def _comm(pid: int) -> str:
 
 
 def session_roles(admin_port: int, home: Path, session_id: str) -> dict[str, int]:
-    """Pid of each process serving one session: broker, session (hosted layout: one
-    process; split: supervisor, controller, proxy), sandbox server, shell..."""
+    """Pid of each process serving one session: its SessionSupervisor, Controller and
+    RuntimeProxy (from the pid files they publish), its sandbox server and shell, and the
+    shared ones (root supervisor, LLM broker, Thespian admin)."""
     from procs import children_map, listening_pid, parent, sandbox_server_of, session_actor
 
     server = sandbox_server_of(home, session_id)
     if server is None:
         return {}
     children = children_map()
-    proxy = session_actor(home, session_id, "runtime")
     supervisor = session_actor(home, session_id, "session")
     root = parent(supervisor) if supervisor else None
-    hosted = proxy is None  # the session's one process drives its sandbox itself
     roles = {
         "sandbox server": server,
-        "runtime proxy": proxy,
-        "session (hosted)" if hosted else "session supervisor": supervisor,
+        "runtime proxy": session_actor(home, session_id, "runtime"),
+        "controller": session_actor(home, session_id, "controller"),
+        "session supervisor": supervisor,
         "root supervisor": root,
     }
     shells = children.get(server, [])
-    controllers = [] if hosted else [c for c in children.get(supervisor, []) if c != proxy]
     brokers = [c for c in children.get(root, []) if _comm(c) == "trouper-llm"]
-    for role, found in (("bash", shells), ("controller", controllers), ("llm broker", brokers)):
+    for role, found in (("bash", shells), ("llm broker", brokers)):
         if found:
             roles[role] = found[0]
     roles["thespian admin"] = listening_pid(admin_port)

@@ -1,7 +1,6 @@
 """Where a trouper step's time goes: py-spy over every process of one K-step session.
 
-    .venv/bin/python bench/profile_step.py [--k 200] [--rate 250] [--layout split]
-        [--latency-ms 0]
+    .venv/bin/python bench/profile_step.py [--k 200] [--rate 250] [--latency-ms 0]
 
 Builds ``bench/.venv-tools`` (py-spy) on first use, runs one session of K ``echo`` steps,
 and samples the Thespian admin and every process below it (actors, sandbox server,
@@ -40,13 +39,12 @@ TOP = 15
 
 
 def record(py_spy: Path, k: int, rate: int, workdir: Path, raw_path: Path,
-           layout: str | None = None, latency_s: float = 0.0) -> tuple[dict, int]:
+           latency_s: float = 0.0) -> tuple[dict, int]:
     """Run the session under py-spy; pid -> (role, CPU seconds), and the steps sampled."""
     port = free_port()
     with (
         FakeLLMServer(echo_script(k), latency_s=latency_s) as server,
-        Trouper(home=workdir / "home", admin_port=port,
-                layout=layout) as t,  # type: ignore[arg-type]
+        Trouper(home=workdir / "home", admin_port=port) as t,
     ):
         session = t.start_session(
             TASK, llm=llm_config(server), workspace=workdir / "ws", max_iterations=k + 5
@@ -203,8 +201,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=200)
     parser.add_argument("--rate", type=int, default=250)
-    parser.add_argument("--layout", choices=("split", "hosted"),
-                        help="the session layout (default: the program's)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the model's latency")
     args = parser.parse_args()
     env = venvs.tools()
@@ -216,7 +212,7 @@ def main() -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     raw_path = RESULTS_DIR / f"profile-{stamp}.raw"
     with tempfile.TemporaryDirectory(prefix="trouper-profile-") as tmp:
-        roles, steps = record(py_spy, args.k, args.rate, Path(tmp), raw_path, args.layout,
+        roles, steps = record(py_spy, args.k, args.rate, Path(tmp), raw_path,
                               args.latency_ms / 1000)
     text = summarize(parse(raw_path), roles, args.rate, steps)
     out = RESULTS_DIR / f"profile-{stamp}.txt"

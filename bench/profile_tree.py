@@ -5,9 +5,8 @@
     .venv/bin/python bench/profile_tree.py start [--m 20]
     .venv/bin/python bench/profile_tree.py codec      # after hops: its sampled messages
 
-Every mode takes ``--layout split`` (the default) or ``hosted``, and instruments the
-trouper with ``tree_probe`` (see there: what each actor process imported, built and
-wrote after its fork, and every frame it sent and received):
+Every mode instruments the trouper with ``tree_probe`` (see there: what each actor
+process imported, built and wrote after its fork, and every frame it sent and received):
 
 - ``anatomy``: N sessions of ``steps`` echo steps at once, as the concurrency workload
   runs them; once all settled (their processes still up), each actor process's
@@ -66,7 +65,7 @@ ACTOR_ROLES = ("trouper-root", "trouper-llm", "trouper-session", "trouper-proxy"
 """The processes that run a trouper actor (the admin and its logger are Thespian's)."""
 
 
-def open_probed(layout: str, workdir: Path, count_hops: bool = True,
+def open_probed(workdir: Path, count_hops: bool = True,
                 profile_start: bool = False) -> tuple[Any, int, Path]:
     from trouper import Trouper
     from trouper.client.actor_system import free_port
@@ -74,7 +73,7 @@ def open_probed(layout: str, workdir: Path, count_hops: bool = True,
     probe_dir = workdir / "probe"
     tree_probe.install(probe_dir, count_hops=count_hops, profile_start=profile_start)
     port = free_port()
-    t = Trouper(home=workdir / "home", admin_port=port, layout=layout)  # type: ignore[arg-type]
+    t = Trouper(home=workdir / "home", admin_port=port)
     if not wait_until(lambda: t.home.actor_pid_path("broker").exists(), 120.0):
         raise TimeoutError("the LLM broker did not boot within 120 s")
     return t, port, probe_dir
@@ -130,11 +129,11 @@ def actor_pids(port: int, home: Path) -> dict[int, str]:
 
 # -- anatomy ----------------------------------------------------------------------------
 
-def anatomy(n: int, steps: int, latency_s: float, layout: str, workdir: Path) -> dict[str, Any]:
+def anatomy(n: int, steps: int, latency_s: float, workdir: Path) -> dict[str, Any]:
     from trouper.testing import FakeLLMServer
 
     with FakeLLMServer(echo_script(steps), latency_s=latency_s, keep_bodies=False) as server:
-        t, port, probe_dir = open_probed(layout, workdir)
+        t, port, probe_dir = open_probed(workdir)
         try:
             sessions = [t.start_session(TASK, llm=llm_config(server),
                                         workspace=workdir / f"ws-{i}", max_iterations=steps + 5)
@@ -149,7 +148,7 @@ def anatomy(n: int, steps: int, latency_s: float, layout: str, workdir: Path) ->
             kinds = _outside_kinds(every, reports)
         finally:
             t.close()
-    return {"mode": "anatomy", "layout": layout, "n": n, "steps": steps,
+    return {"mode": "anatomy", "n": n, "steps": steps,
             "latency_ms": latency_s * 1000, "steps_done": done_steps,
             "roles": _roles_summary(every, outside, reports, kinds),
             "hops_per_step": _pairs(reports, ports, None, max(1, done_steps))}
@@ -288,11 +287,11 @@ def _pairs(now: dict[int, Any], ports: dict[int, str], before: dict[int, Any] | 
 
 # -- hops -------------------------------------------------------------------------------
 
-def hops(k: int, layout: str, workdir: Path) -> dict[str, Any]:
+def hops(k: int, workdir: Path) -> dict[str, Any]:
     from trouper.testing import FakeLLMServer
 
     with FakeLLMServer(echo_script(k)) as server:
-        t, port, probe_dir = open_probed(layout, workdir)
+        t, port, probe_dir = open_probed(workdir)
         try:
             session = t.start_session(TASK, llm=llm_config(server), workspace=workdir / "ws",
                                       max_iterations=k + 5)
@@ -314,7 +313,7 @@ def hops(k: int, layout: str, workdir: Path) -> dict[str, Any]:
             session.wait(timeout=60)
         finally:
             t.close()
-    return {"mode": "hops", "layout": layout, "k": k, "steps": steps,
+    return {"mode": "hops", "k": k, "steps": steps,
             "cpu_ms_per_step": {role: round(s * 1000 / steps, 3) for role, s in cpu.items()},
             "hops_per_step": _pairs(after, ports, before, steps)}
 
@@ -379,12 +378,12 @@ def minflt(pid: int) -> int:
     return int(fields[7]) if fields else 0
 
 
-def start(m: int, layout: str, workdir: Path, profile: bool = False) -> dict[str, Any]:
+def start(m: int, workdir: Path, profile: bool = False) -> dict[str, Any]:
     from trouper.testing import FakeLLMServer
 
     # the model answers after 10 minutes: a start and its first request, no step
     with FakeLLMServer(echo_script(1), latency_s=600.0, keep_bodies=False) as server:
-        t, port, probe_dir = open_probed(layout, workdir, profile_start=profile)
+        t, port, probe_dir = open_probed(workdir, profile_start=profile)
         try:
             llm = llm_config(server)
             t.start_session(TASK, llm=llm, workspace=workdir / "ws-warm")
@@ -420,7 +419,7 @@ def start(m: int, layout: str, workdir: Path, profile: bool = False) -> dict[str
         for i, value in enumerate(report.get("forks") or [0, 0.0, 0.0]):
             forks[report["comm"]][i] += value - was[i]
     return {
-        "mode": "start", "layout": layout, "m": m,
+        "mode": "start", "m": m,
         "cpu_ms_per_start": {role: round(s * 1000 / m, 2) for role, s in cpu.items()},
         "cpu_ms_per_start_total": round(sum(cpu.values()) * 1000 / m, 2),
         "minor_faults_per_start": {role: round(f / m) for role, f in faults.items()},
@@ -535,7 +534,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("anatomy", "hops", "start", "codec", "show"))
     parser.add_argument("--file", type=Path, help="show: a result written before")
-    parser.add_argument("--layout", choices=("split", "hosted"), default="split")
     parser.add_argument("--n", type=int, default=100)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--latency-ms", type=float, default=50.0)
@@ -550,17 +548,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="trouper-tree-") as tmp:
         workdir = Path(tmp)
         if args.mode == "anatomy":
-            result = anatomy(args.n, args.steps, args.latency_ms / 1000, args.layout, workdir)
+            result = anatomy(args.n, args.steps, args.latency_ms / 1000, workdir)
         elif args.mode == "hops":
-            result = hops(args.k, args.layout, workdir)
+            result = hops(args.k, workdir)
         elif args.mode == "codec":
             result = codec()
         else:
-            result = start(args.m, args.layout, workdir, args.profile)
+            result = start(args.m, workdir, args.profile)
     result["load_average"] = os.getloadavg()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    out = RESULTS_DIR / f"tree-{args.mode}-{args.layout}-{stamp}.json"
+    out = RESULTS_DIR / f"tree-{args.mode}-{stamp}.json"
     out.write_text(json.dumps(result, indent=1, default=str))
     _print(result)
     print(f"written to {out}")

@@ -24,12 +24,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 CONTENDERS = ("bare", "bare-direct", "trouper", "openhands", "openhands-subprocess")
 
 
-def _contenders(r: dict[str, Any]) -> list[str]:
-    """The step workload's contenders in order: one trouper per layout when several."""
-    troupers = list(r.get("troupers") or {"trouper": None})
-    return ["bare", "bare-direct", *troupers, "openhands", "openhands-subprocess"]
-
-
 def step_lines(r: dict[str, Any]) -> list[str]:
     head = [
         "K",
@@ -42,11 +36,9 @@ def step_lines(r: dict[str, Any]) -> list[str]:
         "x trouper",
     ]
     rows = []
-    names = _contenders(r)
-    troupers = list(r.get("troupers") or {"trouper": None})
     for k, by in r["by_k"].items():
-        base = (by.get(troupers[0]) or {}).get("median_ms")
-        for name in names:
+        base = (by.get("trouper") or {}).get("median_ms")
+        for name in CONTENDERS:
             s = by.get(name)
             if not s or s.get("median_ms") is None:
                 continue
@@ -68,13 +60,12 @@ def step_lines(r: dict[str, Any]) -> list[str]:
     ]
     lines += _table(head, rows)
     for k, by in r["by_k"].items():
-        for name in troupers:
-            lines += _trouper_parts(f"{name} K={k}", by.get(name, {}))
+        lines += _trouper_parts(f"trouper K={k}", by.get("trouper", {}))
         ratios = ", ".join(f"{name} {fmt(value, 2)}" for name, value in by["ratios"].items()
                            if value is not None)
         lines.append(f"  K={k} ratios: {ratios}")
     for by in r["by_k"].values():
-        for name in names:
+        for name in CONTENDERS:
             for note in (by.get(name) or {}).get("notes", []):
                 lines.append(f"  note ({name}): {note}")
     return lines
@@ -140,7 +131,6 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
     ]
     head = [
         "N",
-        "layout",
         "finished",
         "steps/s",
         "after start",
@@ -158,13 +148,11 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
     rows = []
     for n in r["by_n"]:
         if "finished" not in n:
-            rows.append([str(n["n"]), n.get("layout") or "", n.get("error", "?")[:80]]
-                        + [""] * (len(head) - 3))
+            rows.append([str(n["n"]), n.get("error", "?")[:80]] + [""] * (len(head) - 2))
             continue
         rows.append(
             [
                 str(n["n"]),
-                n.get("layout") or "",
                 f"{n['finished']}/{n['n']}",
                 fmt(n["steps_per_s"]),
                 fmt(n["steps_per_s_after_start"]),
@@ -182,10 +170,10 @@ def concurrency_lines(r: dict[str, Any]) -> list[str]:
         )
     lines += _table(head, rows)
     lines += [f"  N={n['n']}: {n['error']}" for n in r["by_n"] if "error" in n and "finished" in n]
-    lines += [f"  N={n['n']} {n.get('layout') or ''}: WARNING: {n['leftover_sandboxes']} "
+    lines += [f"  N={n['n']}: WARNING: {n['leftover_sandboxes']} "
               "sandbox server(s) still up after Trouper.close() (ended by the bench)"
               for n in r["by_n"] if n.get("leftover_sandboxes")]
-    lines += [f"  N={n['n']} {n.get('layout') or ''}: others' work used "
+    lines += [f"  N={n['n']}: others' work used "
               f"{fmt(n.get('others_cores'), 2)} cores, the hypervisor stole "
               f"{fmt(n.get('steal_cores'), 2)}; restarts {n.get('restarts') or 'none'}"
               for n in r["by_n"] if "finished" in n]
@@ -203,7 +191,7 @@ def bare_fleet_lines(by_n: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  the bare loop, N={n['n']} at once: {bare['error']}")
             continue
         mine = "" if "finished" not in n else (
-            f" (trouper{' ' + n['layout'] if n.get('layout') else ''}: "
+            " (trouper: "
             f"{fmt(n['steps_per_s'])} steps/s = {fmt(n.get('steps_per_s_vs_bare'), 2)}x, "
             f"p50 {fmt(n['step_p50_ms'])} ms, "
             f"all started {fmt(n.get('first_request_all_s'), 2)} s = "
@@ -224,7 +212,7 @@ def role_lines(by_n: list[dict[str, Any]]) -> list[str]:
     if not runs:
         return []
     lines = ["  by role, per session (role's sum / N): CPU ms/step | private MB | PSS MB"]
-    head = ["role"] + [f"N={n['n']} {n.get('layout') or ''}".strip() for n in runs]
+    head = ["role"] + [f"N={n['n']}" for n in runs]
     names = role_order({role for n in runs for role in n["by_role"]})
     rows = []
     for role in names:
@@ -256,7 +244,7 @@ def process_lines(runs: list[dict[str, Any]]) -> list[str]:
     if not runs:
         return []
     lines = ["  one process of each role (median): private | shared | PSS MB"]
-    head = ["role"] + [f"N={n['n']} {n.get('layout') or ''}".strip() for n in runs]
+    head = ["role"] + [f"N={n['n']}" for n in runs]
     rows = []
     for role in role_order({role for n in runs for role in n["per_process"]}):
         cells = [role]
@@ -362,8 +350,7 @@ def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
     lines = [
-        f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}, "
-        f"{results.get('layout', 'split')} session layout",
+        f"trouper bench ({'quick' if results['quick'] else 'full'}), {results['started_at']}",
         f"machine: {m['cpu_count']} x {m['cpu_model']}, {m['mem_total_gib']} GiB, {m['os']}",
         "load average (1, 5, 15 min): "
         + "; ".join(

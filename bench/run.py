@@ -12,8 +12,10 @@ runtime next to the local one; skipped without an engine), ``idle`` (the CPU of 
 that wait for the user or have finished: bench/idle.py). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
 ``bench/results/bench-<time>.json`` and ``bench/results/latest.json``; their ``targets``
-are issue 14's goals with the run's values (bench/targets.py; bench/README.md says what
-each row means and how it is measured).
+are issue 14's goals with the run's values, and their ``tree_goals`` the goals of the
+session tree (a SessionSupervisor, its Controller and RuntimeProxy, per session) against
+the bare loop and the bare fleet (bench/targets.py; bench/README.md says what each row
+means and how it is measured).
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from targets import targets, tree_goals  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
              "daemon", "idle")
-LAYOUTS = ("split", "hosted")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -108,22 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="model latency for the step workload (default 0)",
     )
-    parser.add_argument(
-        "--layout",
-        help="the session layout every workload's Trouper opens with (default: the "
-        "TROUPER_SESSION_LAYOUT setting, else hosted); several, comma-separated (e.g. "
-        "split,hosted): the step and concurrency workloads run each side by side in the "
-        "same run (the other workloads the first), and the design tree's goals are "
-        "given for each",
-    )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
-    args.layouts = args.layout.split(",") if args.layout else []
-    if set(args.layouts) - set(LAYOUTS) or len(set(args.layouts)) != len(args.layouts):
-        parser.error(f"--layout: each of {', '.join(LAYOUTS)} at most once (got {args.layout})")
     return args
 
 
@@ -179,7 +169,6 @@ def run_workloads(
                 oh_python,
                 args.latency_ms / 1000,
                 openhands_subprocess=not args.quick,
-                layouts=args.layouts if len(args.layouts) > 1 else None,
             ),
         ),
         "start": (
@@ -195,7 +184,6 @@ def run_workloads(
                 workdir,
                 cfg["mem_floor_mb"],
                 args.bare_max_n,
-                layouts=args.layouts if len(args.layouts) > 1 else None,
             ),
         ),
         "idle": (
@@ -262,17 +250,12 @@ def write(results: dict[str, Any], out: Path | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = settings(args)
-    if args.layouts:  # every workload's Trouper (in this process or a child) reads it
-        os.environ["TROUPER_SESSION_LAYOUT"] = args.layouts[0]
-    layout = os.environ.get("TROUPER_SESSION_LAYOUT") or "hosted"
     if args.quick:  # a smoke run: its Python processes are forked, not started afresh
         fork_python_processes()
     results: dict[str, Any] = {
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "layout": layout,
-        "layouts": args.layouts or [layout],
         "settings": cfg,
         "machine": machine(),
         "load_average": {"start": os.getloadavg()},
@@ -286,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     results["openhands_env"] = _openhands_versions(oh, results["workloads"])
     results["install_s"] = args.install_s
     results["targets"] = targets(results["workloads"], args.install_s)
-    results["tree_goals"] = tree_goals(results["workloads"], results["layouts"])
+    results["tree_goals"] = tree_goals(results["workloads"])
     results["elapsed_s"] = time.monotonic() - began
     results["load_average"]["end"] = os.getloadavg()  # others' work on a shared machine
     path = write(results, args.out)

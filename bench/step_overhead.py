@@ -17,7 +17,6 @@ bench process (the fake LLM server) is reported apart and not in that figure.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,6 @@ from contenders import Run, run_bare, run_openhands, run_trouper
 
 from trouper import Trouper
 from trouper.client.actor_system import free_port
-
-
-def trouper_names(layouts: list[str] | None) -> dict[str, str | None]:
-    """Contender name -> the layout its ``Trouper`` opens with: ``trouper`` alone (the
-    program's default layout, or the one given), else ``trouper-<layout>`` for each."""
-    if not layouts or len(layouts) == 1:
-        return {"trouper": layouts[0] if layouts else None}
-    return {f"trouper-{layout}": layout for layout in layouts}
 
 
 def summarize(runs: list[Run]) -> dict[str, Any]:
@@ -95,25 +86,17 @@ def run(
     openhands_python: Path | None,
     latency_s: float = 0.0,
     openhands_subprocess: bool = True,
-    layouts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Every contender at every K, ``rounds`` times; summaries and ratios by K. With
-    several ``layouts``, one trouper contender per layout (each its own ``Trouper``),
-    alternating with the others like any contender."""
-    troupers = trouper_names(layouts)
-    results: dict[str, Any] = {"ks": ks, "rounds": rounds, "latency_s": latency_s, "by_k": {},
-                               "troupers": troupers}
-    with ExitStack() as stack:
+    """Every contender at every K, ``rounds`` times; summaries and ratios by K. The
+    trouper contender's sessions all run in one ``Trouper``, opened before the first."""
+    results: dict[str, Any] = {"ks": ks, "rounds": rounds, "latency_s": latency_s, "by_k": {}}
+    port = free_port()
+    with Trouper(home=workdir / "step-home", admin_port=port) as t:
         contenders: dict[str, Any] = {
             "bare": lambda k: run_bare(k, workdir, latency_s),
             "bare-direct": lambda k: run_bare(k, workdir, latency_s, route="direct"),
+            "trouper": lambda k: run_trouper(t, port, k, workdir, latency_s),
         }
-        for name, layout in troupers.items():
-            port = free_port()
-            t = stack.enter_context(Trouper(home=workdir / f"step-home-{name}",
-                                            admin_port=port, layout=layout))  # type: ignore[arg-type]
-            contenders[name] = (lambda k, t=t, port=port, name=name:
-                                _named(run_trouper(t, port, k, workdir, latency_s), name))
         if openhands_python is not None:
             contenders["openhands"] = lambda k: run_openhands(
                 openhands_python, k, workdir, latency_s
@@ -131,21 +114,13 @@ def run(
                     runs[name].append(contenders[name](k))
             summary = {name: summarize(rs) for name, rs in runs.items()}
             med = {name: s["median_ms"] for name, s in summary.items()}
-            first = next(iter(troupers))  # the OpenHands ratios: against the first layout
             summary["ratios"] = {
-                "openhands/trouper": ratio(med.get("openhands"), med.get(first)),
+                "trouper/bare": ratio(med.get("trouper"), med.get("bare")),
+                "trouper/bare-direct": ratio(med.get("trouper"), med.get("bare-direct")),
+                "openhands/trouper": ratio(med.get("openhands"), med.get("trouper")),
                 "openhands-subprocess/trouper": ratio(
-                    med.get("openhands-subprocess"), med.get(first)
+                    med.get("openhands-subprocess"), med.get("trouper")
                 ),
             }
-            for name in troupers:
-                summary["ratios"][f"{name}/bare"] = ratio(med.get(name), med.get("bare"))
-                summary["ratios"][f"{name}/bare-direct"] = ratio(med.get(name),
-                                                                 med.get("bare-direct"))
             results["by_k"][str(k)] = summary
     return results
-
-
-def _named(run: Run, name: str) -> Run:
-    run.contender = name
-    return run

@@ -44,6 +44,8 @@ def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
               if isinstance(w, dict) and w.get("error")}
     assert errors == {}
     assert figures["machine"]["cpu_count"] >= 1
+    goals = figures["tree_goals"]  # the session tree's goals, each row checked on its own
+    assert goals and all(set(row) == {"target", "value", "met"} for row in goals.values())
     if "concurrency" in only:  # the floor at N ran beside the sessions, and did the task
         bare = figures["workloads"]["concurrency"]["by_n"][0]["bare_loop"]
         assert bare["finished"] == bare["out_ok"] == bare["n"], bare
