@@ -65,7 +65,8 @@ def test_runtime_proxy_killed_mid_command_keeps_its_real_outcome(trouper, script
     ])
     session = trouper.start_session("t", llm=llm, workspace=tmp_path)
     started(tmp_path)
-    kill_actor(session, "runtime")
+    controller = actor_pid(session, "controller")
+    killed = kill_actor(session, "runtime")  # the RuntimeProxy's own process
     assert session.wait(timeout=60) == AgentState.FINISHED
     assert (tmp_path / "ledger.txt").read_text() == "one\n"
     first = outcomes(session)[0]
@@ -73,6 +74,12 @@ def test_runtime_proxy_killed_mid_command_keeps_its_real_outcome(trouper, script
     seen = states(session)
     assert AgentState.ERROR in seen and seen[seen.index(AgentState.ERROR) + 1] == (
         AgentState.RUNNING)
+    error = next(e for e in session.events()
+                 if isinstance(e, StateChanged) and e.state == AgentState.ERROR)
+    assert "exited" in error.reason, error.reason  # the cause, from its SessionSupervisor
+    # restarted by its supervisor; the Controller was never touched
+    assert actor_pid(session, "runtime") not in (None, killed)
+    assert actor_pid(session, "controller") == controller
     phases = [e.phase for e in session.events() if isinstance(e, RuntimeEvent)]
     assert phases[:3] == ["started", "failed", "attached"]
     assert check_log(list(session.events())) == []
