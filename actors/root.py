@@ -45,7 +45,7 @@ from ..messages.tree import (
     BrokerMoved,
     BrokerSlow,
     CloseFor,
-    CommandAnswered,
+    DowntimeUnrecorded,
     Relay,
     Shutdown,
     ShutdownDone,
@@ -54,9 +54,8 @@ from ..messages.tree import (
 )
 from ..supervisor import ChildSpec, give_up_text
 from .base import Timer
-from .in_flight import CommandsInFlight
 from .lazy_broker import LazyBroker
-from .root_sessions import BROKER, RootSessions, session_role
+from .root_sessions import BROKER, RootSessions
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +88,9 @@ class RootSupervisor(RootSessions):
         self.unrecorded: set[str] = set()
         """Those of ``faults`` that are a downtime no process could record."""
         self.closers: dict[str, ActorAddress] = {}
-        """Role -> the one-shot proxy closing that session's sandbox while the tree closes."""
+        """Session -> the one-shot proxy closing its sandbox while the tree closes."""
+        self.working: set[str] = set()
+        """Sessions whose Controller said they work (their supervisor is probed)."""
 
     def on_boot_root(self, msg: BootRoot, sender: ActorAddress) -> None:
         self.home, self.policy = msg.home, msg.policy
@@ -113,10 +114,9 @@ class RootSupervisor(RootSessions):
         self.forward(Relay(msg=msg, reply_to=sender))
 
     def _start_session(self, start: StartSession, reply_to: ActorAddress | None) -> None:
-        role = session_role(start.session_id)
         kept = self.kept.get(start.session_id)
-        if kept is not None or self.child(role) is not None:
-            if kept is not None and kept.standing_down:
+        if kept is not None:
+            if kept.standing_down:
                 kept.restore_asked = True  # started again once it is gone
             if reply_to is not None:  # running (or restarting) already
                 self.send(reply_to, Accepted(request_id=start.request_id,
@@ -133,25 +133,17 @@ class RootSupervisor(RootSessions):
         self._recorded_again(start.session_id)
         self.start_kept(start)
 
-    def on_command_answered(self, msg: CommandAnswered, sender: ActorAddress) -> None:
-        self.kept_answered(msg, sender)
-
-    def _from_session(self, session_id: str, sender: ActorAddress, msg: object) -> bool:
-        """Whether ``sender`` is the live supervisor of ``session_id``; else drop ``msg``."""
-        if sender is not None and sender == self.child(session_role(session_id)):
-            return True
-        self.drop(msg, f"not from session {session_id}'s live supervisor")
-        return False
-
     def on_superseded(self, msg: Superseded, sender: ActorAddress) -> None:
-        if not self._from_session(msg.session_id, sender, msg):
+        """Its supervisor let the session's children go (another Trouper owns its log, or
+        the session is down for good): the next command restores it."""
+        if self.from_session(msg.session_id, sender, msg) is None:
             return
         self.faults.pop(msg.session_id, None)
-        self.kept.pop(msg.session_id, None)
-        self.stop_child(session_role(msg.session_id))
+        self.forget(msg.session_id)
+        self._work_of(msg.session_id, False)
 
     def on_store_fault(self, msg: StoreFault, sender: ActorAddress) -> None:
-        if not self._from_session(msg.session_id, sender, msg):
+        if self.from_session(msg.session_id, sender, msg) is None:
             return  # else a stopped session's late word would stay a fault for ever
         if msg.cause is None:
             self.faults.pop(msg.session_id, None)
@@ -159,11 +151,26 @@ class RootSupervisor(RootSessions):
             self.faults[msg.session_id] = msg
 
     def on_working(self, msg: Working, sender: ActorAddress) -> None:
-        if self._from_session(msg.session_id, sender, msg):
-            self.mark_working(session_role(msg.session_id), msg.working)
+        kept = self.from_session(msg.session_id, sender, msg)
+        if kept is not None:
+            self._recorded_again(msg.session_id)  # its Controller is up: the log speaks
+            self._work_of(msg.session_id, msg.working, kept.group)
+
+    def on_downtime_unrecorded(self, msg: DowntimeUnrecorded, sender: ActorAddress) -> None:
+        if self.from_session(msg.session_id, sender, msg) is not None:
+            self.downtime_unrecorded(msg.session_id, msg.reason)
+
+    def _work_of(self, session_id: str, working: bool, group: str | None = None) -> None:
+        """A supervisor is probed while any session of its group works."""
+        if working:
+            self.working.add(session_id)
+        else:
+            self.working.discard(session_id)
+        if group is not None:
+            self.mark_working(group, any(s in self.working for s in self.groups.get(group, ())))
 
     def on_broker_slow(self, msg: BrokerSlow, sender: ActorAddress) -> None:
-        if self._from_session(msg.session_id, sender, msg):
+        if self.from_session(msg.session_id, sender, msg) is not None:
             self.probe(BROKER, f"session {msg.session_id}'s model call waited "
                                f"{msg.waited_s:g} s for it")
 
@@ -190,10 +197,9 @@ class RootSupervisor(RootSessions):
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
-        kept = self.kept_of(role)
-        if kept is not None:
+        for kept in self.kept_in(role):
             self._recorded_again(kept.start.session_id)
-            self.kept_restarted(kept, address)
+        self.group_restarted(role, address)
         if role != BROKER:
             return
         for other in list(self._children):
@@ -201,18 +207,11 @@ class RootSupervisor(RootSessions):
             if other != BROKER and session is not None:
                 self.send(session, BrokerMoved(broker=address))
 
-    def commands_of(self, role: str) -> CommandsInFlight | None:
-        kept = self.kept_of(role)
-        return kept.in_flight if kept is not None else None
-
     def on_child_down(self, role: str, reason: str) -> None:
-        kept = self.kept_of(role)
-        if kept is not None:
-            self.refuse_spent(kept, reason)
+        self.refuse_spent(role, reason)
 
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:
-        kept = self.kept_of(role)
-        if kept is not None:
+        for kept in self.kept_in(role):
             self.refuse_all(kept, reason)
             # no supervisor, so no Controller to write the log: the root tells the
             # session's clients instead, until it starts again
@@ -234,8 +233,7 @@ class RootSupervisor(RootSessions):
             under_way.reply_to.append(sender)
             return
         sessions = {r for r in self._children if r != BROKER and self.child(r) is not None}
-        held = sorted(set(self.kept) | {r.removeprefix("session:") for r in self._children
-                                        if r.startswith("session:")})
+        held = sorted(self.kept)
         # a session whose supervisor is down has nobody to stop its sandbox: a closer does
         closers = self._start_closers(msg) if msg.stop_sandboxes else set()
         if not sessions and not closers:
@@ -250,8 +248,8 @@ class RootSupervisor(RootSessions):
         """A one-shot RuntimeProxy for each session whose supervisor is down (restarting,
         in a cooldown), to stop its sandbox; the roles a shutdown waits for to be closed."""
         for kept in self.kept.values():
-            role = session_role(kept.start.session_id)
-            if self.child(role) is None and role not in self.closers:
+            role = kept.start.session_id
+            if self.child(kept.group) is None and role not in self.closers:
                 self.closers[role] = self.start_helper(
                     self.session_class.runtime_class,
                     CloseFor(start=kept.start, request_id=shutdown.request_id))

@@ -1,28 +1,30 @@
-"""What a SessionSupervisor does to close its session's sandbox.
+"""What a SessionSupervisor does to close the sandboxes of its sessions.
 
-Three things close it: the session stopping (``EndSandbox`` from the Controller,
-answered ``SandboxClosed`` once the sandbox is ended), the tree shutting down
-(``Shutdown``, answered ``ShutdownDone``) and a settled session standing down
-(``SteppedDown`` to the root once closed, ``actors/root_sessions.py``). One close runs
-at a time and answers every request waiting for it. The live RuntimeProxy does it; when
-none is live (restarting after a crash, given up on past the restart intensity, killed
-during the close) a one-shot proxy does (``CloseFor``): before, a shutdown that found
-the proxy down was answered at once and the sandbox left (a container killed under a
-busy run stayed ``Exited`` after the program's close), and a restart timer firing after
-the shutdown started a fresh one.
+Three things close a session's sandbox: the session stopping (``EndSandbox`` from its
+Controller, answered ``SandboxClosed`` once the sandbox is ended), the tree shutting down
+(``Shutdown``, answered ``ShutdownDone`` once every session's sandbox is closed) and a
+settled session standing down (``actors/root_sessions.py``: its children go once it is
+closed, and the root hears ``SteppedDown``). One close runs at a time per session and
+answers every request waiting for it. The session's live RuntimeProxy does it; when none
+is live (restarting after a crash, given up on past the restart intensity, killed during
+the close) a one-shot proxy does (``CloseFor``): before, a shutdown that found the proxy
+down was answered at once and the sandbox left (a container killed under a busy run
+stayed ``Exited`` after the program's close), and a restart timer firing after the
+shutdown started a fresh one.
 
-Once the sandbox is ended no proxy starts until the Controller asks (``RestartRuntime``,
-the session going on), and after a shutdown none starts at all.
+Once a sandbox is ended no proxy starts until the Controller asks (``RestartRuntime``, the
+session going on), and after a shutdown none starts at all.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from thespian.actors import ActorAddress
 
-from ..messages.protocol import CloseSandbox, SandboxClosed, StartSession
+from ..messages.protocol import CloseSandbox, SandboxClosed
 from ..messages.tree import (
     CloseFor,
     EndSandbox,
@@ -32,115 +34,147 @@ from ..messages.tree import (
     SteppedDown,
 )
 from ..supervisor import Supervisor
+from .watched import CONTROLLER, RUNTIME, Watched, child_role, split_role
 
 logger = logging.getLogger(__name__)
 
-RUNTIME, CONTROLLER = "runtime", "controller"
 END = "end"
 """The request id of the close an end makes."""
 STAND_DOWN = "stand-down"
 """The request id of the close a settled session's stand-down makes."""
 
 
+@dataclass
+class _GroupClose:
+    """One shutdown under way: who asked, whose sandboxes it waits for, which closed."""
+
+    request_id: str
+    reply_to: ActorAddress
+    waiting: set[str]
+    closed: list[str] = field(default_factory=list)
+
+
 class SandboxClosing(Supervisor):
-    """The sandbox closes of a session (mixed into ``SessionSupervisor``)."""
+    """The sandbox closes of a group of sessions (mixed into ``SessionSupervisor``)."""
 
     runtime_class: type
-    start: StartSession | None
-    session_id: str
+    sessions: dict[str, Watched]
     broker: ActorAddress | None
 
     def __init__(self) -> None:
         super().__init__()
-        self.closing: list[tuple[Shutdown, ActorAddress]] = []
-        """Shutdowns waiting for the sandbox to close; each is answered once."""
-        self.end_waits = False
-        """The Controller waits for the sandbox's end (``SandboxClosed``)."""
-        self.ended = False
-        """The sandbox was ended: no proxy starts until the Controller asks again."""
+        self.shutdowns: list[_GroupClose] = []
+        """Shutdowns waiting for sandboxes to close; each is answered once."""
         self.shut = False
         """A shutdown came: nothing starts again."""
-        self.close_under_way = False
-        self.closer: ActorAddress | None = None
-        """A one-shot proxy closing the sandbox while the session's proxy is down."""
-        self.standing_down = False
-        """The session stands down: once the sandbox is closed, the root stops it."""
 
     def may_restart(self, role: str) -> bool:
-        return not self.shut and not (role == RUNTIME and self.ended)
+        kind, session_id = split_role(role)
+        watched = self.sessions.get(session_id)
+        return (watched is not None and not self.shut
+                and not (kind == RUNTIME and watched.ended))
 
-    def _to_controller(self, msg: Any) -> None:
-        controller = self.child(CONTROLLER)
+    def child_session(self, sender: ActorAddress, kind: str, msg: Any) -> Watched | None:
+        """The session whose live child in ``kind`` (``runtime``, ``controller``) is
+        ``sender``; if none, ``msg`` is dropped."""
+        if sender is not None:
+            for watched in self.sessions.values():
+                if sender == self.child(child_role(kind, watched.session_id)):
+                    return watched
+        self.drop(msg, f"not from a current {kind} of its sessions (a replaced one's late "
+                       "word, or junk)")
+        return None
+
+    def to_controller(self, watched: Watched, msg: Any) -> None:
+        controller = self.child(watched.controller)
         if controller is not None:
             self.send(controller, msg)
 
     def on_end_sandbox(self, msg: EndSandbox, sender: ActorAddress) -> None:
-        if sender is None or sender != self.child(CONTROLLER):
-            self.drop(msg, "not from its current controller")
+        watched = self.child_session(sender, CONTROLLER, msg)
+        if watched is None:
             return
-        logger.info("session %s: ending its sandbox (%s)", self.session_id, msg.reason)
-        self.ended, self.end_waits = True, True
-        self.runtime_ended()
-        self._close_sandbox(END)
-
-    def runtime_ended(self) -> None:
-        """The sandbox is being ended: it is not ready for anyone now."""
+        logger.info("session %s: ending its sandbox (%s)", watched.session_id, msg.reason)
+        watched.ended, watched.end_waits = True, True
+        watched.ready = None  # it is not ready for anyone now
+        self.close_sandbox(watched, END)
 
     def on_shutdown(self, msg: Shutdown, sender: ActorAddress) -> None:
-        self.shut = self.start is not None  # (one not booted yet has nothing to close)
-        if not msg.stop_sandboxes or self.start is None:
+        self.shut = bool(self.sessions)  # (one watching none has nothing to close)
+        if not msg.stop_sandboxes or not self.sessions:
             self.send(sender, ShutdownDone(request_id=msg.request_id))
             return
-        self.closing.append((msg, sender))
-        self._close_sandbox(msg.request_id)
+        self.shutdowns.append(_GroupClose(msg.request_id, sender, set(self.sessions)))
+        for watched in list(self.sessions.values()):
+            self.close_sandbox(watched, msg.request_id)
 
-    def _close_sandbox(self, request_id: str) -> None:
+    def close_sandbox(self, watched: Watched, request_id: str) -> None:
         """Close the sandbox: through the live proxy, or a one-shot one when it is down;
         a close under way answers whoever waits when it is done."""
-        if self.close_under_way:
+        if watched.close_under_way is not None:
             return
-        self.close_under_way = True
-        runtime = self.child(RUNTIME)
+        watched.close_under_way = request_id
+        runtime = self.child(watched.runtime)
         if runtime is not None:
             self.send(runtime, CloseSandbox(request_id=request_id))
             return
-        assert self.start is not None
-        self.closer = self.start_helper(self.runtime_class,
-                                        CloseFor(start=self.start, request_id=request_id))
+        watched.closer = self.start_helper(
+            self.runtime_class, CloseFor(start=watched.start, request_id=request_id))
 
     def on_sandbox_closed(self, msg: SandboxClosed, sender: ActorAddress) -> None:
-        if not self.close_under_way or sender is None \
-                or sender not in (self.child(RUNTIME), self.closer):
-            self.drop(msg, "no close under way waits for it from there")
-            return
-        self._closed([msg.session_id] if msg.session_id else [])  # "": none was running
+        for watched in self.sessions.values():
+            if watched.close_under_way is not None and sender is not None \
+                    and sender in (self.child(watched.runtime), watched.closer):
+                self._closed(watched, [msg.session_id] if msg.session_id else [])
+                return
+        self.drop(msg, "no close under way waits for it from there")
 
-    def _closed(self, sessions: list[str]) -> None:
-        self.close_under_way, self.closer = False, None
-        if self.end_waits:
-            self.end_waits = False
-            self._to_controller(SandboxClosed(request_id=END, session_id=self.session_id))
-        closing, self.closing = self.closing, []
-        for request, reply_to in closing:
-            self.send(reply_to, ShutdownDone(request_id=request.request_id, sessions=sessions))
-        if self.standing_down:
-            self.standing_down = False
+    def _closed(self, watched: Watched, sessions: list[str]) -> None:
+        watched.close_under_way, watched.closer = None, None
+        if watched.end_waits:
+            watched.end_waits = False
+            self.to_controller(watched, SandboxClosed(request_id=END,
+                                                      session_id=watched.session_id))
+        self._shutdown_step(watched.session_id, sessions)
+        if watched.standing_down:
+            watched.standing_down = False
             if self.broker is not None:  # its history, kept for the next request
-                self.send(self.broker, ForgetHistory(session_id=self.session_id))
-            self.send(self._parent_address, SteppedDown(session_id=self.session_id))
+                self.send(self.broker, ForgetHistory(session_id=watched.session_id))
+            self.forget_session(watched)
+            self.send(self._parent_address, SteppedDown(session_id=watched.session_id))
+
+    def _shutdown_step(self, session_id: str, closed: list[str]) -> None:
+        """``session_id`` is done with (its sandbox closed, or it went): answer each
+        shutdown that waited for nothing else."""
+        for shutdown in list(self.shutdowns):
+            if session_id in shutdown.waiting:
+                shutdown.waiting.discard(session_id)
+                shutdown.closed.extend(closed)
+                if not shutdown.waiting:
+                    self.shutdowns.remove(shutdown)
+                    self.send(shutdown.reply_to, ShutdownDone(
+                        request_id=shutdown.request_id, sessions=shutdown.closed))
+
+    def forget_session(self, watched: Watched) -> None:
+        """The session leaves the group: its children go (its sandbox stays as it is)."""
+        self.stop_child(watched.controller)
+        self.stop_child(watched.runtime)
+        self.sessions.pop(watched.session_id, None)
+        self._shutdown_step(watched.session_id, [])
 
     def closer_exited(self, address: ActorAddress) -> bool:
-        """Whether ``address`` was the one-shot closer; one that died before it answered
-        is answered for (nobody must wait for it for ever)."""
-        if self.closer is None or address != self.closer:
-            return False
-        logger.error("session %s: the proxy closing the sandbox exited before it answered",
-                     self.session_id)
-        self._closed([])
-        return True
+        """Whether ``address`` was a one-shot closer; one that died before it answered is
+        answered for (nobody must wait for it for ever)."""
+        for watched in self.sessions.values():
+            if watched.closer is not None and address == watched.closer:
+                logger.error("session %s: the proxy closing the sandbox exited before it "
+                             "answered", watched.session_id)
+                self._closed(watched, [])
+                return True
+        return False
 
-    def runtime_lost(self) -> None:
+    def runtime_lost(self, watched: Watched) -> None:
         """The live proxy died: a close it had under way is done by a one-shot one."""
-        if self.close_under_way and self.closer is None:
-            self.close_under_way = False
-            self._close_sandbox(END)
+        if watched.close_under_way is not None and watched.closer is None:
+            request_id, watched.close_under_way = watched.close_under_way, None
+            self.close_sandbox(watched, request_id)

@@ -107,6 +107,13 @@ class Settings(BaseModel):
     command restores it from its log (``docs/operations.md``). A sweep that runs many
     sessions in one program then holds only the live ones."""
 
+    sessions_per_supervisor: int = Field(default=16, ge=1, le=1024)
+    """How many sessions one SessionSupervisor watches (each session's Controller and
+    RuntimeProxy stay actors and processes of their own, restarted one for one): a
+    supervisor process costs about 6 MB, so one a session would be a fifth of a session's
+    memory; a group shares it (``docs/architecture.md``, "Why a session is three
+    processes"). 1 gives every session a supervisor of its own."""
+
     llm_route: Literal["direct", "litellm"] = "direct"
     """How the broker calls an OpenAI-compatible endpoint named by ``base_url``:
     ``direct``, through litellm's provider code without its dispatcher (``llm/direct.py``:

@@ -64,13 +64,21 @@ class BootBroker(Frozen):
     home: str
 
 
-class BootSession(Frozen):
-    """Root -> SessionSupervisor: start (or restore) one session."""
+class BootGroup(Frozen):
+    """Root -> SessionSupervisor: watch the sessions the root hands it (``WatchSession``),
+    each under ``policy``, their Controllers asking ``broker``."""
 
-    kind: Literal["boot_session"] = "boot_session"
-    start: StartSession
+    kind: Literal["boot_group"] = "boot_group"
     broker: Address
     policy: RestartPolicy
+
+
+class WatchSession(Frozen):
+    """Root -> SessionSupervisor: start (or restore) one session of its group, its
+    RuntimeProxy and its Controller; the Controller's boot answers ``reply_to``."""
+
+    kind: Literal["watch_session"] = "watch_session"
+    start: StartSession
     reply_to: Address | None = None
 
 
@@ -203,6 +211,16 @@ class DowntimeRecorded(Frozen):
     kind: Literal["downtime_recorded"] = "downtime_recorded"
     session_id: str
     error: str = ""
+
+
+class DowntimeUnrecorded(Frozen):
+    """SessionSupervisor -> root: the session's agent loop is down and no stand-in could
+    write that in its log (its process could not be made): the root tells the session's
+    clients instead (``Session.fault``), until its Controller is up again."""
+
+    kind: Literal["downtime_unrecorded"] = "downtime_unrecorded"
+    session_id: str
+    reason: str
 
 
 class BootRuntime(Frozen):

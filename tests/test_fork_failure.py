@@ -17,7 +17,7 @@ import pytest
 
 from trouper import AgentState, Trouper
 from trouper.config.models import RestartPolicy
-from trouper.testing import wait_until
+from trouper.testing import actor_pid, wait_until
 from trouper.testing.cgroups import new_cgroup
 
 pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
@@ -60,15 +60,23 @@ def pids_group() -> Iterator[Path]:
         group.rmdir()
 
 
+@pytest.mark.parametrize("per_supervisor", ["1", "16"], ids=["new-supervisor", "in-a-group"])
 def test_a_session_that_cannot_fork_is_an_error_with_its_cause_then_starts(
-    tmp_path: Path, scripted, pids_group: Path
+    tmp_path: Path, scripted, pids_group: Path, per_supervisor: str, monkeypatch
 ) -> None:
+    """With one session a supervisor, the root cannot make the new session's
+    SessionSupervisor; in a group, the first session's supervisor cannot make the new
+    session's Controller and RuntimeProxy (nor a stand-in to write the downtime)."""
+    monkeypatch.setenv("TROUPER_SESSIONS_PER_SUPERVISOR", per_supervisor)
     _, llm = scripted(STEPS * 2)
     with Trouper(home=tmp_path / "home", policy=QUICK) as t:
         first = t.start_session("warm up", llm=llm, workspace=tmp_path / "first")
         assert first.wait(timeout=60) == AgentState.FINISHED
         root = int(t.home.actor_pid_path("root").read_text().split()[0])
-        (pids_group / "cgroup.procs").write_text(str(root))
+        supervisor = actor_pid(first, "session")
+        assert supervisor is not None
+        for pid in (root, supervisor):  # neither can make a process now
+            (pids_group / "cgroup.procs").write_text(str(pid))
         tasks = len((pids_group / "tasks").read_text().split())
         (pids_group / "pids.max").write_text(str(tasks))  # no new process, no new thread
 

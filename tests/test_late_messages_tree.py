@@ -60,9 +60,9 @@ from trouper.messages.tree import (
     BootBroker,
     BootController,
     BootedUp,
+    BootGroup,
     BootRoot,
     BootRuntime,
-    BootSession,
     BrokerMoved,
     BrokerSlow,
     CloseFor,
@@ -78,6 +78,7 @@ from trouper.messages.tree import (
     StandingDown,
     SteppedDown,
     Superseded,
+    WatchSession,
     Working,
 )
 from trouper.store import open_store, store_url
@@ -229,8 +230,8 @@ class Tree:
         self.asys.tell(via or self.stranger, Deliver(self.session, msgs))
 
     def boot(self) -> None:
-        self.tell(BootSession(start=self.start, broker=self.broker, policy=self.policy,
-                              reply_to=self.client), via=self.parent)
+        self.tell(BootGroup(broker=self.broker, policy=self.policy),
+                  WatchSession(start=self.start, reply_to=self.client), via=self.parent)
 
     def command(self, command: str, session_id: str | None = None) -> Any:
         cmd = UserCommand(request_id=uuid.uuid4().hex, session_id=session_id or self.sid,
@@ -300,7 +301,8 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
     assert tree.view().state == AgentState.RUNNING and len(tree.got(Complete)) == 1
     assert drops() == []
     late = [
-        BootSession(start=tree.start, broker=tree.stranger, policy=tree.policy),
+        BootGroup(broker=tree.stranger, policy=tree.policy),
+        WatchSession(start=tree.start),  # not from its parent
         RuntimeReady(session_id=sid, epoch=9, attached=True),
         RuntimeFailed(session_id=sid, epoch=1, cause="exited", detail="a stale proxy"),
         RestartRuntime(reason="not from the controller"),
@@ -316,9 +318,10 @@ def test_session_supervisor_drops_strangers_duplicates_and_junk(system, drops, t
         *_junk(sid),
     ]
     tree.tell(*late)
-    tree.tell(BootSession(start=tree.start, broker=tree.stranger, policy=tree.policy),
-              via=tree.parent)  # a second boot, even from its parent
-    _one_line_each(drops(), [*late, late[0]])
+    again = [BootGroup(broker=tree.stranger, policy=tree.policy),  # a second boot, and
+             WatchSession(start=tree.start)]  # a session it has: even from its parent
+    tree.tell(*again, via=tree.parent)
+    _one_line_each(drops(), [*late, *again])
     view = tree.view()
     assert view.state == AgentState.RUNNING and view.actions == 0
     assert _runtime_boots() == 1 and not [m for m in FakeRuntime.seen if isinstance(m, Execute)]
@@ -608,12 +611,12 @@ class DeadSession(FakeSession):
 
     boots: ClassVar[int] = 0
 
-    def on_boot_session(self, msg: BootSession, sender: Any) -> None:
+    def on_boot_group(self, msg: BootGroup, sender: Any) -> None:
         DeadSession.boots += 1
         if DeadSession.boots <= DeadSession.dying:
             self.send(self.myAddress, ActorExitRequest())
             return
-        super().on_boot_session(msg, sender)
+        super().on_boot_group(msg, sender)
 
     dying: ClassVar[int] = 0
 
