@@ -104,8 +104,8 @@ class SessionSupervisor(SandboxClosing):
                                   runtime=self.child(watched.runtime), reply_to=reply_to)
 
         self.supervise(ChildSpec(watched.controller, self.controller_class, boot_controller))
-        logger.info("session %s: watched (%d in this supervisor)", start.session_id,
-                    len(self.sessions))
+        logger.debug("session %s: watched (%d in this supervisor)", start.session_id,
+                     len(self.sessions))  # (not info: a log record is a frame to the logger)
 
     # -- runtime lifecycle ------------------------------------------------------------
 
