@@ -1,4 +1,5 @@
-"""What a SessionSupervisor does to close the sandboxes of its sessions.
+"""What a SessionSupervisor does to close the sandboxes of its sessions, and to let a
+settled session stand down.
 
 Three things close a session's sandbox: the session stopping (``EndSandbox`` from its
 Controller, answered ``SandboxClosed`` once the sandbox is ended), the tree shutting down
@@ -31,6 +32,8 @@ from ..messages.tree import (
     ForgetHistory,
     Shutdown,
     ShutdownDone,
+    StandDown,
+    StandingDown,
     SteppedDown,
 )
 from ..supervisor import Supervisor
@@ -55,7 +58,8 @@ class _GroupClose:
 
 
 class SandboxClosing(Supervisor):
-    """The sandbox closes of a group of sessions (mixed into ``SessionSupervisor``)."""
+    """The sandbox closes of a group of sessions, and their stand-downs (mixed into
+    ``SessionSupervisor``)."""
 
     runtime_class: type
     sessions: dict[str, Watched]
@@ -178,3 +182,57 @@ class SandboxClosing(Supervisor):
         if watched.close_under_way is not None and watched.closer is None:
             request_id, watched.close_under_way = watched.close_under_way, None
             self.close_sandbox(watched, request_id)
+
+    # -- a settled session stands down (``actors/root_sessions.py``) --------------------
+
+    def on_standing_down(self, msg: StandingDown, sender: ActorAddress) -> None:
+        """A Controller has been settled for ``settled_stand_down_s``: ask the root,
+        unless a command is on its way to it or anything else is under way here."""
+        watched = self.child_session(sender, CONTROLLER, msg)
+        if watched is None:
+            return
+        quiet = (watched.handed == msg.relays and not watched.held and not watched.woken
+                 and watched.recording is None and not watched.in_flight.relays
+                 and watched.close_under_way is None
+                 and not (self.shut or watched.standing_down))
+        if not quiet:
+            self.send(sender, StandDown(session_id=watched.session_id, go=False))
+            return
+        watched.standing_down = True
+        self.send(self._parent_address, StandingDown(session_id=watched.session_id,
+                                                     relays=watched.relays_seen))
+
+    def on_stand_down(self, msg: StandDown, sender: ActorAddress) -> None:
+        if not self.from_parent(msg, sender, "who supervises the session"):
+            return
+        watched = self.sessions.get(msg.session_id)
+        if watched is None or not watched.standing_down:
+            self.drop(msg, "that session asked for no stand-down")
+            return
+        if not msg.go:
+            watched.standing_down = False
+        controller = self.child(watched.controller)
+        if controller is not None:
+            self.send(controller, msg)  # go: the Controller looks once more
+        elif msg.go:
+            self.stay(watched)
+
+    def on_stepped_down(self, msg: SteppedDown, sender: ActorAddress) -> None:
+        watched = self.child_session(sender, CONTROLLER, msg)
+        if watched is None:
+            return
+        if not watched.standing_down:
+            self.drop(msg, "no stand-down of that session is under way")
+        elif msg.stayed:
+            self.stay(watched)
+        else:
+            logger.info("session %s: settled: closing its sandbox and standing down (the "
+                        "next command restores it)", watched.session_id)
+            self.close_sandbox(watched, STAND_DOWN)
+
+    def stay(self, watched: Watched) -> None:
+        """A stand-down the root said go to is off: the commands it holds come here."""
+        if watched.standing_down:
+            watched.standing_down = False
+            self.send(self._parent_address, SteppedDown(session_id=watched.session_id,
+                                                        stayed=True))
