@@ -1,10 +1,14 @@
-"""The session's loop: what to do next, and an action from intent to outcome.
+"""The session's loop: one step, from the model's reply to the next question.
 
-``_advance`` takes the next step when the session is RUNNING and nothing is outstanding:
-the first action without an outcome, else a limit, else a question to the model. An
-action's intent is durable before it runs (I2 in docs/promises.md), its outcome recorded
-once (I1), and an
-action that may have run on a lost sandbox is asked of the journal, never run again.
+A step's two inputs are handled here: ``_on_completed`` records the model's reply (its
+tool calls as intents) and ``_on_executed`` an action's outcome; each then calls
+``_advance``, which takes the next step when the session is RUNNING and nothing is
+outstanding: the first action without an outcome, else a limit, else a question to the
+model. An action's intent is durable before it runs (I2 in docs/promises.md), its
+outcome recorded once (I1), and an action that may have run on a lost sandbox is asked
+of the journal, never run again. Every other input (the runtime's lifecycle, the
+journal's answers, a failed model call, timers, the user's commands) is
+``core.session``'s, which is also the one entry point (``SessionCore.handle``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from ..messages.actions import CloneRepository, Finish, RunCommand, Think
 from ..messages.events import (
     ActionEvent,
     AgentState,
+    LLMCompleted,
+    MessageEvent,
     ObservationEvent,
 )
 from ..messages.outcomes import Outcome
 from ..messages.protocol import (
     Complete,
+    Completed,
     Execute,
+    Executed,
     ToolCall,
 )
 from .effects import (
@@ -47,6 +55,44 @@ LOST_CONTENT = ("This action's result is unknown: the sandbox that ran it was lo
 
 class SessionLoop(SessionMachine):
     """The step rules of a session (see the module doc)."""
+
+    # -- the step's two inputs: the model's reply, an action's outcome -------------------
+
+    def _ours(self, request_id: str) -> bool:
+        return self.llm_request is not None and request_id == self.llm_request.request_id
+
+    def _on_completed(self, msg: Completed) -> None:
+        if not self._ours(msg.request_id):
+            return  # the answer to a cancelled or superseded request
+        self.llm_request = None
+        if self.view.state != AgentState.RUNNING:
+            # actions recorded now could not run and would wait without an outcome (I5);
+            # RUNNING again asks anew
+            logger.info("session %s: dropped a model reply that came in %s",
+                        self.session_id, self.view.state.value)
+            return
+        self.condensed_retry = False
+        parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
+                                lambda: self.new_id()[:16])
+        usage = LLMCompleted(
+            request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
+            completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
+            latency_s=msg.latency_s, attempts=msg.attempts)
+        if not parsed:
+            self._append(usage, MessageEvent(source="agent", text=msg.content))
+            self._move(Why.TEXT_REPLY, "the agent replied with text")
+            return
+        self._append(usage, *[p.event for p in parsed])  # intents durable before dispatch
+        rejected = [ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
+                    for p in parsed if p.rejection is not None]
+        if rejected:
+            self._append(*rejected)
+        self._advance()
+
+    def _on_executed(self, msg: Executed) -> None:
+        if msg.action_id == self.dispatched:
+            self.dispatched = None
+        self._record(msg.action_id, msg.outcome)
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -2,11 +2,14 @@
 
 ``SessionCore.handle(input, now)`` folds one input (a model's answer, an action's
 outcome, a runtime event, a user's command, a timer) into the session and returns the
-effects to perform, in order (``core.effects``). Everything it records goes through
-``_append``, which folds the events in at once: the core is its log's only writer, so it
-knows the seq each event will get. The Controller actor (``actors/controller.py``)
-performs the effects; a restarted Controller builds a fresh core from the log
-(``restore``), which is the whole of promise I3 (docs/promises.md).
+effects to perform, in order (``core.effects``). It hands each input to its handler by
+type (``_HANDLERS``): the step's own two (a model's reply, an action's outcome) are
+``core.loop``'s, so that one module reads as the step; every other input is here.
+Everything it records goes through ``_append``, which folds the events in at once: the
+core is its log's only writer, so it knows the seq each event will get. The Controller
+actor (``actors/controller.py``) performs the effects; a restarted Controller builds a
+fresh core from the log (``restore``), which is the whole of promise I3
+(docs/promises.md).
 
 Each input names what happened (a ``Why``) and the session moves by its row of
 ``core.states.TABLE``: the next state and what follows. An input with no row for the
@@ -24,13 +27,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..agent.condense import choose_cut
-from ..agent.parse import parse_response
 from ..messages.events import (
     AgentState,
-    LLMCompleted,
     LLMRetry,
     MessageEvent,
-    ObservationEvent,
     PromptCondensed,
     RuntimeEvent,
 )
@@ -58,7 +58,7 @@ from .effects import (
     StartTimer,
     TimerFired,
 )
-from .loop import LOST_CONTENT
+from .loop import LOST_CONTENT, SessionLoop
 from .states import Why
 
 logger = logging.getLogger(__name__)
@@ -183,11 +183,6 @@ class SessionCore(UserCommands):
         if self.llm_request is not None:  # the old broker's answer will never come
             self._out.append(AskModel(self.llm_request))
 
-    def _on_executed(self, msg: Executed) -> None:
-        if msg.action_id == self.dispatched:
-            self.dispatched = None
-        self._record(msg.action_id, msg.outcome)
-
     def _on_resolved(self, msg: Resolved) -> None:
         if msg.action_id not in self.resolve_first:
             return
@@ -215,37 +210,6 @@ class SessionCore(UserCommands):
             self._move(Why.JOURNAL_BACK, "the sandbox's journal is writable again")
 
     # -- model inputs --------------------------------------------------------------------
-
-    def _ours(self, request_id: str) -> bool:
-        return self.llm_request is not None and request_id == self.llm_request.request_id
-
-    def _on_completed(self, msg: Completed) -> None:
-        if not self._ours(msg.request_id):
-            return  # the answer to a cancelled or superseded request
-        self.llm_request = None
-        if self.view.state != AgentState.RUNNING:
-            # actions recorded now could not run and would wait without an outcome (I5);
-            # RUNNING again asks anew
-            logger.info("session %s: dropped a model reply that came in %s",
-                        self.session_id, self.view.state.value)
-            return
-        self.condensed_retry = False
-        parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
-                                lambda: self.new_id()[:16])
-        usage = LLMCompleted(
-            request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
-            completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
-            latency_s=msg.latency_s, attempts=msg.attempts)
-        if not parsed:
-            self._append(usage, MessageEvent(source="agent", text=msg.content))
-            self._move(Why.TEXT_REPLY, "the agent replied with text")
-            return
-        self._append(usage, *[p.event for p in parsed])  # intents durable before dispatch
-        rejected = [ObservationEvent(action_id=p.event.action_id, outcome=p.rejection)
-                    for p in parsed if p.rejection is not None]
-        if rejected:
-            self._append(*rejected)
-        self._advance()
 
     def _on_retry_scheduled(self, msg: RetryScheduled) -> None:
         if self._ours(msg.request_id):
@@ -316,10 +280,10 @@ class SessionCore(UserCommands):
         RuntimeReplaced: _on_runtime_replaced,
         SandboxEnded: UserCommands._on_sandbox_ended,
         BrokerBack: _on_broker_back,
-        Executed: _on_executed,
+        Executed: SessionLoop._on_executed,
         Resolved: _on_resolved,
         JournalFault: _on_journal_fault,
-        Completed: _on_completed,
+        Completed: SessionLoop._on_completed,
         RetryScheduled: _on_retry_scheduled,
         CompletionFailed: _on_completion_failed,
         TimerFired: _on_timer,
