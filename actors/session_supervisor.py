@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
 from thespian.actors import ActorAddress
 
@@ -73,10 +74,29 @@ class SessionSupervisor(SandboxClosing):
         super().__init__()
         self.sessions: dict[str, Watched] = {}
         self.broker: ActorAddress | None = None
+        self.early: list[tuple[Any, ActorAddress]] = []
+        """What came before the boot: handled after it, in order."""
+
+    MAX_EARLY = 256
+    """Messages kept before the boot at most; later ones are dropped (a flood, not a race)."""
+
+    def _dispatch_own(self, msg: Any, sender: ActorAddress) -> None:
+        # Thespian may deliver a parent's later messages to a new child before its boot
+        # (a WatchSession dropped there left its session LOADING for good): kept until then
+        if not self.booted and not self._stopping and not isinstance(msg, BootGroup):
+            if len(self.early) < self.MAX_EARLY:
+                self.early.append((msg, sender))
+            else:
+                self.drop(msg, "it came before the boot, past the ones kept", logging.WARNING)
+            return
+        super()._dispatch_own(msg, sender)
 
     def on_boot_group(self, msg: BootGroup, sender: ActorAddress) -> None:
         self.set_parent(sender)
         self.policy, self.broker = msg.policy, msg.broker
+        early, self.early = self.early, []
+        for held, held_sender in early:  # in their order, now that the parent is known
+            self._dispatch_own(held, held_sender)
 
     def on_watch_session(self, msg: WatchSession, sender: ActorAddress) -> None:
         if not self.from_parent(msg, sender, "who hands it sessions"):
