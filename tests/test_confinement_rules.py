@@ -8,6 +8,7 @@ which this machine may not be), against the table of what it must refuse.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import stat
 import struct
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trouper.runtimes.sandbox import landlock, seccomp
+from trouper.runtimes.sandbox import confinement, landlock, seccomp
 
 
 def test_plan_splits_only_along_the_way_to_denied_paths(tmp_path: Path) -> None:
@@ -44,6 +45,90 @@ def test_a_large_file_in_a_split_folder_gets_no_rule_that_would_pin_it(tmp_path:
     plan = landlock.plan([(str(tmp_path), landlock.READ)], [str(home / ".ssh")])
     assert str(home / ".gitconfig") in plan.rules and str(home / "big.iso") not in plan.rules
     assert landlock.plan([(str(home / "big.iso"), landlock.READ)], []).rules  # granted whole
+
+
+def reference_plan(grants: list, denied: list) -> landlock.Plan:
+    """``landlock.plan`` as first written (a list scan per child, a walk per grant): the
+    faster walk must give the very same rules and splits."""
+    out = landlock.Plan()
+
+    def grant(path: str, rights: int, is_dir: bool, denied: list) -> None:
+        if path in denied:
+            return
+        prefix = path.rstrip("/") + "/"
+        inside = [d for d in denied if d.startswith(prefix)]
+        if not is_dir:
+            rights &= landlock.FILE_RIGHTS
+        if not inside:
+            if rights:
+                out.rules[path] = out.rules.get(path, 0) | rights
+            return
+        if rights & landlock.MAKE_REG:
+            out.split.append(path)
+        for name, child_dir, link in landlock._scan(path):
+            if not link and (child_dir or not landlock._large(prefix + name)):
+                grant(prefix + name, rights, child_dir, inside)
+
+    for path, rights in grants:
+        grant(path, rights, os.path.isdir(path) and not os.path.islink(path), list(denied))
+    return out
+
+
+def random_tree(root: Path, rng: random.Random) -> list[Path]:
+    """Folders, files (one over the pinning limit), symlinks (to inside, to nowhere)."""
+    root.mkdir()
+    made = [root]
+    for i in range(60):
+        parent = rng.choice([p for p in made if p.is_dir() and not p.is_symlink()])
+        path = parent / f"{rng.choice('abc')}{i}"
+        kind = rng.random()
+        if kind < 0.45:
+            path.mkdir()
+        elif kind < 0.8:
+            path.write_text("x")
+        elif kind < 0.85:
+            with open(path, "wb") as big:
+                big.truncate(landlock.PINNED_FILE_LIMIT + 1)
+        else:
+            path.symlink_to(rng.choice(made) if rng.random() < 0.7 else root / "nowhere")
+        made.append(path)
+    return made
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_plan_is_the_first_walks_on_random_trees(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    made = random_tree(tmp_path / "t", rng)
+    denied = confinement.Resolver().existing(
+        str(p) for p in rng.sample(made, 6) + [tmp_path / "t" / "absent"])
+    grants = [(str(tmp_path), landlock.READ)] + [
+        (os.path.realpath(p), rng.choice([landlock.WRITE, landlock.DEVICE, landlock.READ]))
+        for p in rng.sample(made, 4) if p.exists()]
+    expected, got = reference_plan(grants, denied), landlock.plan(grants, denied)
+    assert got.rules == expected.rules and got.split == expected.split
+
+
+def test_the_resolver_answers_as_realpath_and_lexists(tmp_path: Path) -> None:
+    """Every denied path goes through it: it must resolve exactly as ``os.path.realpath``
+    (a symlinked home, a link to a link, a dangling link, a loop, a file as a folder)."""
+    real = tmp_path / "real"
+    (real / ".ssh").mkdir(parents=True)
+    (real / ".netrc").write_text("")
+    (tmp_path / "home").symlink_to(real)
+    (real / ".aws").symlink_to(real / ".ssh")
+    (real / ".kube").symlink_to(real / ".aws")
+    (real / ".docker").symlink_to(tmp_path / "gone")
+    (real / "loop").symlink_to(real / "loop")
+    names = [".ssh", ".ssh/id", ".netrc", ".netrc/x", ".aws", ".aws/config", ".kube",
+             ".kube/x/y", ".docker", ".docker/config.json", "loop", "loop/x", "absent",
+             "absent/deeper", ".", "..", ".ssh/../.netrc", ""]
+    paths = [str(base / n) for base in (real, tmp_path / "home", tmp_path / "nothing")
+             for n in names]
+    paths += ["/", "//", "//etc", "/etc/shadow", "relative/path", str(tmp_path) + "/home/"]
+    resolver = confinement.Resolver()
+    for path in paths * 2:  # the second time from what it kept
+        want = os.path.realpath(path)
+        assert resolver.resolve(path) == (want, os.path.lexists(want)), path
 
 
 def verdict(code: bytes, audit: int, nr: int, *args: int) -> str:

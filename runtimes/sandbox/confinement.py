@@ -9,7 +9,10 @@ process outside its domain, nor reach an abstract UNIX socket made outside it.
 
 ``prepare`` does in the parent everything that allocates or walks (the rule set, the BPF
 program, the libc handle); ``Prepared.apply`` runs in the forked child just before exec
-and makes only a handful of calls on those objects. Where the kernel lacks a piece, the
+and makes only a handful of calls on those objects. What depends on the kernel alone (the
+libc handle, the Landlock ABI, the BPF programs, capabilities) is found once a process
+(``warm``: the sandbox zygote, before it forks servers); what depends on files (the walks,
+the rule set) is done afresh by every ``prepare``. Where the kernel lacks a piece, the
 rest still applies and ``Prepared.missing`` says what is not::
 
     prepared = prepare(Policy(writable=(workspace, "/tmp"), unreadable=(home,)))
@@ -40,8 +43,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 import struct
 from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from . import landlock, seccomp
 from .syscalls import Libc
@@ -110,17 +115,19 @@ class Prepared:
             self._ruleset.close()
 
 
-def prepare(policy: Policy) -> Prepared:
+def prepare(policy: Policy, resolver: Resolver | None = None) -> Prepared:
     """Build everything ``Prepared.apply`` needs: the walks, rule set and BPF program.
+    ``resolver``: one the caller already used on these paths (its answers are kept).
 
     Raises OSError when the kernel refuses a rule it claims to support.
     """
-    calls = Libc()
+    calls = _libc()
+    resolver = resolver or Resolver()
     missing: list[str] = []
     ruleset, split = None, ()
     version = _landlock_abi(calls, missing)
     if version:
-        planned = landlock.plan(_grants(policy), _denied(policy.unreadable))
+        planned = landlock.plan(_grants(policy, resolver), resolver.existing(policy.unreadable))
         ruleset = landlock.Ruleset(calls, version, planned.rules, policy.network)
         split = tuple(planned.split)
         missing += _landlock_gaps(version, policy.network)
@@ -132,6 +139,79 @@ def prepare(policy: Policy) -> Prepared:
             ruleset.close()
         raise
     return Prepared(missing, split, ruleset, filter_, privileges)
+
+
+def warm() -> None:
+    """Find now what ``prepare`` needs of this kernel and process, not of the file system
+    (the C functions, the Landlock ABI, seccomp and its two BPF programs, capabilities):
+    a sandbox zygote calls it once, so that the servers it forks find it all done."""
+    calls = _libc()
+    _landlock_abi(calls, [])
+    for network in (True, False):
+        _seccomp_filter(calls, network, [])
+    if os.geteuid() == 0:
+        _last_cap()
+    else:
+        _has_capabilities()
+
+
+_FOUND: dict[object, object] = {}
+"""What ``warm`` finds, per process (a fork inherits it): none of it depends on files
+but the kernel's own (/proc/sys), which do not change while it runs."""
+
+
+def _once(key: object, find: Callable[[], object]) -> Any:
+    if key not in _FOUND:
+        _FOUND[key] = find()
+    return _FOUND[key]
+
+
+def _libc() -> Libc:
+    return _once("libc", Libc)
+
+
+class Resolver:
+    """``os.path.realpath`` of many paths, and whether each exists, at one ``lstat`` a
+    path: a folder shared by several (the home of ``~/.ssh``, ``~/.aws``...) is resolved
+    once, where ``realpath`` checks every component of every path. Answers are kept for
+    the resolver's life: use a new one for each prepare (files change between two)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[str, bool]] = {"/": ("/", True)}
+
+    def real(self, path: str) -> str:
+        """``os.path.realpath(path)``."""
+        return self.resolve(path)[0]
+
+    def existing(self, paths: Iterable[str]) -> list[str]:
+        """The real paths of ``paths`` that exist (a dangling symlink does not), sorted."""
+        return sorted({real for real, exists in map(self.resolve, paths) if exists})
+
+    def resolve(self, path: str) -> tuple[str, bool]:
+        """``(os.path.realpath(path), os.path.lexists(of that))``."""
+        known = self._known.get(path)
+        if known is not None:
+            return known
+        head, tail = os.path.split(path)
+        if not path.startswith("/") or tail in ("", ".", "..") or os.path.normpath(path) != path:
+            real = os.path.realpath(path)
+            found = (real, os.path.lexists(real))
+        else:
+            base, exists = self.resolve(head)
+            found = (base.rstrip("/") + "/" + tail, False)
+            if exists:  # else neither is anything beneath it
+                try:
+                    mode = os.lstat(found[0]).st_mode
+                except OSError:
+                    pass
+                else:
+                    if stat.S_ISLNK(mode):
+                        real = os.path.realpath(path)
+                        found = (real, os.path.lexists(real))
+                    else:
+                        found = (found[0], True)
+        self._known[path] = found
+        return found
 
 
 def available() -> dict[str, object]:
@@ -150,12 +230,18 @@ def available() -> dict[str, object]:
 
 
 def _landlock_abi(calls: Libc, missing: list[str]) -> int:
+    version, why = _once("landlock", lambda: _find_abi(calls))
+    if why:
+        missing.append(why)
+    return version
+
+
+def _find_abi(calls: Libc) -> tuple[int, str]:
     try:
-        return landlock.abi(calls)
+        return landlock.abi(calls), ""
     except OSError as e:
         why = "disabled at boot" if e.errno == errno.EOPNOTSUPP else "kernel without it"
-        missing.append(f"Landlock ({why})")
-        return 0
+        return 0, f"Landlock ({why})"
 
 
 def _landlock_gaps(version: int, network: bool) -> list[str]:
@@ -171,28 +257,29 @@ def _landlock_gaps(version: int, network: bool) -> list[str]:
     return gaps
 
 
-def _grants(policy: Policy) -> list[landlock.Grant]:
+def _grants(policy: Policy, resolver: Resolver) -> list[landlock.Grant]:
     grants: list[landlock.Grant] = [("/", landlock.READ)]
-    grants += [(os.path.realpath(p), landlock.WRITE) for p in policy.writable]
-    grants += [(os.path.realpath(p), landlock.DEVICE) for p in DEVICE_FILES]
-    grants += [(os.path.realpath(p), r) for p, r in DEVICE_FOLDERS.items()]
+    grants += [(resolver.real(p), landlock.WRITE) for p in policy.writable]
+    grants += [(resolver.real(p), landlock.DEVICE) for p in DEVICE_FILES]
+    grants += [(resolver.real(p), r) for p, r in DEVICE_FOLDERS.items()]
     return [(path, rights) for path, rights in grants if os.path.exists(path)]
 
 
-def _denied(unreadable: tuple[str, ...]) -> list[str]:
-    paths = {os.path.realpath(p) for p in unreadable}
-    return sorted(p for p in paths if os.path.lexists(p))
-
-
 def _seccomp_filter(calls: Libc, network: bool, missing: list[str]) -> seccomp.Filter | None:
+    """The filter for ``network`` (one per process: ``install`` only reads it)."""
+    filter_, why = _once(("seccomp", network), lambda: _find_filter(calls, network))
+    if why:
+        missing.append(why)
+    return filter_
+
+
+def _find_filter(calls: Libc, network: bool) -> tuple[seccomp.Filter | None, str]:
     arch = seccomp.ARCHES.get(seccomp.machine())
     if arch is None:
-        missing.append(f"seccomp (arch {seccomp.machine()})")
-        return None
+        return None, f"seccomp (arch {seccomp.machine()})"
     if not seccomp.supported(calls):
-        missing.append("seccomp (kernel without it)")
-        return None
-    return seccomp.Filter(calls, seccomp.program(arch, network))
+        return None, "seccomp (kernel without it)"
+    return seccomp.Filter(calls, seccomp.program(arch, network)), ""
 
 
 class _Privileges:
@@ -242,6 +329,10 @@ class _Privileges:
 
 
 def _last_cap() -> int:
+    return _once("last_cap", _read_last_cap)
+
+
+def _read_last_cap() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             return int(f.read())
@@ -250,6 +341,12 @@ def _last_cap() -> int:
 
 
 def _has_capabilities() -> bool:
+    """Whether this process has a capability (found once: a process gains none
+    without an exec)."""
+    return _once("capabilities", _read_capabilities)
+
+
+def _read_capabilities() -> bool:
     try:
         with open("/proc/self/status") as f:
             fields = dict(line.split(":", 1) for line in f if line.startswith("Cap"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 import struct
 from typing import Callable, Iterable, List, Sequence, Tuple
 
@@ -34,6 +35,8 @@ SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446
 """The same numbers on every Linux architecture but alpha (syscalls added since 5.1)."""
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
+_PATH_BENEATH = struct.Struct("=Qi")
+"""struct landlock_path_beneath_attr (packed): allowed_access, parent_fd."""
 _O_PATH = getattr(os, "O_PATH", 0)
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -82,31 +85,63 @@ def plan(grants: Iterable[Grant], denied: Sequence[str],
 
     Paths are taken as resolved (realpath). ``listdir(path)`` gives ``(name, is_dir,
     is_symlink)`` for each entry (by default from ``os.scandir``; a folder that cannot
-    be listed gives nothing, so it is denied too, never granted whole).
+    be listed gives nothing, so it is denied too, never granted whole). A folder two
+    grants split (``/`` read and ``/tmp`` write, around a trouper home in ``/tmp``) is
+    listed once, and each of its files is sized once.
     """
     result = Plan()
+    walk = _Walk(listdir or _scan, result)
     for path, rights in grants:
-        _grant(path, rights, _is_dir(path), list(denied), listdir or _scan, result)
+        walk.grant(path, rights, _is_dir(path), _beneath(path, denied))
     return result
 
 
-def _grant(path: str, rights: int, is_dir: bool, denied: list[str], listdir: Lister,
-           out: Plan) -> None:
-    if path in denied:
-        return
+class _Walk:
+    """One plan's walk: what it listed and sized, so that no folder is read twice."""
+
+    def __init__(self, listdir: Lister, out: Plan) -> None:
+        self.listdir = listdir
+        self.out = out
+        self.listed: dict[str, list[tuple[str, bool, bool]]] = {}
+        self.large: dict[str, bool] = {}
+
+    def grant(self, path: str, rights: int, is_dir: bool, denied: list[str]) -> None:
+        """Grant ``rights`` at ``path`` but at or beneath ``denied`` (the denied paths at
+        or beneath it: the others cannot matter here)."""
+        if path in denied:
+            return
+        if not is_dir:
+            rights &= FILE_RIGHTS
+        if not denied:
+            if rights:
+                self.out.rules[path] = self.out.rules.get(path, 0) | rights
+            return
+        if rights & MAKE_REG:
+            self.out.split.append(path)
+        prefix = path.rstrip("/") + "/"
+        toward: dict[str, list[str]] = {}
+        """A child's name -> the denied paths at or beneath it."""
+        for d in denied:
+            toward.setdefault(d[len(prefix):].split("/", 1)[0], []).append(d)
+        entries = self.listed.get(path)
+        if entries is None:
+            entries = self.listed[path] = self.listdir(path)
+        for name, child_is_dir, is_symlink in entries:
+            if is_symlink or (not child_is_dir and self._large(prefix + name)):
+                continue
+            self.grant(prefix + name, rights, child_is_dir, toward.get(name, []))
+
+    def _large(self, path: str) -> bool:
+        known = self.large.get(path)
+        if known is None:
+            known = self.large[path] = _large(path)
+        return known
+
+
+def _beneath(path: str, denied: Sequence[str]) -> list[str]:
+    """Those of ``denied`` at or strictly beneath ``path``."""
     prefix = path.rstrip("/") + "/"
-    inside = [d for d in denied if d.startswith(prefix)]
-    if not is_dir:
-        rights &= FILE_RIGHTS
-    if not inside:
-        if rights:
-            out.rules[path] = out.rules.get(path, 0) | rights
-        return
-    if rights & MAKE_REG:
-        out.split.append(path)
-    for name, child_is_dir, is_symlink in listdir(path):
-        if not is_symlink and (child_is_dir or not _large(prefix + name)):
-            _grant(prefix + name, rights, child_is_dir, inside, listdir, out)
+    return [d for d in denied if d == path or d.startswith(prefix)]
 
 
 def _large(path: str) -> bool:
@@ -126,7 +161,10 @@ def _scan(path: str) -> list[tuple[str, bool, bool]]:
 
 
 def _is_dir(path: str) -> bool:
-    return os.path.isdir(path) and not os.path.islink(path)
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def abi(calls: Libc) -> int:
@@ -160,31 +198,34 @@ class Ruleset:
         self.fd = calls.syscall("landlock_create_ruleset", SYS_CREATE_RULESET, attr,
                                 ctypes.c_size_t(size), ctypes.c_uint32(0))
         try:
-            for path, rights in rules.items():
-                self._add(path, rights & fs)
+            self._add_all(rules, fs)
         except BaseException:
             self.close()
             raise
 
-    def _add(self, path: str, rights: int) -> None:
-        try:
-            fd = os.open(path, _O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.EACCES, errno.ELOOP):
-                return  # gone (or made a symlink) since the plan: nothing to grant
-            raise
-        try:
-            self._rule(path, fd, rights)
-        except OSError as e:
-            if e.errno != errno.EBADFD:  # an internal file system (a netns file): no grant
+    def _add_all(self, rules: dict[str, int], handled: int) -> None:
+        """Add each rule (its rights cut to ``handled``): a path gone since the plan, or
+        made a symlink, grants nothing. The ctypes arguments are built once, not per
+        rule: a split /tmp can take thousands."""
+        call, attr = self._calls.raw("syscall"), ctypes.create_string_buffer(12)
+        args = (ctypes.c_long(SYS_ADD_RULE), ctypes.c_int(self.fd),
+                ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
+        pack, flags = _PATH_BENEATH.pack_into, _O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW
+        for path, rights in rules.items():
+            try:
+                fd = os.open(path, flags)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.EACCES, errno.ELOOP):
+                    continue  # gone (or made a symlink) since the plan: nothing to grant
                 raise
-        finally:
-            os.close(fd)
-
-    def _rule(self, path: str, fd: int, rights: int) -> None:
-        attr = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd), 12)
-        self._calls.syscall(f"landlock_add_rule {path}", SYS_ADD_RULE, ctypes.c_int(self.fd),
-                            ctypes.c_int(_RULE_PATH_BENEATH), attr, ctypes.c_uint32(0))
+            try:
+                pack(attr, 0, rights & handled, fd)
+                if call(*args) < 0:
+                    code = ctypes.get_errno()
+                    if code != errno.EBADFD:  # an internal file system (a netns file)
+                        raise OSError(code, f"landlock_add_rule {path}: {os.strerror(code)}")
+            finally:
+                os.close(fd)
 
     def restrict(self) -> None:
         """Enforce the rule set on this process (no_new_privs must be set) and close it."""

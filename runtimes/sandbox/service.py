@@ -136,7 +136,7 @@ class Service:
         if container is not None:  # a shell dying with its container, even when idle
             self.shell.on_exit = lambda: self._container_gone(None)
         self.max_output_chars = max_output_chars
-        self.unreadable = tuple(map(os.path.realpath, confinement.policy.unreadable)) if (
+        self.unreadable = confinement.unreadable_real if (
             confinement and not container) else ()
         """What the file tools refuse as the confined shell would (its unreadable paths)."""
         self._epoch_path = os.path.join(state_dir, "epoch.json")

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 
-from .confinement import Policy, Prepared, prepare
+from .confinement import Policy, Prepared, Resolver, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ class ShellConfinement:
     """Writable folders that take no new entry directly (``Prepared.split``)."""
     tmpdir: str | None
     """The shell's private temporary folder (its ``TMPDIR``), or None."""
+    unreadable_real: tuple[str, ...]
+    """``policy.unreadable`` resolved (``os.path.realpath``), in its order: what the file
+    tools refuse as the shell would."""
 
     def report(self) -> dict[str, object]:
         """What a server says of it (``server.json``, a health answer)."""
@@ -62,7 +65,8 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
     policy = Policy(writable=(workspace, *temporary, *writable), unreadable=unreadable,
                     network=network, drop_to=drop_to)
     tmpdir = None
-    split_temp = _split(temporary, unreadable)
+    resolver = Resolver()  # each path resolved once, for the split, the plan and the tools
+    split_temp = _split(temporary, unreadable, resolver)
     dropped = drop_to is not None and os.geteuid() == 0
     if (split_temp or dropped) and temporary:
         tmpdir = tempfile.mkdtemp(prefix="trouper-shell-", dir=(split_temp or temporary)[0])
@@ -73,22 +77,24 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
             env["TMPDIR"] = tmpdir
             if dropped:
                 env["HOME"] = tmpdir
-    probe = prepare(policy)
+    probe = prepare(policy, resolver)
     for hole in probe.missing:
         logger.warning("the shell is confined without %s", hole)
     if probe.split:
         logger.info("the shell cannot add entries directly in %s (an unreadable path lies "
                     "beneath)%s", ", ".join(probe.split),
                     f"; its TMPDIR is {tmpdir}" if tmpdir else "")
-    return ShellConfinement(policy, probe, probe.missing, probe.split, tmpdir)
+    return ShellConfinement(policy, probe, probe.missing, probe.split, tmpdir,
+                            tuple(map(resolver.real, unreadable)))
 
 
-def _split(folders: tuple[str, ...], unreadable: tuple[str, ...]) -> list[str]:
+def _split(folders: tuple[str, ...], unreadable: tuple[str, ...],
+           resolver: Resolver) -> list[str]:
     """The ``folders`` Landlock will split: an existing unreadable path lies beneath (as
     ``landlock.plan`` finds, known before the walk, so that it is walked once)."""
-    denied = [os.path.realpath(p) for p in unreadable if os.path.lexists(p)]
+    denied = resolver.existing(unreadable)
     return [f for f in folders
-            if any(d.startswith(os.path.realpath(f).rstrip("/") + "/") for d in denied)]
+            if any(d.startswith(resolver.real(f).rstrip("/") + "/") for d in denied)]
 
 
 def unreadable_refusal(workspace: str, path: str, unreadable: tuple[str, ...]) -> str | None:

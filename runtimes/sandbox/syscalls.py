@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Callable
 
 _ULONG_0 = ctypes.c_ulong(0)
 
@@ -32,6 +33,11 @@ class Libc:
         """``prctl(option, arg2, arg3, 0, 0)``; its result, or OSError."""
         return _checked(step, self._prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), arg3,
                                           _ULONG_0, _ULONG_0))
+
+    def raw(self, name: str) -> Callable[..., int]:
+        """The C function ``name`` (``"syscall"``, ``"prctl"``, ``"capset"``) itself, for
+        a loop of calls: its result unchecked (-1 and ``ctypes.get_errno()`` on failure)."""
+        return {"syscall": self._syscall, "prctl": self._prctl, "capset": self._capset}[name]
 
     def capset(self, step: str, header: object, data: object) -> None:
         """``capset(header, data)``, or OSError."""

@@ -35,6 +35,7 @@ import traceback
 from typing import Any
 
 from .__main__ import _name_process, main
+from .confinement import warm
 
 MAX_REQUEST_BYTES = 1024 * 1024
 """Longest request line read (the environment's secrets travel in it)."""
@@ -57,6 +58,10 @@ def serve(channel_fd: int) -> int:
     closing = [channel.fileno(), wake_r, wake_w, selector.fileno()]
     watchers: dict[int, socket.socket] = {}
     """A live server's pid -> its requester's pair, told the exit status."""
+    try:
+        warm()  # what confinement finds of the kernel, once for every server
+    except Exception:  # noqa: BLE001 - each server then finds it, and fails, itself
+        traceback.print_exc()
     gc.freeze()  # what the servers share stays shared: their collector never writes to it
     while True:
         for key, _ in selector.select():
