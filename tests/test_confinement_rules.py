@@ -124,7 +124,8 @@ def test_the_resolver_answers_as_realpath_and_lexists(tmp_path: Path) -> None:
              "absent/deeper", ".", "..", ".ssh/../.netrc", ""]
     paths = [str(base / n) for base in (real, tmp_path / "home", tmp_path / "nothing")
              for n in names]
-    paths += ["/", "//", "//etc", "/etc/shadow", "relative/path", str(tmp_path) + "/home/"]
+    paths += ["/", "//", "//etc", "/etc/shadow", "relative/path", str(tmp_path) + "/home/",
+              f"{real}//.ssh", f"{real}/./.ssh", f"{tmp_path}/home/.aws/./x", "/.", "/.."]
     resolver = confinement.Resolver()
     for path in paths * 2:  # the second time from what it kept
         want = os.path.realpath(path)

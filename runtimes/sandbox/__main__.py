@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 
-from . import EXIT_LOCKED, files, logs
+from . import EXIT_LOCKED, files, logs, shared_layer
 from .container import ContainerShell
 from .mask import TextMasker
 from .server import MAX_CONNECTIONS, READ_TIMEOUT_S, SandboxServer
@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.confine and not container:
         confined = confine_shell(workspace, tuple(args.temporary), tuple(args.writable),
                                  tuple(args.unreadable), not args.no_network, env=env)
+    else:
+        shared_layer.discard()  # a layer of the zygote's: not this server's to hold
     service = Service(
         state_dir,
         workspace,

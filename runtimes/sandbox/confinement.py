@@ -12,8 +12,11 @@ program, the libc handle); ``Prepared.apply`` runs in the forked child just befo
 and makes only a handful of calls on those objects. What depends on the kernel alone (the
 libc handle, the Landlock ABI, the BPF programs, capabilities) is found once a process
 (``warm``: the sandbox zygote, before it forks servers); what depends on files (the walks,
-the rule set) is done afresh by every ``prepare``. Where the kernel lacks a piece, the
-rest still applies and ``Prepared.missing`` says what is not::
+the rule set) is done afresh by every ``prepare``, but for the part every session shares,
+which a server forked by the zygote takes from it while nothing it depends on changed
+(``shared_layer.py``: then two Landlock layers, which allow what the one rule set does).
+Where the kernel lacks a piece, the rest still applies and ``Prepared.missing`` says what
+is not::
 
     prepared = prepare(Policy(writable=(workspace, "/tmp"), unreadable=(home,)))
     pid, fd = pty.fork()
@@ -43,12 +46,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import stat
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
-from . import landlock, seccomp
+from . import landlock, seccomp, shared_layer
+from .resolve import Resolver
 from .syscalls import Libc
 
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
@@ -84,7 +87,7 @@ class Prepared:
 
     def __init__(self, missing: list[str], split: tuple[str, ...],
                  ruleset: landlock.Ruleset | None, filter_: seccomp.Filter | None,
-                 privileges: _Privileges) -> None:
+                 privileges: _Privileges, shared: landlock.Ruleset | None = None) -> None:
         self.missing = tuple(missing)
         """What could not be applied here, in words ("Landlock (kernel without it)",
         "seccomp (arch s390x)"): each is a hole the caller may want to warn about."""
@@ -93,6 +96,11 @@ class Prepared:
         beneath: the shell cannot create, remove or rename entries directly in them
         (a trouper home under /tmp splits /tmp: point TMPDIR elsewhere)."""
         self._ruleset = ruleset
+        self._shared = shared
+        """The zygote's layer of the rules every session shares (``shared_layer``), or
+        None: ``ruleset`` then holds them all."""
+        self.layered = shared is not None
+        """Whether the zygote's shared layer is applied under this policy's own rules."""
         self._filter = filter_
         self._privileges = privileges
 
@@ -104,41 +112,69 @@ class Prepared:
         """
         self._privileges.drop()
         seccomp.no_new_privs(self._privileges.calls)
+        if self._shared is not None:
+            self._shared.restrict()
         if self._ruleset is not None:
             self._ruleset.restrict()
         if self._filter is not None:
             self._filter.install()
 
     def close(self) -> None:
-        """Release the rule set's descriptor (in the parent, after fork; idempotent)."""
-        if self._ruleset is not None:
-            self._ruleset.close()
+        """Release the rule sets' descriptors (in the parent, after fork; idempotent)."""
+        for ruleset in (self._ruleset, self._shared):
+            if ruleset is not None:
+                ruleset.close()
 
 
-def prepare(policy: Policy, resolver: Resolver | None = None) -> Prepared:
-    """Build everything ``Prepared.apply`` needs: the walks, rule set and BPF program.
+def prepare(policy: Policy, resolver: Resolver | None = None,
+            shared: shared_layer.Layer | None = None) -> Prepared:
+    """Build everything ``Prepared.apply`` needs: the walks, rule sets and BPF program.
     ``resolver``: one the caller already used on these paths (its answers are kept).
+    ``shared``: the zygote's layer (``shared_layer.take()``), now this call's: applied
+    under this policy's own rules when it was built for this policy's shared denied
+    paths, else closed.
 
     Raises OSError when the kernel refuses a rule it claims to support.
     """
     calls = _libc()
     resolver = resolver or Resolver()
     missing: list[str] = []
-    ruleset, split = None, ()
-    version = _landlock_abi(calls, missing)
-    if version:
-        planned = landlock.plan(_grants(policy, resolver), resolver.existing(policy.unreadable))
-        ruleset = landlock.Ruleset(calls, version, planned.rules, policy.network)
-        split = tuple(planned.split)
-        missing += _landlock_gaps(version, policy.network)
+    ruleset, split, layer = None, (), None
     try:
+        version = _landlock_abi(calls, missing)
+        if version:
+            grants, denied = _grants(policy, resolver), resolver.existing(policy.unreadable)
+            layer, denied = _layered(shared, version, grants, denied)
+            planned = landlock.plan(grants, denied)
+            ruleset = landlock.Ruleset(calls, version, planned.rules, policy.network)
+            split = tuple(planned.split)
+            missing += _landlock_gaps(version, policy.network)
         filter_ = _seccomp_filter(calls, policy.network, missing)
         privileges = _Privileges(calls, policy.drop_to, missing)
     except BaseException:
-        if ruleset is not None:
-            ruleset.close()
+        for held in (ruleset, layer and layer.ruleset):
+            if held is not None:
+                held.close()
         raise
-    return Prepared(missing, split, ruleset, filter_, privileges)
+    finally:
+        if shared is not None and shared is not layer:
+            shared.close()
+    return Prepared(missing, split, ruleset, filter_, privileges,
+                    layer.ruleset if layer is not None else None)
+
+
+def _layered(shared: shared_layer.Layer | None, version: int, grants: list[landlock.Grant],
+             denied: list[str]) -> tuple[shared_layer.Layer | None, list[str]]:
+    """``(shared, the denied paths left to this policy's own rules)`` when ``shared`` was
+    built for this policy's shared denied paths; else ``(None, denied)``."""
+    if shared is None or shared.version != version:
+        return None, denied
+    common, own = shared_layer.partition(grants, denied)
+    if tuple(common) != shared.denied:
+        shared_layer.mark_mismatch()
+    fresh = tuple(common) == shared.denied and shared.fresh()  # as of now, not of the fork
+    shared.forked()
+    return (shared, own) if fresh else (None, denied)
 
 
 def warm() -> None:
@@ -168,50 +204,6 @@ def _once(key: object, find: Callable[[], object]) -> Any:
 
 def _libc() -> Libc:
     return _once("libc", Libc)
-
-
-class Resolver:
-    """``os.path.realpath`` of many paths, and whether each exists, at one ``lstat`` a
-    path: a folder shared by several (the home of ``~/.ssh``, ``~/.aws``...) is resolved
-    once, where ``realpath`` checks every component of every path. Answers are kept for
-    the resolver's life: use a new one for each prepare (files change between two)."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[str, bool]] = {"/": ("/", True)}
-
-    def real(self, path: str) -> str:
-        """``os.path.realpath(path)``."""
-        return self.resolve(path)[0]
-
-    def existing(self, paths: Iterable[str]) -> list[str]:
-        """The real paths of ``paths`` that exist (a dangling symlink does not), sorted."""
-        return sorted({real for real, exists in map(self.resolve, paths) if exists})
-
-    def resolve(self, path: str) -> tuple[str, bool]:
-        """``(os.path.realpath(path), os.path.lexists(of that))``."""
-        known = self._known.get(path)
-        if known is not None:
-            return known
-        head, tail = os.path.split(path)
-        if not path.startswith("/") or tail in ("", ".", "..") or os.path.normpath(path) != path:
-            real = os.path.realpath(path)
-            found = (real, os.path.lexists(real))
-        else:
-            base, exists = self.resolve(head)
-            found = (base.rstrip("/") + "/" + tail, False)
-            if exists:  # else neither is anything beneath it
-                try:
-                    mode = os.lstat(found[0]).st_mode
-                except OSError:
-                    pass
-                else:
-                    if stat.S_ISLNK(mode):
-                        real = os.path.realpath(path)
-                        found = (real, os.path.lexists(real))
-                    else:
-                        found = (found[0], True)
-        self._known[path] = found
-        return found
 
 
 def available() -> dict[str, object]:

@@ -58,6 +58,8 @@ FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV | RESOLVE_
 _FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
 _FS_ALL = (1 << 17) - 1
 """Every right up to RESOLVE_UNIX (ABI 9); ABI 5 to 8 stop at IOCTL_DEV."""
+EVERY = _FS_ALL
+"""Every file-system right (a rule set keeps those its ABI handles)."""
 
 PINNED_FILE_LIMIT = 1 << 20
 """Largest file directly in a split folder that gets a rule of its own (and so stays
@@ -185,16 +187,17 @@ class Ruleset:
     """A Landlock rule set, built in the parent; ``restrict`` enforces it in the child."""
 
     def __init__(self, calls: Libc, version: int, rules: dict[str, int],
-                 network: bool) -> None:
+                 network: bool, scoped: bool = True) -> None:
         """Create the rule set for ABI ``version`` and add ``rules`` (path -> rights);
         without ``network`` (ABI >= 4), TCP bind and connect are handled and never
-        granted. OSError (naming the step) when the kernel refuses."""
+        granted; with ``scoped`` (ABI >= 6), signals and abstract UNIX sockets stay in
+        the domain. OSError (naming the step) when the kernel refuses."""
         self._calls = calls
         fs = handled_fs(version)
         net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 and not network else 0
-        scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if version >= 6 else 0
+        scope = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if version >= 6 and scoped else 0
         size = 8 if version < 4 else 16 if version < 6 else 24
-        attr = ctypes.create_string_buffer(struct.pack("=QQQ", fs, net, scoped)[:size], size)
+        attr = ctypes.create_string_buffer(struct.pack("=QQQ", fs, net, scope)[:size], size)
         self.fd = calls.syscall("landlock_create_ruleset", SYS_CREATE_RULESET, attr,
                                 ctypes.c_size_t(size), ctypes.c_uint32(0))
         try:

@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+from . import shared_layer
 from .confinement import Policy, Prepared, Resolver, prepare
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class ShellConfinement:
     def report(self) -> dict[str, object]:
         """What a server says of it (``server.json``, a health answer)."""
         return {"missing": list(self.missing), "split": list(self.split),
-                "network": self.policy.network, "tmpdir": self.tmpdir}
+                "network": self.policy.network, "tmpdir": self.tmpdir,
+                "shared_layer": self.prepared.layered}
 
     def close(self) -> None:
         """Release the rule set and remove the private temporary folder (idempotent)."""
@@ -96,7 +98,7 @@ def confine_shell(workspace: str, temporary: tuple[str, ...], writable: tuple[st
             if dropped:
                 env["HOME"] = tmpdir
     try:
-        probe = prepare(policy, resolver)
+        probe = prepare(policy, resolver, shared_layer.take())
     except BaseException:
         _remove_tmpdir(tmpdir, lock)
         raise

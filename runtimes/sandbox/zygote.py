@@ -34,8 +34,9 @@ import time
 import traceback
 from typing import Any
 
+from . import confinement, landlock, shared_layer
 from .__main__ import _name_process, main, parse_args
-from .confinement import warm
+from .confinement import Policy, Resolver, warm
 
 MAX_REQUEST_BYTES = 1024 * 1024
 """Longest request line read (the environment's secrets travel in it)."""
@@ -74,6 +75,10 @@ def serve(channel_fd: int) -> int:
                 os.read(wake_r, 4096)
                 _reap(watchers, selector)
                 continue
+            if key.data == "layer":  # what the shared layer was built from changed
+                _unwatch(selector)
+                shared_layer.discard()
+                continue
             if isinstance(key.data, int):  # a requester closed its pair: it no longer asks
                 _forget(key.data, watchers, selector)
                 continue
@@ -86,7 +91,8 @@ def serve(channel_fd: int) -> int:
                 return 0  # every holder is gone
             for fd in fds:
                 conn = socket.socket(fileno=fd)
-                pid = _answer(conn, [*closing, *(w.fileno() for w in watchers.values())])
+                pid = _answer(conn, [*closing, *(w.fileno() for w in watchers.values())],
+                              selector)
                 if pid is None:
                     conn.close()
                 else:
@@ -95,11 +101,18 @@ def serve(channel_fd: int) -> int:
                     _reap(watchers, selector)  # one that ended before it was filed
 
 
-def _answer(conn: socket.socket, closing: list[int]) -> int | None:
+def _answer(conn: socket.socket, closing: list[int],
+            selector: selectors.BaseSelector) -> int | None:
     """Read one request from ``conn``, fork its server, answer with the pid (returned)."""
     try:
         conn.settimeout(REQUEST_TIMEOUT_S)
         request = _read_line(conn)
+        _unwatch(selector)
+        try:
+            _shared_layer([str(a) for a in request["argv"]], str(request.get("cwd", "/")))
+        except Exception:  # noqa: BLE001 - the server then builds all its rules itself
+            traceback.print_exc()
+        _watch(selector)
         pid = _spawn(request, [*closing, conn.fileno()])
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         return pid
@@ -171,6 +184,53 @@ def _spawn(request: dict[str, Any], inherited: list[int]) -> int:
         finally:
             os._exit(code)
     return 0  # not reached: the child exits above
+
+
+_LAYER_OPTIONS = ("--workspace", "--temporary", "--writable", "--unreadable")
+_watched: list[int] = []
+"""The shared layer's inotify descriptor, while the selector watches it."""
+
+
+def _shared_layer(argv: list[str], cwd: str) -> None:
+    """Before forking a confined local server: the layer of the rules its shell shares
+    with every session's (``shared_layer``), kept while fresh, else built for its paths.
+    Its server checks that the layer is its own (else builds all its rules itself), so
+    these paths read from its command line are only a guess of them."""
+    if "--confine" not in argv or "--container" in argv:
+        return
+    layer = shared_layer.current()
+    if layer is not None and not shared_layer.mismatched() and layer.fresh():
+        return  # its servers check it is theirs, and say when it is not
+    values: dict[str, list[str]] = {name: [] for name in _LAYER_OPTIONS}
+    for option, value in zip(argv, argv[1:]):
+        if option in values:
+            values[option].append(value)
+    if not values["--workspace"]:
+        return
+    workspace = os.path.join(cwd, values["--workspace"][-1])
+    unreadable = tuple(values["--unreadable"])
+    policy = Policy(writable=(workspace, *values["--temporary"], *values["--writable"]),
+                    unreadable=unreadable)
+    resolver = Resolver()
+    grants = confinement._grants(policy, resolver)
+    grants.append((resolver.real(workspace), landlock.WRITE))  # the server makes it
+    version = confinement._landlock_abi(confinement._libc(), [])
+    shared_layer.ensure(version, grants, resolver.existing(unreadable))
+
+
+def _watch(selector: selectors.BaseSelector) -> None:
+    layer = shared_layer.current()
+    if layer is not None and layer.watch >= 0:
+        selector.register(layer.watch, selectors.EVENT_READ, "layer")
+        _watched.append(layer.watch)
+
+
+def _unwatch(selector: selectors.BaseSelector) -> None:
+    while _watched:
+        try:
+            selector.unregister(_watched.pop())
+        except (KeyError, ValueError):
+            pass
 
 
 def _reap(watchers: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
