@@ -122,6 +122,47 @@ def test_the_two_layers_allow_what_the_one_rule_set_allows(tmp_path: Path, seed:
         shared_layer.discard()
 
 
+def test_a_denied_path_is_dropped_only_where_no_walk_reaches_it(tmp_path: Path) -> None:
+    """The trouper home holds the workspace, which holds a denied path of its own; beside
+    the workspace, the session's state folder. The state folder changes no rule (the
+    home's denial covers it); the path in the workspace does, and stays the session's."""
+    home, etc = tmp_path / "home", tmp_path / "etc"
+    workspace = home / "sessions" / "x" / "workspace"
+    for folder in (workspace / ".ssh", home / "sessions" / "x" / "runtime", etc, tmp_path / "tmp"):
+        folder.mkdir(parents=True)
+    (workspace / ".ssh" / "key").write_text("key")
+    (workspace / "code.py").write_text("code")
+    (etc / "shadow").write_text("root:x")
+    (etc / "passwd").write_text("root")
+    denied = sorted(str(p) for p in (home, home / "sessions" / "x" / "runtime",
+                                     workspace / ".ssh", etc / "shadow"))
+    policy = Policy(writable=(str(workspace), str(tmp_path / "tmp")), unreadable=tuple(denied))
+    grants = confinement._grants(policy, Resolver())
+    shared, own = shared_layer.partition(grants, denied)
+    assert shared == [str(etc / "shadow")]
+    assert own == [str(home), str(workspace / ".ssh")]
+    version = available()["landlock_abi"]
+    paths = [workspace / ".ssh" / "key", workspace / ".ssh", workspace / "code.py", workspace,
+             home / "sessions" / "x" / "runtime", etc / "shadow", etc / "passwd", etc,
+             tmp_path / "tmp"]
+    try:
+        for _ in range(50):  # a change in /tmp (other tests) between the two: not fresh
+            shared_layer.ensure(version, grants, denied)
+            layered = confinement.prepare(policy, shared=shared_layer.take())
+            if layered.layered:
+                break
+            layered.close()
+        single = confinement.prepare(policy)
+        assert layered.layered
+        seen = confined_probe(layered, paths, "a")
+        assert seen == confined_probe(single, paths, "b")
+        assert seen[:2] == ["", ""] and "r" in seen[2] and seen[4:6] == ["", ""], seen
+        layered.close()
+        single.close()
+    finally:
+        shared_layer.discard()
+
+
 def test_the_layer_is_kept_until_a_folder_it_split_changes(tmp_path: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix=".trouper-test-layer-", dir=Path.home()))
     try:
