@@ -257,6 +257,8 @@ def test_a_new_session_never_gets_a_layer_older_than_its_files(
     try:
         assert "Permission denied" in run(first, "cat ~/.ssh/id_ed25519")
         assert "small" in run(first, "cat ~/grows.bin")
+        assert "new shell was started" in run(first, "kill -9 $$")  # both layers again
+        assert run(first, "cat ~/.ssh/id_ed25519 /etc/shadow").count("Permission denied") == 2
         (user_home / ".aws").mkdir()
         (user_home / ".aws" / "credentials").write_text("aws-key")
         (user_home / ".config" / "gh").mkdir()
