@@ -20,6 +20,8 @@ from trouper.runtimes.remote_server.serve import (
     read_token_file,
 )
 
+from accel import forkserver
+
 TOKEN = "t" * 40
 
 
@@ -112,7 +114,7 @@ def test_the_cli_refuses_0_0_0_0_without_tls_or_insecure(tmp_path):
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
-    result = subprocess.run(
+    result = forkserver.run(  # forked from the suite's zygote: the same entry point
         [sys.executable, "-m", "trouper", "runtime-server", "--host", "0.0.0.0", "--port", "0",
          "--workdir", str(tmp_path / "w"), "--token-file", str(token)],
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
