@@ -28,7 +28,7 @@ def new_session_id() -> str:
     return "s-" + uuid.uuid4().hex[:12]
 
 
-class SessionHost(Protocol):
+class SessionOwner(Protocol):
     """What a ``Session`` needs of the ``Trouper`` that made it (the API implements it)."""
 
     @property
@@ -44,7 +44,7 @@ class Session:
     """One session of a ``Trouper`` (a ``SessionHandle``). Cheap to make; holds no
     resources of its own."""
 
-    def __init__(self, trouper: SessionHost, session_id: str) -> None:
+    def __init__(self, trouper: SessionOwner, session_id: str) -> None:
         self._trouper = trouper
         self.id = session_id
 
