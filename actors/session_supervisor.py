@@ -7,7 +7,7 @@ a RuntimeProxy's crash never takes its Controller with it, and the supervisor te
 Controller when the runtime went down and came back (so it resolves what was in flight
 from the journal). It relays user commands to the Controller, holding them while it
 restarts. Why a group and not one supervisor a session: ``docs/architecture.md``, "Why a
-session is three processes".
+session is two processes under a shared supervisor".
 
 It heeds only what comes from where it should (I5/I6, docs/promises.md): lifecycle
 reports from a session's current proxy, requests for the sandbox or the store from its

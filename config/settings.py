@@ -111,8 +111,8 @@ class Settings(BaseModel):
     """How many sessions one SessionSupervisor watches (each session's Controller and
     RuntimeProxy stay actors and processes of their own, restarted one for one): a
     supervisor process costs about 6 MB, so one a session would be a fifth of a session's
-    memory; a group shares it (``docs/architecture.md``, "Why a session is three
-    processes"). 1 gives every session a supervisor of its own."""
+    memory; a group shares it (``docs/architecture.md``, "Why a session is two processes
+    under a shared supervisor"). 1 gives every session a supervisor of its own."""
 
     llm_route: Literal["direct", "litellm"] = "direct"
     """How the broker calls an OpenAI-compatible endpoint named by ``base_url``:
