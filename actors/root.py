@@ -1,12 +1,13 @@
-"""RootSupervisor: the top of the actor tree. Owns the shared LLMBroker and restarts
-sessions; user requests enter the tree here.
+"""RootSupervisor: the top of the actor tree. Owns the shared LLMBroker and the
+SessionSupervisors, each watching a group of sessions (``root_sessions.py``); user
+requests enter the tree here.
 
     RootSupervisor
     ├── LLMBroker                (shared: rate limits belong to a key, not a session)
-    ├── SessionSupervisor[s1]
-    │   ├── RuntimeProxy[s1]
-    │   └── Controller[s1]
-    └── SessionSupervisor[s2] ...
+    ├── SessionSupervisor[group 1]
+    │   ├── RuntimeProxy[s1], Controller[s1]
+    │   └── RuntimeProxy[s2], Controller[s2] ...
+    └── SessionSupervisor[group 2] ...
 
 It is created from outside the actor system, so nobody restarts it: if it dies, its
 subtree dies with it (every actor dies with its parent) and the program must reopen its

@@ -134,10 +134,10 @@ TREE_GOALS: dict[str, tuple[str, float]] = {
     "trouper / bare loop per step, K=200": ("<=", 1.5),
     "sessions that finish on this machine, none restarted": (">=", 800.0),
 }
-"""The goals of the session tree (per session a SessionSupervisor with its Controller and
-RuntimeProxy, each a process of its own) beside the bare loop: name -> (comparison,
-limit). The two fleet ratios divide trouper's figure at N = 100 by the bare fleet's of
-the same N in the same run (``concurrency.against_bare``)."""
+"""The goals of the session tree (per session a Controller and a RuntimeProxy, each a
+process of its own, under a SessionSupervisor shared by a group) beside the bare loop:
+name -> (comparison, limit). The two fleet ratios divide trouper's figure at N = 100 by
+the bare fleet's of the same N in the same run (``concurrency.against_bare``)."""
 
 TREE_VALUES: dict[str, Callable[[Workloads], float | None]] = {
     "PSS per session at N=100, MB": _at_n("pss_per_session_mb"),
