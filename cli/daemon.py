@@ -1,10 +1,11 @@
 """The CLI of the daemon: ``trouper daemon start|stop|status|logs|open|run``, and the
-session commands that talk to it (``send``, ``pause``, ``stop``, ``approve``,
-``reject``).
+session commands that talk to it (``send``, ``pause``, ``stop``).
 
-``register(main)`` adds them to the ``trouper`` group. The session commands need the
-daemon (exit 3 without one: ``cli_clients.daemon_client``); ``sessions``, ``events``,
-``resume`` and ``run --daemon`` choose it themselves when it runs (``cli_clients``).
+``register(main)`` adds them to the ``trouper`` group, with ``approve`` and ``reject``
+(``cli_answer``: through the daemon when one runs, else in this process). The session
+commands here need the daemon (exit 3 without one: ``cli_clients.daemon_client``);
+``sessions``, ``events``, ``resume`` and ``run --daemon`` choose it themselves when it
+runs (``cli_clients``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .answer import approve, reject
 from .clients import daemon_client
 from .support import ENVIRONMENT, OK, SESSION_FAILED, CliError, home_option, open_home
 
@@ -171,27 +173,6 @@ def send(session_id: str, text: str, home: Path | None) -> None:
     """Give the agent of a session in the daemon a message."""
     with daemon_client(open_home(home)) as client:
         _said(client, session_id, client.session(session_id).send(text))
-
-
-@click.command()
-@click.argument("session_id")
-@click.option("--action-id", default="", help="Only if this is the action waiting.")
-@home_option
-def approve(session_id: str, action_id: str, home: Path | None) -> None:
-    """Run the action a session waits to have approved (confirmation mode)."""
-    with daemon_client(open_home(home)) as client:
-        _said(client, session_id, client.session(session_id).approve(action_id))
-
-
-@click.command()
-@click.argument("session_id")
-@click.option("--reason", default="", help="Why: the agent reads it.")
-@click.option("--action-id", default="", help="Only if this is the action waiting.")
-@home_option
-def reject(session_id: str, reason: str, action_id: str, home: Path | None) -> None:
-    """Do not run the action waiting: it is recorded rejected, the agent carries on."""
-    with daemon_client(open_home(home)) as client:
-        _said(client, session_id, client.session(session_id).reject(reason, action_id))
 
 
 def register(main: click.Group) -> None:

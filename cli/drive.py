@@ -22,13 +22,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich.text import Text
 
 from ..host.processes import SignalRelay, die_if_forked, signal_handlers
 from ..security.masking import mask_known
+from .approval_prompt import TerminalLines, answer_waiting
+from .console import console, interactive
+from .next_steps import how_to_go_on, next_rows
 from .support import INTERRUPTED_BASE, OK, SESSION_FAILED
 
 if TYPE_CHECKING:
@@ -38,20 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-class _FirstUseConsole:
-    """rich's Console, made on first use: it reads the terminal's width and colour
-    settings (COLUMNS, NO_COLOR...) then, not when this module is imported."""
-
-    _console: Console | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if _FirstUseConsole._console is None:
-            _FirstUseConsole._console = Console(highlight=False)
-        return getattr(_FirstUseConsole._console, name)
-
-
-console: Console = _FirstUseConsole()  # type: ignore[assignment]
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DETACHED = ("detached: session {id} goes on in the daemon; follow it again with "
@@ -117,8 +105,9 @@ class Begun:
     session: SessionHandle
     since: int = 0
     """Stream the events after this seq (a resume shows only what is new)."""
-    resume_command: str = ""
-    """How to carry the session on; ``trouper resume <id>`` when empty."""
+    flags: str = ""
+    """What a command that carries the session on needs besides its id (`` --script
+    FILE``...): ``next_steps.carry_on_flags``."""
 
 
 Begin = Callable[["TrouperClient"], Begun]
@@ -180,8 +169,28 @@ def drive(choice: Choice, begin: Begin, *, timeout_s: float, verbose: bool) -> i
 
 def _follow(begun: Begun, timeout_s: float, verbose: bool, interrupts: Interrupts,
             in_daemon: bool) -> Outcome:
+    """Stream the session until it settles; in a terminal, ask about each action that
+    waits for approval and follow on (the time at the prompt is not counted)."""
     session = begun.session
-    stream(session, timeout_s, verbose, since=begun.since, stop=interrupts.stop)
+    console.print(f"[bold]session {session.id}[/bold]")
+    lines = TerminalLines() if interactive() else None
+    since, deadline, answered = begun.since, time.monotonic() + timeout_s, ""
+    while True:
+        since = stream(session, max(deadline - time.monotonic(), 0.0), verbose, since=since,
+                       stop=interrupts.stop, header=False)
+        if lines is None or interrupts.stop.is_set() or time.monotonic() >= deadline:
+            break
+        asked_at = time.monotonic()
+        answered = answer_waiting(session, lines, interrupts.stop, not_again=answered)
+        deadline += time.monotonic() - asked_at
+        if not answered:
+            break
+    return _outcome(begun, timeout_s, interrupts, in_daemon)
+
+
+def _outcome(begun: Begun, timeout_s: float, interrupts: Interrupts,
+             in_daemon: bool) -> Outcome:
+    session = begun.session
     info = session.info()
     if interrupts.signum:
         note = f"interrupted by {interrupts.name}"
@@ -214,17 +223,19 @@ def _pause(session: SessionHandle) -> bool:
 
 
 def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int = 0,
-           stop: threading.Event | None = None) -> None:
+           stop: threading.Event | None = None, header: bool = True) -> int:
     """Print the session's events as they come, until it settles, ``timeout_s`` passes or
-    ``stop`` is set."""
+    ``stop`` is set; return the seq of the last one."""
     from ..messages.events import ActionEvent, ObservationEvent
     from .render import describe_action, render
 
-    console.print(f"[bold]session {session.id}[/bold]")
+    if header:
+        console.print(f"[bold]session {session.id}[/bold]")
     status = console.status("waiting for the model…")
     status.start()
     try:
         for event in session.events(since, follow=True, timeout_s=timeout_s, stop=stop):
+            since = event.seq
             line = render(event, verbose=verbose)
             if line is not None:
                 status.stop()
@@ -236,6 +247,7 @@ def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int =
                 status.update("waiting for the model…")
     finally:
         status.stop()
+    return since
 
 
 def print_summary(outcome: Outcome, elapsed_s: float) -> None:
@@ -254,11 +266,11 @@ def print_summary(outcome: Outcome, elapsed_s: float) -> None:
     if outcome.in_daemon and not info.settled:  # it works on in the daemon
         rows.append(("follow", f"trouper events {info.id} --follow"))
     elif not outcome.finished:
-        rows.append(("resume", _resume_command(outcome)))
+        rows += next_rows(info.id, info.state, outcome.begun.flags)
     style = "green" if outcome.finished else "yellow"
     console.print(Text("── summary", style=f"bold {style}"))
-    for key, value in rows:
-        console.print(Text(f"{key:<10} ", style="dim") + Text(value))
+    for key, value in rows:  # never wrapped: a command must paste whole
+        console.print(Text(f"{key:<10} ", style="dim") + Text(value), soft_wrap=True)
 
 
 def _count(n: int, what: str) -> str:
@@ -269,22 +281,11 @@ def _left(outcome: Outcome | None) -> str:
     """What an interrupted command left behind, in words."""
     if outcome is None:
         return "no session was started"
-    session_id = outcome.begun.session.id
+    info = outcome.info
     if outcome.finished:
-        return f"session {session_id} had finished"
-    return f"session {session_id} can be resumed with: {_resume_command(outcome)}"
+        return f"session {info.id} had finished"
+    return f"session {info.id} {how_to_go_on(info.id, info.state, outcome.begun.flags)}"
 
 
-def _resume_command(outcome: Outcome) -> str:
-    from ..messages.events import AgentState
-
-    begun = outcome.begun
-    command = begun.resume_command or f"trouper resume {begun.session.id}"
-    if outcome.info.state == AgentState.AWAITING_USER_INPUT:
-        return f"{command} -m 'YOUR ANSWER'"
-    if outcome.info.state == AgentState.AWAITING_USER_CONFIRMATION:
-        return f"{command} --approve  (or --reject 'WHY')"
-    return command
-
-
-__all__ = ["DETACHED", "Begun", "Interrupts", "Outcome", "drive", "print_summary", "stream"]
+__all__ = ["DETACHED", "Begun", "Interrupts", "Outcome", "console", "drive", "print_summary",
+           "stream"]

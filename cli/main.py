@@ -19,9 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..config.files import KEYS
 from ..home.paths import Home
+from .carry_on import DAEMON_SCRIPT, carry_on
 from .clients import driving
 from .drive import Begun, console, drive
+from .next_steps import carry_on_flags
+from .run_defaults import api_key_from, chosen, confirm_policy, read_files, runtime_config
 from .scripted import (
     DEMO_MODEL,
     DEMO_SCRIPT,
@@ -29,13 +33,10 @@ from .scripted import (
     SCRIPTED_KEY,
     SCRIPTED_MODEL,
     port_error,
-    script_to_serve,
     serve,
 )
 from .support import (
     DEBUG_ENV,
-    USAGE,
-    CliError,
     TrouperGroup,
     debug_enabled,
     home_option,
@@ -45,20 +46,20 @@ from .support import (
 )
 
 if TYPE_CHECKING:
-    from ..client.protocol import TrouperClient
+    from ..client.protocol import SessionHandle, TrouperClient
 
 MODEL_ENV = "TROUPER_MODEL"
 BASE_URL_ENV = "TROUPER_BASE_URL"
-NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}), or --script FILE for a "
+NO_MODEL = (f"no model: give --model MODEL (or set {MODEL_ENV}, or model = \"MODEL\" in a "
+            "config file: trouper config path), or --script FILE for a "
             "scripted one; to watch the built-in demo, run 'trouper demo' (or 'trouper run' "
             "with no task)")
 DEMO_NO_WORKSPACE = ("the demo works in a fresh folder under the trouper home, never in a "
                      "folder you name: drop --workspace (or give a TASK and --model)")
 
-DAEMON_SCRIPT = ("--script serves the model from this process, which the daemon's session "
-                 "outlives: serve it with 'trouper fake-llm --script FILE --port N'")
 timeout_option = click.option(
-    "--timeout", "timeout_s", default=3600.0, show_default=True,
+    "--timeout", "timeout_s", default=KEYS["timeout"].default, show_default=True,
+    envvar=KEYS["timeout"].env,
     help="Stop following after this many seconds: the session is paused (in the daemon: "
          "it goes on), resume carries it on.")
 
@@ -83,16 +84,21 @@ def main(debug: bool) -> None:
 @click.option("--base-url", envvar=BASE_URL_ENV,
               help=f"API base of the model's server (env {BASE_URL_ENV}).")
 @click.option("--api-key", help="API key; default: the provider's usual env var.")
-@click.option("--runtime", default="local", show_default=True,
+@click.option("--api-key-env", envvar=KEYS["api_key_env"].env, metavar="NAME",
+              help="The environment variable that holds the API key.")
+@click.option("--runtime", default=KEYS["runtime"].default, show_default=True,
+              envvar=KEYS["runtime"].env,
               type=click.Choice(["local", "docker", "remote"]),
               help="Where the shell runs: here, in a container (needs --image), or on a "
                    "runtime server (needs --url; its token in TROUPER_RUNTIME_TOKEN).")
-@click.option("--image", help="The image of a --runtime docker session (any image with sh).")
-@click.option("--url", "runtime_url", help="The runtime server of a --runtime remote session.")
-@click.option("--no-network", is_flag=True,
+@click.option("--image", envvar=KEYS["image"].env,
+              help="The image of a --runtime docker session (any image with sh).")
+@click.option("--url", "runtime_url", envvar=KEYS["url"].env,
+              help="The runtime server of a --runtime remote session.")
+@click.option("--no-network", is_flag=True, envvar=KEYS["no_network"].env,
               help="--runtime local: the shell opens no network socket (Docker has none "
                    "unless its config gives one).")
-@click.option("--unconfined", is_flag=True,
+@click.option("--unconfined", is_flag=True, envvar=KEYS["unconfined"].env,
               help="--runtime local: the shell runs with all your rights (no Landlock or "
                    "seccomp): only for a task and a model you trust.")
 @click.option("--workspace", type=click.Path(file_okay=False, path_type=Path),
@@ -100,13 +106,15 @@ def main(debug: bool) -> None:
 @home_option
 @click.option("--script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Answer with a scripted LLM server (a JSON script) instead of a model.")
-@click.option("--max-iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--max-iterations", default=KEYS["max_iterations"].default, show_default=True,
+              type=click.IntRange(1), envvar=KEYS["max_iterations"].env)
 @click.option("--repo", help="Clone this git repository (URL or path) into the empty "
                              "workspace before the first step.")
 @click.option("--branch", help="The branch or tag of --repo to check out.")
 @click.option("--setup", help="A shell command run in the sandbox after the clone, before "
                               "the first step (a failure ends the session in ERROR).")
-@click.option("--confirm", default="never", show_default=True, metavar="POLICY",
+@click.option("--confirm", default=KEYS["confirm"].default, show_default=True,
+              metavar="POLICY", envvar=KEYS["confirm"].env,
               help="Actions that wait for your approval: never, always, risky, or tool "
                    "names separated by commas (run,write_file).")
 @click.option("--daemon", is_flag=True,
@@ -115,52 +123,43 @@ def main(debug: bool) -> None:
 @timeout_option
 @verbose_option
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
-        runtime: str, image: str | None, runtime_url: str | None, no_network: bool,
-        unconfined: bool, workspace: Path | None, home: Path | None,
+        api_key_env: str | None, runtime: str, image: str | None, runtime_url: str | None,
+        no_network: bool, unconfined: bool, workspace: Path | None, home: Path | None,
         script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
         setup: str | None, confirm: str, daemon: bool, timeout_s: float,
         verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
     With no TASK and no model, runs the built-in demo (as 'trouper demo'). With
-    --daemon, in the home's daemon.
+    --daemon, in the home's daemon. What no flag gives comes from TROUPER_* variables,
+    then the config files ('trouper config show').
     """
     if daemon and task is None:
         raise click.UsageError("--daemon needs a TASK (the demo runs in this process: "
                                "'trouper demo')")
     if daemon and script is not None:
         raise click.UsageError(DAEMON_SCRIPT + " and give --base-url")
-    if task is None and not model and not script:
+    files = read_files(home, workspace or Path.cwd())
+    if task is None and not model and not script:  # a file's model never turns off the demo
         if workspace is not None:
             raise click.UsageError(DEMO_NO_WORKSPACE)
         _exit(_demo(home, timeout_s, verbose))
     if task is None:
         raise click.UsageError("give a TASK (or run 'trouper demo' for the built-in demo)")
-    if not model and not script:
+    keys = chosen(click.get_current_context(), files, *KEYS)
+    if not keys["model"].value and not script:
         raise click.UsageError(NO_MODEL)
-    if (runtime == "docker") != (image is not None):
-        raise click.UsageError("--image goes with --runtime docker, and --runtime docker "
-                               "needs --image")
-    if (runtime == "remote") != (runtime_url is not None):
-        raise click.UsageError("--url goes with --runtime remote, and --runtime remote "
-                               "needs --url")
-    if (no_network or unconfined) and runtime != "local":
-        raise click.UsageError("--no-network and --unconfined go with --runtime local")
-    if no_network and unconfined:
-        raise click.UsageError("--no-network needs the confinement that --unconfined turns off")
-    chosen: Any = ({"kind": "docker", "image": image} if runtime == "docker" else
-                   {"kind": "remote", "url": runtime_url} if runtime == "remote" else
-                   {"kind": "local", "network": not no_network, "confine": not unconfined})
-    llm: dict[str, Any] = {"model": model or SCRIPTED_MODEL, "base_url": base_url}
-    if api_key:
-        llm["api_key"] = api_key
-    policy: Any = confirm if confirm in ("never", "always", "risky") else [
-        name.strip() for name in confirm.split(",") if name.strip()]
+    llm: dict[str, Any] = {"model": keys["model"].value or SCRIPTED_MODEL,
+                           "base_url": keys["base_url"].value}
+    key = api_key or (api_key_from(keys) if script is None else None)
+    if key:
+        llm["api_key"] = key
     extra = {name: value for name, value in
              (("repo", repo), ("branch", branch), ("setup", setup)) if value is not None}
-    _exit(_start(home, task, llm, script, daemon=daemon, timeout_s=timeout_s,
-                 verbose=verbose, runtime=chosen, workspace=workspace,
-                 max_iterations=max_iterations, confirm=policy, **extra))
+    _exit(_start(home, task, llm, script, daemon=daemon, timeout_s=keys["timeout"].value,
+                 verbose=verbose, runtime=runtime_config(keys), workspace=workspace,
+                 max_iterations=keys["max_iterations"].value,
+                 confirm=confirm_policy(keys["confirm"].value), **extra))
 
 
 @main.command()
@@ -194,7 +193,7 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
     loaded = load_script(script) if script is not None else None  # a bad file: exit 2 now
     trouper_home = _home_with_log(home)
     choice = driving(trouper_home, daemon=daemon)
-    hint = f" --script {script}" if script is not None and script != DEMO_SCRIPT else ""
+    flags = carry_on_flags(trouper_home, script if script != DEMO_SCRIPT else None)
     with contextlib.ExitStack() as servers:  # left after drive: it answers until the end
         config = dict(llm)
         if loaded is not None:
@@ -205,7 +204,7 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
                 console.print("[dim]the built-in demo: a scripted LLM server on loopback "
                               "plays the model (give a TASK and --model for a real one)[/dim]")
             session = client.start_session(task, llm=config, **options)
-            return Begun(session, 0, f"trouper resume {session.id}{hint}")
+            return Begun(session, 0, flags)
 
         return drive(choice, begin, timeout_s=timeout_s, verbose=verbose)
 
@@ -230,39 +229,20 @@ def resume(session_id: str, message: str | None, approve: bool, reject: str | No
     Through the home's daemon when one runs (--timeout and Ctrl-C then leave it going on
     there).
     """
-    from ..security.secrets_file import remember_session_secrets
-
     if sum((message is not None, approve, reject is not None)) > 1:
         raise click.UsageError("give one of --message, --approve and --reject")
-    trouper_home = _home_with_log(home)
-    choice = driving(trouper_home, daemon=None)
-    if choice.daemon_url is None:  # the model's scripted server, if any, must listen here
-        served, port = script_to_serve(trouper_home, session_id, script)
-    elif script is not None:
-        raise CliError(DAEMON_SCRIPT + " at the address the session knows", USAGE)
-    else:
-        served, port = None, 0
-    hint = f" --script {script}" if script else ""
 
-    def begin(client: TrouperClient) -> Begun:
-        remember_session_secrets(trouper_home, session_id)  # shown output is masked
-        session = client.session(session_id)
-        before = session.info().last_seq
+    def act(session: SessionHandle) -> object:
         if message:
-            session.send(message)
-        elif approve:
-            session.approve()
-        elif reject is not None:
-            session.reject(reject)
-        else:
-            session.resume()
-        return Begun(session, before, f"trouper resume {session_id}{hint}")
+            return session.send(message)
+        if approve:
+            return session.approve()
+        if reject is not None:
+            return session.reject(reject)
+        return session.resume()
 
-    with contextlib.ExitStack() as servers:  # before the actors: none of them takes the port
-        if served is not None:
-            serve(servers, served, port)
-        code = drive(choice, begin, timeout_s=timeout_s, verbose=verbose)
-    _exit(code)
+    _exit(carry_on(_home_with_log(home), session_id, script, act, timeout_s=timeout_s,
+                   verbose=verbose))
 
 
 def _home_with_log(home: Path | None) -> Home:

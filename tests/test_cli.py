@@ -234,7 +234,8 @@ def test_run_from_a_repository_waits_for_approval_and_resume_answers_it(tmp_path
     rows = summary(result.stdout)
     assert result.returncode == 1 and rows["state"] == "awaiting_user_confirmation"
     assert "rm -rf hello.txt" in rows["reason"]
-    assert rows["resume"].endswith("--approve  (or --reject 'WHY')")
+    assert rows["approve"] == f"trouper approve {rows['session']} --script {script}"
+    assert rows["reject"] == f"trouper reject {rows['session']} 'WHY' --script {script}"
     assert (workspace / "hello.txt").read_text() == "from the repo\n"
     rejected = trouper_cmd("resume", rows["session"], "--script", str(script),
                            "--reject", "keep the file", home=home)

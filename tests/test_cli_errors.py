@@ -232,8 +232,8 @@ def test_an_unexpected_exception_names_its_type_and_asks_for_debug(monkeypatch, 
 def test_the_console_reads_the_terminal_settings_when_it_first_prints(monkeypatch):
     """Not on import: a process forked after the import (or a program that sets COLUMNS
     later) prints at the width it has then."""
-    from trouper.cli import drive as cli_session
+    from trouper.cli import console as cli_console
 
-    monkeypatch.setattr(cli_session._FirstUseConsole, "_console", None)
+    monkeypatch.setattr(cli_console.FirstUseConsole, "_console", None)
     monkeypatch.setenv("COLUMNS", "123")
-    assert cli_session.console.width == 123
+    assert cli_console.console.width == 123
