@@ -12,8 +12,8 @@ runtime next to the local one; skipped without an engine), ``idle`` (the CPU of 
 that wait for the user or have finished: bench/idle.py). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
 ``bench/results/bench-<time>.json`` and ``bench/results/latest.json``; their ``targets``
-are issue 14's goals with the run's values, and their ``tree_goals`` the goals of the
-session tree (a SessionSupervisor, its Controller and RuntimeProxy, per session) against
+are the bench's goals with the run's values, and their ``tree_goals`` the goals of the
+session tree (a Controller and a RuntimeProxy per session, under a shared SessionSupervisor) against
 the bare loop and the bare fleet (bench/targets.py; bench/README.md says what each row
 means and how it is measured).
 """

@@ -1,4 +1,4 @@
-"""The goals of issue 14 (and the older OpenHands ratios) and the session tree's goals
+"""The bench's goals (and the older OpenHands ratios) and the session tree's goals
 (``TREE_GOALS``), checked against a run's figures.
 
 Each target comes out as ``{"target": "<= 1.5", "value": <number or None>, "met": <bool or
@@ -32,7 +32,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "openhands / trouper per step, K=200": (">=", 3.0),
     "openhands (subprocess terminal) / trouper per step, K=200": (">=", 3.0),
 }
-"""Name -> (comparison, limit). The first twelve are issue 14's table, in its order."""
+"""Name -> (comparison, limit). The first twelve are bench/README.md's goal table, in order."""
 INSTALL = "README's first command on a fresh machine, s"
 """Timed outside the bench (a fresh machine): given to ``run.py --install-s``."""
 
@@ -165,7 +165,7 @@ def tree_goal_lines(goals: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def target_lines(t: dict[str, dict[str, Any]]) -> list[str]:
-    return _lines("Targets (issue 14)", t)
+    return _lines("Targets", t)
 
 
 def _lines(title: str, t: dict[str, dict[str, Any]]) -> list[str]:
