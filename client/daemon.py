@@ -52,6 +52,7 @@ from .sse_reading import cut_when_set, parse_sse
 
 if TYPE_CHECKING:
     from ..config.models import LLMConfig, RuntimeConfig
+    from ..workspace_diff import WorkspaceDiff
 
 RECONNECT_WAIT_S = 0.5
 RETRY_S = 15.0
@@ -264,6 +265,14 @@ class RemoteSession:
     def view(self) -> SessionView:
         """The session folded from its whole log (state, cost, pending actions...)."""
         return SessionView.of(self.events())
+
+    def diff(self) -> WorkspaceDiff:
+        """What changed in the workspace since the session started (the daemon compares
+        it: ``GET /v1/sessions/{id}/diff``)."""
+        from ..workspace_diff import WorkspaceDiff
+
+        return WorkspaceDiff.model_validate(
+            self._trouper.request("GET", f"/v1/sessions/{self.id}/diff"))
 
     @property
     def awaiting_confirmation(self) -> ActionEvent | None:

@@ -40,6 +40,7 @@ from ..security.secrets_file import (
     write_session_secrets,
 )
 from ..store import EventStore, open_store, store_url
+from ..workspace_diff import take_baseline
 from .actor_system import ActorSystemHandle
 from .checks import (
     check_trouper_args,
@@ -197,6 +198,7 @@ class Trouper:
         write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
         # the task and every other field stored masked; the keys are left out
         self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
+        take_baseline(self.home, session_id, config)  # before the actors: before any action
         self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..config.models import LLMConfig, RuntimeConfig
     from ..core.fold import SessionView
     from ..messages.events import ActionEvent, AgentState, Event
+    from ..workspace_diff import WorkspaceDiff
     from .info import SessionInfo, SessionSummary
 
 
@@ -78,6 +79,12 @@ class SessionHandle(Protocol):
 
     def view(self) -> SessionView:
         """The session folded from its whole log (state, cost, pending actions...)."""
+        ...
+
+    def diff(self) -> WorkspaceDiff:
+        """What changed in the workspace since the session started (new, changed and
+        deleted files, each with its unified diff); ``available`` False says why none
+        can be made (no baseline, a workspace on another machine)."""
         ...
 
     def send(self, text: str) -> int:

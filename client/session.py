@@ -20,7 +20,9 @@ from ..messages.events import ActionEvent, AgentState, Event
 from .info import SessionInfo
 
 if TYPE_CHECKING:
+    from ..home.paths import Home
     from ..store import EventStore, SessionRecord
+    from ..workspace_diff import WorkspaceDiff
 
 
 def new_session_id() -> str:
@@ -33,6 +35,9 @@ class SessionOwner(Protocol):
 
     @property
     def store(self) -> EventStore: ...
+
+    @property
+    def home(self) -> Home: ...
 
     def fault(self, session_id: str, timeout_s: float | None = None) -> str | None: ...
 
@@ -80,6 +85,18 @@ class Session:
     def view(self) -> SessionView:
         """The session folded from its whole log (state, cost, pending actions...)."""
         return SessionView.of(self._trouper.store.read(self.id))
+
+    def diff(self) -> WorkspaceDiff:
+        """What changed in the workspace since the session started, masked (docs/api.md,
+        "What the agent changed"); when none can be made, ``available`` is False and
+        ``reason`` says why."""
+        from ..security.secrets_file import remember_session_secrets
+        from ..workspace_diff import workspace_diff
+        from ..workspace_diff.model import masked
+
+        config = self.record.config
+        remember_session_secrets(self._trouper.home, self.id)
+        return masked(workspace_diff(self._trouper.home, self.id, config))
 
     # -- commands ----------------------------------------------------------------
 

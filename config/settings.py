@@ -121,6 +121,18 @@ class Settings(BaseModel):
     Calls to other providers, and every call while a litellm callback is set, go through
     ``litellm.completion`` either way."""
 
+    # What a session's baseline of its workspace may hold (workspace_diff/; docs/api.md,
+    # "What the agent changed"): a file or a workspace past them is left out, and said so.
+    diff_max_file_bytes: int = Field(default=1024 * 1024, ge=1)
+    """A file larger than this is left out of a session's baseline and of its diff (the
+    diff names it)."""
+    diff_max_files: int = Field(default=20_000, ge=1)
+    """A workspace with more files than this (ignored ones aside) gets no baseline: its
+    diff says so, and why."""
+    diff_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    """The same for a workspace whose files (those under ``diff_max_file_bytes``) add up
+    to more than this: the baseline is a copy of them in the trouper home."""
+
     # The daemon's HTTP limits (daemon/app.py's ``http_limits``; docs/daemon.md, "Limits"):
     # what one client may cost it, read by the daemon process when it starts.
     daemon_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)

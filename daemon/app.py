@@ -178,6 +178,12 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         """Events with seq > ``after``: ``{events, next_after, head_seq}``."""
         return service.events(session_id, after, limit)
 
+    @api.get("/v1/sessions/{session_id}/diff")
+    def diff(session_id: str) -> dict[str, Any]:
+        """What the agent changed: the workspace compared with its state when the session
+        started (``available`` false, with a ``reason``, when it cannot be)."""
+        return service.diff(session_id)
+
     @api.get("/v1/sessions/{session_id}/events/stream")
     async def stream(request: Request, session_id: str, after: int = After,
                      until_settled: bool = False,

@@ -224,6 +224,15 @@ class Service:
         return {"events": [event_json(e) for e in events],
                 "next_after": events[-1].seq if events else after, "head_seq": head}
 
+    def diff(self, session_id: str) -> dict[str, Any]:
+        """What changed in the session's workspace since it started, masked."""
+        from ..workspace_diff import workspace_diff
+
+        record = self.record(session_id)
+        self.learn(session_id)
+        compared = workspace_diff(self.trouper.home, session_id, record.config)
+        return mask(compared.to_json())  # type: ignore[no-any-return]
+
     def session(self, session_id: str) -> Session:
         self.record(session_id)
         self.learn(session_id)

@@ -27,6 +27,7 @@ from trouper.core.fold import SessionView
 from trouper.exceptions import ConfigError, InvalidRequest, UnknownSession
 from trouper.messages.events import ActionEvent, AgentState, Event, StateChanged
 from trouper.store import SessionRecord
+from trouper.workspace_diff import WorkspaceDiff
 
 NAMES = {  # what the modules import only for type checking, to resolve their hints
     "ActionEvent": ActionEvent, "AgentState": AgentState, "Event": Event,
@@ -35,6 +36,7 @@ NAMES = {  # what the modules import only for type checking, to resolve their hi
     "RemoteSession": RemoteSession, "SessionHandle": SessionHandle, "Trouper": Trouper,
     "RemoteTrouper": RemoteTrouper, "StoreReader": StoreReader, "Self": typing.Self,
     "SessionRecord": SessionRecord, "TrouperClient": TrouperClient,
+    "WorkspaceDiff": WorkspaceDiff,
 }
 HANDLES = {SessionHandle: (Session, RemoteSession)}
 """A protocol a member returns, and the classes that may stand for it (checked too)."""

@@ -1,0 +1,147 @@
+"""A session's baseline: its workspace as it was when the session started.
+
+``take_baseline`` runs in ``Trouper.start_session``, before the session's actors exist,
+so before its first action. It copies the workspace's files (those git would track: the
+ignored ones, a repository's ``.git`` and any repository inside the workspace aside)
+into a shadow git repository of the session's own, ``<home>/sessions/<id>/baseline.git``
+(owner-only, like all the home), and records what it did in ``baseline.json`` beside it.
+A git repository the user has in the workspace is only read, never written.
+
+Three kinds of baseline:
+
+- ``snapshot``: the copy above, as a commit of the shadow repository;
+- ``clone``: a session that clones a repository starts from an empty folder, so its
+  baseline is the commit the clone checked out, read when a diff is asked for from the
+  clone's reflog (its first entry): the diff then shows the agent's work, not the whole
+  clone as new;
+- ``none``: no diff can be made, and ``reason`` says why (the workspace is on a runtime
+  server's machine, git is missing, the workspace is past the limits).
+
+It never raises: a baseline that cannot be taken is recorded as ``none`` with its cause,
+and the session starts as it would have.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..config.models import SessionConfig
+from ..config.settings import Settings, env_name, settings
+from ..home.paths import Home, write_private
+from .git import NO_GIT, GitFailed, ShadowGit, find_git, nul_input, workspace_excludes
+from .selection import new_files, select, size_text
+
+logger = logging.getLogger(__name__)
+
+BASELINE_GIT = "baseline.git"
+"""The shadow repository, in the session's folder."""
+BASELINE_RECORD = "baseline.json"
+"""What ``take_baseline`` did, in the session's folder."""
+BASELINE_REF = "refs/trouper/baseline"
+REMOTE = ("the workspace is on the runtime server's machine, not this one: trouper cannot "
+          "compare it (run git there, or download the files)")
+
+
+class Baseline(BaseModel):
+    """What a session's diff is made against (``baseline.json``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: Literal["snapshot", "clone", "none"]
+    taken_at: datetime
+    """UTC."""
+    commit: str = ""
+    """The shadow repository's commit of the workspace (``snapshot``)."""
+    reason: str = ""
+    """Why there is no diff (``none``)."""
+    too_large: tuple[str, ...] = ()
+    """Files left out for their size (``snapshot``)."""
+    repositories: tuple[str, ...] = ()
+    """Repositories inside the workspace, left out (``snapshot``)."""
+    max_file_bytes: int = 0
+    """The size limit the baseline was taken with."""
+
+
+def baseline_git(home: Home, session_id: str) -> Path:
+    return home.session_dir(session_id) / BASELINE_GIT
+
+
+def read_baseline(home: Home, session_id: str) -> Baseline | None:
+    """The session's baseline record; None when it has none (a session from before
+    baselines, or a record that cannot be read)."""
+    path = home.session_dir(session_id) / BASELINE_RECORD
+    try:
+        return Baseline.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as e:
+        logger.debug("session %s: no baseline record (%s)", session_id, e)
+        return None
+
+
+def take_baseline(home: Home, session_id: str, config: SessionConfig,
+                  limits: Settings | None = None) -> Baseline:
+    """Record the session's workspace as it is now (see the module docstring); never
+    raises."""
+    limits = limits or settings()
+    try:
+        baseline = _take(home, session_id, config, limits)
+    except (GitFailed, OSError) as e:
+        baseline = _none(f"no baseline of the workspace could be taken: {e}")
+    if baseline.kind == "none":
+        logger.warning("session %s: no diff of its workspace will be possible: %s",
+                       session_id, baseline.reason)
+    write_private(home.session_dir(session_id) / BASELINE_RECORD, baseline.model_dump_json())
+    return baseline
+
+
+def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) -> Baseline:
+    if config.runtime.kind == "remote":
+        return _none(REMOTE)
+    program = find_git()
+    if program is None:
+        return _none(NO_GIT)
+    now, workspace = datetime.now(UTC), Path(config.workspace)
+    git = ShadowGit(program, baseline_git(home, session_id), workspace,
+                    excludes_file=workspace_excludes(workspace))
+    git.run("init", "-q", "--shared=0600")
+    if config.repo is not None:  # compared with the commit the clone checks out
+        return Baseline(kind="clone", taken_at=now, max_file_bytes=limits.diff_max_file_bytes)
+    chosen = select(workspace, new_files(git), limits.diff_max_file_bytes)
+    if too_many := _past_limits(len(chosen.files), chosen.total_bytes, limits):
+        return _none(too_many)
+    if chosen.files:
+        git.run("add", "--pathspec-from-file=-", "--pathspec-file-nul",
+                stdin=nul_input(list(chosen.files)))
+    tree = git.run("write-tree").decode().strip()
+    commit = git.run("commit-tree", "-m", "the workspace when the session started",
+                     tree).decode().strip()
+    git.run("update-ref", BASELINE_REF, commit)
+    return Baseline(kind="snapshot", taken_at=now, commit=commit, too_large=chosen.too_large,
+                    repositories=chosen.repositories,
+                    max_file_bytes=limits.diff_max_file_bytes)
+
+
+def _past_limits(files: int, total: int, limits: Settings) -> str | None:
+    """Why a workspace is too large for a baseline, naming the setting; None if it fits."""
+    if files > limits.diff_max_files:
+        return (f"the workspace has {files} files, more than {env_name('diff_max_files')}="
+                f"{limits.diff_max_files}: no baseline was taken (raise it, or ignore "
+                "what need not be compared in a .gitignore)")
+    if total > limits.diff_max_bytes:
+        return (f"the workspace's files add up to {size_text(total)}, more than "
+                f"{env_name('diff_max_bytes')}={size_text(limits.diff_max_bytes)}: no "
+                "baseline was taken (raise it, or ignore what need not be compared in a "
+                ".gitignore)")
+    return None
+
+
+def _none(reason: str) -> Baseline:
+    return Baseline(kind="none", taken_at=datetime.now(UTC), reason=reason)
+
+
+__all__ = ["BASELINE_GIT", "BASELINE_RECORD", "Baseline", "baseline_git", "read_baseline",
+           "take_baseline"]

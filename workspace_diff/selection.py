@@ -1,0 +1,73 @@
+"""Which of a workspace's files a baseline keeps, or a diff compares, under the limits.
+
+git lists the files it would track (``ls-files --others --exclude-standard``: ignored
+ones aside, by the workspace's ``.gitignore`` files and its repository's
+``info/exclude``); from them, a folder git lists whole is a repository of its own inside
+the workspace (never compared: git would record only its commit), and a file larger
+than ``diff_max_file_bytes`` is left out. Both are named, so the diff can say so.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .git import ShadowGit, nul_list
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The files to compare, and what was left out and why."""
+
+    files: tuple[str, ...]
+    too_large: tuple[str, ...]
+    """Larger than the limit: not compared."""
+    repositories: tuple[str, ...]
+    """Folders holding a repository of their own (``sub/``): not compared."""
+    total_bytes: int
+    """The size of ``files`` together."""
+
+
+def new_files(git: ShadowGit) -> list[str]:
+    """The work tree's files that git does not track yet and does not ignore."""
+    return nul_list(git.run("ls-files", "--others", "--exclude-standard", "-z"))
+
+
+def select(workspace: Path, listed: list[str], max_file_bytes: int,
+           skip: frozenset[str] = frozenset()) -> Selection:
+    """``listed`` (work-tree paths as git lists them) split by the limits; ``skip``:
+    paths left out before (too large when the baseline was taken)."""
+    files, too_large, repositories, total = [], [], [], 0
+    for path in listed:
+        if path.endswith("/"):
+            repositories.append(path)
+            continue
+        if path in skip:
+            continue
+        size = file_size(workspace / path)
+        if size > max_file_bytes:
+            too_large.append(path)
+            continue
+        files.append(path)
+        total += size
+    return Selection(tuple(files), tuple(too_large), tuple(repositories), total)
+
+
+def file_size(path: Path) -> int:
+    """A file's size (a link's own, never its target's); 0 when it is gone."""
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def size_text(size: int) -> str:
+    """``1 MiB``, ``300 KiB``, ``12 bytes``: a limit as a person reads it."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.3g} {unit}"
+    return f"{size} bytes"
+
+
+__all__ = ["Selection", "file_size", "new_files", "select", "size_text"]
