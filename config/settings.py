@@ -4,14 +4,19 @@ changing the protocol.
 ``Settings`` holds the constants that are a choice (how long a rate window is, how much
 slack it keeps), not a fact of a wire format. Each has a default and may be overridden
 through an environment variable named ``TROUPER_`` plus the field's name in capitals
-(``TROUPER_RATE_WINDOW_S=6``). ``settings()`` is this process's instance, read once.
+(``TROUPER_RATE_WINDOW_S=6``), which beats the ``[settings]`` tables of the config files
+(``config/files.py``) that the ``trouper`` command hands over with ``use_file_settings``
+(a program using the API reads none unless it does the same). ``settings()`` is this
+process's instance, read once.
 
 Actor processes are forked from the program that opens the ``Trouper`` (through
 Thespian's admin), and each reads its own environment again after the fork (the cache is
 forgotten in every forked child), so an override set in the environment before
 ``Trouper()`` opens reaches every actor, even when this process read the settings
-earlier. ``Trouper()`` validates the environment before it forks anything, so a bad value
-is refused there, naming the variable, not in an actor.
+earlier. The files' tables are module state that a fork copies: a forked actor sees the
+values the program read, without reading a file. ``Trouper()`` validates the environment
+before it forks anything, so a bad value is refused there, naming the variable, not in an
+actor; a file's values were checked when it was read.
 
 Restart budgets are per policy (``restarts.RestartPolicy``); the sandbox server's own
 limits (``runtimes/sandbox/``) are its command-line options, since it runs without
@@ -26,8 +31,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -157,11 +162,24 @@ class Settings(BaseModel):
         An empty variable counts as unset. Raises ConfigError naming the variable (its
         ``field``) when a value is refused.
         """
+        return cls.layered((), environ)
+
+    @classmethod
+    def layered(cls, file_layers: Sequence[Mapping[str, Any]],
+                environ: Mapping[str, str] | None = None) -> Settings:
+        """The defaults, overridden by ``file_layers`` (checked values, lowest precedence
+        first: the user's file, a project's), then by the variables that are set.
+
+        Raises ConfigError naming the variable when a variable's value is refused.
+        """
         env = os.environ if environ is None else environ
         given = {name: env[env_name(name)] for name in cls.model_fields
                  if env.get(env_name(name), "").strip()}
+        merged: dict[str, Any] = {}
+        for layer in file_layers:
+            merged.update(layer)
         try:
-            return cls.model_validate(given)
+            return cls.model_validate({**merged, **given})
         except ValidationError as e:
             problems = [(env_name(field), _with_value(reason, given.get(field)))
                         for field, reason in pydantic_problems(e)]
@@ -173,10 +191,22 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+_file_layers: tuple[dict[str, Any], ...] = ()
+"""The ``[settings]`` tables of the files this program read, lowest precedence first."""
+
+
+def use_file_settings(file_layers: Sequence[Mapping[str, Any]]) -> None:
+    """Let ``settings()`` take these checked tables under the environment, in this process
+    and in every process forked from it after this call (before ``Trouper()`` opens)."""
+    global _file_layers
+    _file_layers = tuple(dict(layer) for layer in file_layers)
+    settings.cache_clear()
+
+
 @functools.cache
 def settings() -> Settings:
-    """This process's settings, read from its environment on first use."""
-    return Settings.from_env()
+    """This process's settings: its environment over the files' tables, on first use."""
+    return Settings.layered(_file_layers)
 
 
 # A forked actor reads the environment it was forked with, not its parent's cached copy.

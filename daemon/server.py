@@ -28,7 +28,8 @@ from typing import Any
 
 import uvicorn
 
-from ..exceptions import TrouperError
+from ..config.files import use_config_files
+from ..exceptions import ConfigError, TrouperError
 from ..home.paths import Home, enter_private_process
 from ..host.processes import die_if_forked, signal_handlers
 from ..security.masking import install_log_masking
@@ -84,6 +85,11 @@ def run(home: Home, host: str, port: int, ready: Ready) -> int:
     enter_private_process()
     install_log_masking()
     files = DaemonFiles(home)
+    try:  # the user's file only: the daemon serves every project
+        use_config_files(home.root, None)
+    except ConfigError as exc:
+        ready({"error": str(exc)})
+        return 2
     stop = _Stop()
     with stop.installed():
         lock = HomeLock(files)

@@ -1,0 +1,126 @@
+"""Which value wins, and where it came from: flag > environment > project file > user
+file > default, for every key of the config files and every setting.
+
+``resolve_keys`` takes what a command line gave (its flags and, as click read them, its
+variables) and fills the rest from the files; ``keys_from_env`` reads the variables for a
+command that has no such options (``trouper config show``). ``resolve_settings`` does the
+same for ``Settings``. Each value comes back as a ``Resolved`` naming its source as
+``config show`` prints it: ``flag``, ``env TROUPER_MODEL``, the file, or ``default``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import ConfigError
+from .files import KEYS, ConfigFile, ConfigFiles
+from .settings import Settings, env_name
+
+DEFAULT = "default"
+FLAG = "flag"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A value and where it came from."""
+
+    value: Any
+    source: str
+    """``flag``, ``env NAME``, a file's path (``~`` for the user's home) or ``default``."""
+
+
+def resolve_keys(files: ConfigFiles, given: Mapping[str, Resolved] | None = None,
+                 names: tuple[str, ...] | None = None) -> dict[str, Resolved]:
+    """Every key of ``names`` (default: all): from ``given`` (flags, variables), else the
+    project file, else the user's, else the default. Raises ConfigError when a project
+    file's ``confirm`` would ask less than the user's own choice."""
+    given = given or {}
+    chosen: dict[str, Resolved] = {}
+    for name in names or tuple(KEYS):
+        if name in given:
+            chosen[name] = given[name]
+            continue
+        chosen[name] = Resolved(KEYS[name].default, DEFAULT)
+        for layer in files.layers():
+            if name in layer.keys:
+                chosen[name] = Resolved(layer.keys[name], layer.label)
+    if "confirm" in chosen and files.project is not None and \
+            chosen["confirm"].source == files.project.label:
+        _check_project_confirm(files.project, files.user)
+    return chosen
+
+
+def _check_project_confirm(project: ConfigFile, user: ConfigFile | None) -> None:
+    """A project may ask for approval of more actions than the user's own choice, never
+    fewer: ``never`` < a list of tools or ``risky`` < ``always``, and two different middle
+    choices are not comparable."""
+    mine = user.keys.get("confirm", "never") if user is not None else "never"
+    theirs = project.keys["confirm"]
+    if mine == "never" or theirs == "always" or _policy(mine) == _policy(theirs):
+        return
+    whose = user.label if user is not None and "confirm" in user.keys else "the default"
+    raise ConfigError(
+        f"{project.where('confirm')}: confirm = {theirs!r} would ask for your approval less "
+        f"than your own choice ({mine!r}, {whose}); a project file may only ask for more: "
+        "remove it there, or give --confirm", field="confirm")
+
+
+def _policy(value: Any) -> Any:
+    if isinstance(value, str) and value in ("never", "always", "risky"):
+        return value
+    names = value.split(",") if isinstance(value, str) else value
+    return frozenset(n.strip() for n in names if n.strip())
+
+
+def keys_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Resolved]:
+    """The keys set by their ``TROUPER_*`` variables (an empty one counts as unset).
+    Raises ConfigError naming a variable whose value is refused."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Resolved] = {}
+    for key in KEYS.values():
+        text = env.get(key.env, "").strip()
+        if not text:
+            continue
+        value = _typed(text, key.default)
+        if (why := key.check(value)) is not None:
+            shown = "" if key.name == "api_key_env" else f" (got {text!r})"
+            raise ConfigError(f"{key.env}: {why}{shown}", field=key.env)
+        found[key.name] = Resolved(value, f"env {key.env}")
+    return found
+
+
+def _typed(text: str, default: Any) -> Any:
+    """A variable's text as the type of the key's default (a flag, a number)."""
+    if isinstance(default, bool):
+        lowered = text.lower()
+        return True if lowered in _TRUE else False if lowered in _FALSE else text
+    if isinstance(default, int | float):
+        try:
+            return type(default)(text)
+        except ValueError:
+            return text
+    return text
+
+
+def resolve_settings(files: ConfigFiles, environ: Mapping[str, str] | None = None
+                     ) -> dict[str, Resolved]:
+    """Every setting's value and source: its variable, the project file, the user's, the
+    default. Raises ConfigError naming a variable whose value is refused."""
+    env = os.environ if environ is None else environ
+    layers = [layer.settings for layer in files.layers()]
+    values = Settings.layered(layers, env)
+    sources: dict[str, Resolved] = {}
+    for name in Settings.model_fields:
+        source = DEFAULT
+        for layer in files.layers():
+            if name in layer.settings:
+                source = layer.label
+        if env.get(env_name(name), "").strip():
+            source = f"env {env_name(name)}"
+        sources[name] = Resolved(getattr(values, name), source)
+    return sources
