@@ -175,6 +175,7 @@ def demo(home: Path | None, workspace: str | None, timeout_s: float, verbose: bo
     """
     if workspace is not None:
         raise click.UsageError(DEMO_NO_WORKSPACE)
+    read_files(home, Path.cwd())  # their [settings] apply; their model and runtime never do
     _exit(_demo(home, timeout_s, verbose))
 
 
@@ -301,6 +302,7 @@ def runtime_gc(home: Path | None) -> None:
 
 
 # The sibling modules' commands, registered after the ones above.
+from .config_cmd import config as _config  # noqa: E402
 from .daemon import register as _register_daemon  # noqa: E402
 from .reading import events, sessions  # noqa: E402
 from .runtime_server import runtime_server  # noqa: E402
@@ -308,6 +310,7 @@ from .runtime_server import runtime_server  # noqa: E402
 main.add_command(sessions)
 main.add_command(events)
 main.add_command(runtime_server)
+main.add_command(_config)
 _register_daemon(main)
 
 if __name__ == "__main__":  # pragma: no cover
