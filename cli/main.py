@@ -232,6 +232,8 @@ def resume(session_id: str, message: str | None, approve: bool, reject: str | No
     """
     if sum((message is not None, approve, reject is not None)) > 1:
         raise click.UsageError("give one of --message, --approve and --reject")
+    files = read_files(home, Path.cwd())  # their timeout and [settings] apply
+    timeout_s = chosen(click.get_current_context(), files, "timeout")["timeout"].value
 
     def act(session: SessionHandle) -> object:
         if message:

@@ -342,3 +342,30 @@ def test_the_demo_keeps_working_whatever_the_files_say_of_the_model(tmp_path):
     assert "state → finished" in result.stdout
     used = recorded(home)
     assert used.llm.model != "openai/not-for-the-demo" and used.runtime.kind == "local"
+
+
+@pytest.mark.slow
+def test_run_and_resume_follow_for_the_timeout_the_files_give(tmp_path):
+    home, project = tmp_path / "home", tmp_path / "repo"
+    home.mkdir()
+    project.mkdir()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"tool": "run", "args": {"command": "sleep 600"}}] * 2))
+    (home / "config.toml").write_text("timeout = 3\n")
+    ran = trouper("run", "wait", "--script", str(script), home=home, cwd=tmp_path)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "when --timeout (3 s) passed" in ran.stdout
+    (project / ".trouper.toml").write_text("timeout = 2\n")  # the project's beats the user's
+    session_id = recorded_id(home)
+    resumed = trouper("resume", session_id, "--script", str(script), home=home, cwd=project)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "when --timeout (2 s) passed" in resumed.stdout
+
+
+def recorded_id(home: Path) -> str:
+    store = open_store(Home.at(home))
+    try:
+        record, = store.sessions()
+    finally:
+        store.close()
+    return record.session_id
