@@ -67,8 +67,10 @@ def runtime_config(keys: dict[str, Resolved]) -> dict[str, Any]:
                 else {"kind": "remote", "url": url.value})
     no_network, unconfined = (bool(k.value) for k in loose)
     if no_network and unconfined:
-        raise _usage(f"--no-network ({_from(keys['no_network'])}) needs the confinement "
-                     f"that --unconfined ({_from(keys['unconfined'])}) turns off")
+        given = [f"{n} {_from(keys[n])}" for n in ("no_network", "unconfined")
+                 if keys[n].source != FLAG]
+        raise _usage("--no-network needs the confinement that --unconfined turns off"
+                     + (f" ({', '.join(given)})" if given else ""))
     return {"kind": "local", "network": not no_network, "confine": not unconfined}
 
 

@@ -369,3 +369,25 @@ def recorded_id(home: Path) -> str:
     finally:
         store.close()
     return record.session_id
+
+
+def test_a_files_image_or_url_waits_for_its_runtime_and_a_flags_does_not(tmp_path):
+    import click
+
+    from trouper.cli.run_defaults import runtime_config
+    from trouper.config.files import ConfigFiles
+    from trouper.config.layers import Resolved
+
+    user = parse_text('image = "python:3.12"\nurl = "https://box:8080"\nno_network = true',
+                      tmp_path / "config.toml", "user")
+    files = ConfigFiles(user.path, user)
+    assert runtime_config(resolve_keys(files)) == {"kind": "local", "network": False,
+                                                   "confine": True}
+    docker = resolve_keys(files, {"runtime": Resolved("docker", "flag")})
+    assert runtime_config(docker) == {"kind": "docker", "image": "python:3.12"}
+    project = parse_text('runtime = "docker"', tmp_path / ".trouper.toml", "project")
+    with pytest.raises(click.UsageError, match=rf"from {tmp_path}/.trouper.toml\) needs an "):
+        runtime_config(resolve_keys(ConfigFiles(project.path, None, project.path, project)))
+    flagged = resolve_keys(files, {"image": Resolved("alpine", "flag")})
+    with pytest.raises(click.UsageError, match="--image goes with --runtime docker"):
+        runtime_config(flagged)
