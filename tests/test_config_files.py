@@ -391,3 +391,28 @@ def test_a_files_image_or_url_waits_for_its_runtime_and_a_flags_does_not(tmp_pat
     flagged = resolve_keys(files, {"image": Resolved("alpine", "flag")})
     with pytest.raises(click.UsageError, match="--image goes with --runtime docker"):
         runtime_config(flagged)
+
+
+@pytest.mark.slow
+def test_the_daemon_takes_its_settings_from_the_users_file(tmp_path):
+    from trouper.testing.daemon import running_daemon
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("[settings]\ndaemon_max_body_bytes = 2048\n")
+    with running_daemon(home) as daemon:
+        answer = daemon.http().post("/v1/sessions", content=b"{" + b" " * 4096 + b"}",
+                                    headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413
+
+
+@pytest.mark.slow
+def test_a_daemon_refuses_to_start_on_a_bad_users_file_naming_it(tmp_path):
+    from trouper.daemon.process import start
+    from trouper.daemon.server import DaemonError
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("[settings]\ndaemon_max_body_bytes = 1\n")
+    with pytest.raises(DaemonError, match=r"config.toml, line 2: settings.daemon_max_body"):
+        start(Home.at(home), popen=forkserver.Popen)
