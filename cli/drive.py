@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+_WAITING_FOR_YOU = {"awaiting_user_confirmation": "waiting for your approval…",
+                    "awaiting_user_input": "waiting for your answer…"}
+"""What the spinner says while a session waits for the user (by state value)."""
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DETACHED = ("detached: session {id} goes on in the daemon; follow it again with "
             "'trouper events {id} --follow'")
@@ -226,7 +229,7 @@ def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int =
            stop: threading.Event | None = None, header: bool = True) -> int:
     """Print the session's events as they come, until it settles, ``timeout_s`` passes or
     ``stop`` is set; return the seq of the last one."""
-    from ..messages.events import ActionEvent, ObservationEvent
+    from ..messages.events import ActionEvent, ObservationEvent, StateChanged
     from .render import describe_action, render
 
     if header:
@@ -245,6 +248,8 @@ def stream(session: SessionHandle, timeout_s: float, verbose: bool, since: int =
                 status.update(f"running {describe_action(event)[:60]}…")
             elif isinstance(event, ObservationEvent):
                 status.update("waiting for the model…")
+            elif isinstance(event, StateChanged) and event.state in _WAITING_FOR_YOU:
+                status.update(_WAITING_FOR_YOU[event.state])
     finally:
         status.stop()
     return since
@@ -270,7 +275,7 @@ def print_summary(outcome: Outcome, elapsed_s: float) -> None:
     style = "green" if outcome.finished else "yellow"
     console.print(Text("── summary", style=f"bold {style}"))
     for key, value in rows:  # never wrapped: a command must paste whole
-        console.print(Text(f"{key:<10} ", style="dim") + Text(value), soft_wrap=True)
+        console.print(Text.assemble((f"{key:<10} ", "dim"), value), soft_wrap=True)
 
 
 def _count(n: int, what: str) -> str:

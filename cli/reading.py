@@ -20,6 +20,8 @@ from .drive import Interrupts, console
 from .support import OK, home_option, open_home, verbose_option
 
 if TYPE_CHECKING:
+    from ..client.protocol import SessionHandle
+    from ..home.paths import Home
     from ..messages.events import Event
 
 
@@ -74,7 +76,10 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool, follow
 
     Through the home's daemon when one runs. With --follow, new events as whoever drives
     the session appends them, until it settles; a signal ends it (exit 130, 143, 129).
+    A session that settles waiting for approval ends it with the command that answers.
     """
+    from ..client.store_reader import StoreReader
+
     trouper_home = open_home(home)
     with reading(trouper_home) as client:
         session = client.session(session_id)  # unknown: an error before anything is printed
@@ -87,7 +92,24 @@ def events(session_id: str, home: Path | None, since: int, as_json: bool, follow
         with interrupts.installed():
             for event in session.events(since, follow=True, stop=interrupts.stop):
                 _show(event, as_json, verbose)
+        if not interrupts.signum:
+            _say_if_waiting(session, trouper_home, in_daemon=not isinstance(
+                client, StoreReader))
     click.get_current_context().exit(interrupts.exit_code if interrupts.signum else OK)
+
+
+def _say_if_waiting(session: SessionHandle, home: Home, in_daemon: bool) -> None:
+    """On stderr, when the session settled waiting for approval: how to answer it."""
+    from .next_steps import carry_on_flags, how_to_go_on
+    from .scripted import SCRIPTED_MODEL
+
+    info = session.info()
+    if info.awaiting_confirmation is None:
+        return
+    scripted = not in_daemon and info.config.llm.model == SCRIPTED_MODEL
+    flags = carry_on_flags(home, "FILE" if scripted else None)
+    click.echo(f"trouper: session {info.id} {how_to_go_on(info.id, info.state, flags)}",
+               err=True)
 
 
 def _show(event: Event, as_json: bool, verbose: bool) -> None:

@@ -36,6 +36,12 @@ _STATUS_STYLE = {"ok": "green", "error": "red", "lost": "bold red", "rejected": 
                  "interrupted": "yellow"}
 
 
+def _styled(text: str, style: str) -> Text:
+    """``text`` in ``style`` as a span, not as the base style: what is appended to it
+    keeps its own style (``Text(text, style=...) + more`` would paint ``more`` too)."""
+    return Text.assemble((text, style))
+
+
 def _clip(text: str, limit: int) -> str:
     text = text.rstrip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -62,7 +68,7 @@ def describe_action(event: ActionEvent) -> str:
 def render(event: Event, *, verbose: bool = False) -> Text | None:
     """One event as a line (or a few), or None when it is not worth showing."""
     event = known_masker().mask_event(event)
-    seq = Text(f"{event.seq:>4} ", style="dim")
+    seq = _styled(f"{event.seq:>4} ", "dim")
     if isinstance(event, StateChanged):
         line = Text(f"state → {event.state.value}", style=_STATE_STYLE.get(event.state, "cyan"))
         if event.reason:
@@ -72,9 +78,9 @@ def render(event: Event, *, verbose: bool = False) -> Text | None:
         who = "user" if event.source == "user" else "agent"
         return seq + Text(f"{who}: ", style="bold") + Text(_clip(event.text, 400))
     if isinstance(event, ActionEvent):
-        line = Text("▶ ", style="bold blue") + Text(describe_action(event))
+        line = _styled("▶ ", "bold blue") + Text(describe_action(event))
         if event.thought and verbose:
-            line = Text(f"  {_clip(event.thought, 200)}\n", style="italic dim") + seq + line
+            line = _styled(f"  {_clip(event.thought, 200)}\n", "italic dim") + seq + line
         return seq + line
     if isinstance(event, ObservationEvent):
         return seq + _render_outcome(event, verbose)
@@ -97,7 +103,7 @@ def render(event: Event, *, verbose: bool = False) -> Text | None:
 
 def _render_outcome(event: ObservationEvent, verbose: bool) -> Text:
     outcome = event.outcome
-    head = Text("  ↳ ", style="dim") + Text(outcome.status, style=_STATUS_STYLE[outcome.status])
+    head = _styled("  ↳ ", "dim") + Text(outcome.status, style=_STATUS_STYLE[outcome.status])
     if outcome.exit_code is not None:
         head.append(f" exit {outcome.exit_code}", style="dim")
     if outcome.timed_out:

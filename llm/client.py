@@ -24,7 +24,7 @@ from .credentials import require_key
 http_pool.install()  # the broker's threads share one pool (encode/httpcore#1110)
 
 logger = logging.getLogger(__name__)
-litellm.suppress_debug_info = True
+litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner before an error
 
 
 def _can_skip_mcp() -> bool:

@@ -24,6 +24,8 @@ from ..config.models import LLMConfig
 from ..exceptions import MissingCredentials
 from .errors import sdk_refused_to_start
 
+litellm.suppress_debug_info = True  # no "Provider List" banner: trouper says it in one line
+
 API_KEY_FLAG = "api_key (CLI: --api-key)"
 """How a user passes a key explicitly, named in every credentials message."""
 _KEY_VAR = re.compile(r"[A-Z0-9_]+_API_(KEY|TOKEN)\Z|[A-Z0-9_]+_AUTH_TOKEN\Z")
