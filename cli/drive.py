@@ -8,6 +8,11 @@ signal exits at once. ``--timeout`` ends the same way. Where the session lives o
 the one difference: an embedded session still working is paused (``_pause`` says why),
 never finished or stopped by the signal, so ``trouper resume`` carries it on; a daemon's
 goes on there (the command detaches).
+
+In a terminal (stdin and stdout both TTYs), an action that waits for approval is asked
+about at a prompt (``cli_approval_prompt``) and the following goes on with the answer;
+elsewhere the command ends and its summary prints the ``approve`` and ``reject`` commands
+(``cli_next_steps``).
 """
 
 from __future__ import annotations
