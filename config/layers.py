@@ -49,10 +49,33 @@ def resolve_keys(files: ConfigFiles, given: Mapping[str, Resolved] | None = None
         for layer in files.layers():
             if name in layer.keys:
                 chosen[name] = Resolved(layer.keys[name], layer.label)
-    if "confirm" in chosen and files.project is not None and \
-            chosen["confirm"].source == files.project.label:
-        _check_project_confirm(files.project, files.user)
+    if files.project is not None:
+        if "confirm" in chosen and chosen["confirm"].source == files.project.label:
+            _check_project_confirm(files.project, files.user)
+        _check_project_model(chosen, files.project, files.user)
     return chosen
+
+
+def _check_project_model(chosen: dict[str, Resolved], project: ConfigFile,
+                         user: ConfigFile | None) -> None:
+    """A project's model may not send the key you named (``api_key_env``) to another
+    provider than your own model's: the key would leave for a server you did not pick."""
+    model, key_env = chosen.get("model"), chosen.get("api_key_env")
+    if model is None or key_env is None or key_env.value is None \
+            or model.source != project.label:
+        return
+    mine = user.keys.get("model") if user is not None else None
+    if mine is not None and _provider(mine) == _provider(model.value):
+        return
+    yours = f"your model's ({mine})" if mine else "one you chose (you set no model)"
+    raise ConfigError(
+        f"{project.where('model')}: model = {model.value!r} would send the key in "
+        f"{key_env.value} ({key_env.source}) to another provider than {yours}; give "
+        "--model or TROUPER_MODEL, or set model in your own file", field="model")
+
+
+def _provider(model: str) -> str:
+    return model.split("/", 1)[0] if "/" in model else "openai"
 
 
 def _check_project_confirm(project: ConfigFile, user: ConfigFile | None) -> None:

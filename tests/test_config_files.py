@@ -416,3 +416,16 @@ def test_a_daemon_refuses_to_start_on_a_bad_users_file_naming_it(tmp_path):
     (home / "config.toml").write_text("[settings]\ndaemon_max_body_bytes = 1\n")
     with pytest.raises(DaemonError, match=r"config.toml, line 2: settings.daemon_max_body"):
         start(Home.at(home), popen=forkserver.Popen)
+
+
+def test_a_projects_model_may_not_send_the_key_you_named_to_another_provider(place):
+    place["user_file"].write_text('api_key_env = "MY_OPENAI_KEY"\nmodel = "openai/gpt-4o"\n')
+    place["project_file"].write_text('model = "ollama/llama3"\n')  # a local port anyone binds
+    line = refused()
+    assert "model = 'ollama/llama3' would send the key in MY_OPENAI_KEY" in line
+    place["project_file"].write_text('model = "openai/gpt-4o-mini"\n')  # same provider
+    assert show()["keys"]["model"]["value"] == "openai/gpt-4o-mini"
+    place["user_file"].write_text('api_key_env = "MY_OPENAI_KEY"\n')  # a key, no model
+    assert "you set no model" in refused()
+    place["user_file"].write_text("")  # no key named: the provider's own variable is used
+    assert show()["keys"]["model"]["value"] == "openai/gpt-4o-mini"
