@@ -31,6 +31,8 @@ PROMPT = "Run it? [y]es / [n]o / n with a reason: "
 WHY_PROMPT = "Why not? (the agent reads it; Enter for no reason): "
 AGAIN = "answer y, n, or n followed by the reason"
 _POLL_S = 0.1
+SHOWN_LINES = 12
+"""Lines of a file action's content shown above the prompt (each side of an edit)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,36 @@ class TerminalLines:
         return line.decode(errors="replace").rstrip("\r")
 
 
-def show(action: str, held_because: str | None) -> None:
-    """The action and why it waits, above the prompt."""
+def show(action: str, held_because: str | None, body: list[Text] | None = None) -> None:
+    """The action, what it would write, and why it waits, above the prompt."""
     console.print(Text("waiting for your approval", style="bold magenta"))
-    console.print(Text("  action  ", style="dim") + Text(action))
+    console.print(Text.assemble(("  action  ", "dim"), action))
+    for line in body or []:
+        console.print(Text.assemble("          ", line))
     if held_because:
-        console.print(Text("  held    ", style="dim") + Text(held_because))
+        console.print(Text.assemble(("  held    ", "dim"), held_because))
+
+
+def body_of(event: ActionEvent) -> list[Text]:
+    """What a file action would write (``+`` lines) or replace (``-`` lines), masked and
+    cut to ``SHOWN_LINES`` each: enough to judge it at the prompt."""
+    from ..security.masking import known_masker
+
+    action = known_masker().mask_event(event).action
+    kind = getattr(action, "kind", "")
+    if kind == "write_file":
+        return _marked(action.content, "+", "green")
+    if kind == "edit_file":
+        return _marked(action.old, "-", "red") + _marked(action.new, "+", "green")
+    return []
+
+
+def _marked(text: str, mark: str, style: str) -> list[Text]:
+    lines = text.splitlines() or [""]
+    shown = [Text(f"{mark} {line}", style=style) for line in lines[:SHOWN_LINES]]
+    if len(lines) > SHOWN_LINES:
+        shown.append(Text(f"  … {len(lines) - SHOWN_LINES} more lines", style="dim"))
+    return shown
 
 
 def ask(event: ActionEvent, held_because: str | None, lines: TerminalLines,
@@ -91,7 +117,7 @@ def ask(event: ActionEvent, held_because: str | None, lines: TerminalLines,
     """Show ``event`` and ask until an answer comes; None on a signal or end of input."""
     from .render import describe_action
 
-    show(describe_action(event), held_because)
+    show(describe_action(event), held_because, body_of(event))
     prompt = PROMPT
     while True:
         console.print(Text(prompt, style="bold"), end="")
@@ -139,4 +165,4 @@ def answer_waiting(session: SessionHandle, lines: TerminalLines, stop: threading
 
 
 __all__ = ["AGAIN", "PROMPT", "WHY_PROMPT", "Answer", "TerminalLines", "answer_waiting", "ask",
-           "parse", "show"]
+           "body_of", "parse", "show"]
