@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from ..config.models import SessionConfig
+from ..core.states import TABLE, Target, Why
 from ..exceptions import ConfigError
 from ..messages.events import ActionEvent, AgentState
 
@@ -38,6 +39,8 @@ class SessionSummary(BaseModel):
     task: str
     model: str
     """The session's litellm model string."""
+    runtime: str = "local"
+    """Where its sandbox runs: ``local``, ``docker`` or ``remote``."""
     workspace: str
     """The absolute path of the folder the agent works in."""
     created_at: datetime
@@ -52,7 +55,8 @@ class SessionSummary(BaseModel):
         """The summary of a stored session."""
         config = record.config
         return cls(id=record.session_id, state=record.state, reason=record.state_reason,
-                   task=config.task, model=config.llm.model, workspace=config.workspace,
+                   task=config.task, model=config.llm.model, runtime=config.runtime.kind,
+                   workspace=config.workspace,
                    created_at=record.created_at, updated_at=record.updated_at,
                    last_seq=record.last_seq)
 
@@ -91,6 +95,9 @@ class SessionInfo(SessionSummary):
     outcomes: int
     awaiting_confirmation: ActionEvent | None
     """The action waiting for the user's approval, or None."""
+    commands: tuple[str, ...] = ()
+    """The user's commands that would do something now (of pause, resume, stop, approve,
+    reject: the session core's table for its state); ``send`` is always taken."""
     config: SessionConfig
     """The session's config as stored: never the API key nor a runtime's token."""
 
@@ -106,6 +113,7 @@ class SessionInfo(SessionSummary):
             completion_tokens=view.completion_tokens, iterations=view.total_iterations,
             actions=view.actions, outcomes=view.outcomes,
             awaiting_confirmation=view.awaiting_confirmation, config=record.config)
+        summary["commands"] = commands_in(summary["state"], view.awaiting_confirmation)
         return cls(**summary)
 
     @field_serializer("resumes_at", when_used="json")
@@ -115,6 +123,27 @@ class SessionInfo(SessionSummary):
     def to_json(self) -> dict[str, Any]:
         """The session as the daemon's API writes it (``GET /v1/sessions/{id}``)."""
         return self.model_dump(mode="json", exclude={"config": {"llm": {"api_key"}}})
+
+
+class SessionRow(SessionSummary):
+    """One row of the daemon's list (``GET /v1/sessions``): the summary, and what its log
+    folds into that a list shows (the daemon keeps each session's fold)."""
+
+    cost_usd: float = 0.0
+    iterations: int = 0
+    """Model calls over the whole log."""
+
+
+_COMMAND_CAUSES = {"pause": Why.USER_PAUSE, "resume": Why.USER_RESUME, "stop": Why.USER_STOP}
+
+
+def commands_in(state: AgentState, waiting: ActionEvent | None) -> tuple[str, ...]:
+    """The commands that would move a session in ``state`` (a row of the core's table
+    that is no mere "stays"), and approve and reject while an action waits."""
+    table = TABLE.get(state, {})
+    moving = tuple(name for name, why in _COMMAND_CAUSES.items()
+                   if why in table and table[why].to is not Target.STAY)
+    return moving + (("approve", "reject") if waiting is not None else ())
 
 
 def state_filter(state: AgentState | str | None) -> AgentState | None:
@@ -129,4 +158,4 @@ def state_filter(state: AgentState | str | None) -> AgentState | None:
                           field="state") from None
 
 
-__all__ = ["SessionInfo", "SessionSummary", "state_filter"]
+__all__ = ["SessionInfo", "SessionRow", "SessionSummary", "commands_in", "state_filter"]

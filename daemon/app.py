@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/page/app.js": ("app.js", "text/javascript; charset=utf-8"),
+              "/page/list.js": ("list.js", "text/javascript; charset=utf-8"),
+              "/page/changes.js": ("changes.js", "text/javascript; charset=utf-8"),
               "/page/style.css": ("style.css", "text/css; charset=utf-8")}
 _PAGE_HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; connect-src 'self'; img-src 'self' data:; "

@@ -32,7 +32,8 @@ from ..serving.token_guard import ASGIApp, Refusal, Scope, TokenGuard
 
 logger = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/", "/page/app.js", "/page/style.css"})
+PUBLIC_PATHS = frozenset({"/", "/page/app.js", "/page/list.js", "/page/changes.js",
+                          "/page/style.css"})
 """Served without the token: the web page's static files (no data, no token in them)."""
 SUBPROTOCOL = "trouper.v1"
 """The WebSocket subprotocol the daemon speaks (answered when the client offers it)."""

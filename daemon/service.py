@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..client.info import SessionInfo, SessionSummary
+from ..client.info import SessionInfo, SessionRow, SessionSummary
 from ..client.session import Session
 from ..core.fold import SessionView
 from ..exceptions import ConfigError, InvalidRequest, UnknownSession
@@ -165,8 +165,13 @@ class Service:
                 "next_offset": next_offset}
 
     def summary(self, record: SessionRecord) -> dict[str, Any]:
+        """A list's row: the session's summary with its cost and steps, masked."""
         self.learn(record.session_id)
-        return record_summary(record)
+        with self._views_lock:
+            view = self._fold(record.session_id, record.last_seq)
+            usage = {"cost_usd": view.cost_usd, "iterations": view.total_iterations}
+        row = SessionRow(**SessionSummary.of_record(record).model_dump(), **usage)
+        return mask(row.to_json())  # type: ignore[no-any-return]
 
     def record(self, session_id: str) -> SessionRecord:
         """The stored session; UnknownSession, before the store is asked, for an id no
@@ -186,12 +191,14 @@ class Service:
             info = SessionInfo.of(record, self._fold(session_id), fault)
         return mask(info.to_json())  # type: ignore[no-any-return]
 
-    def _fold(self, session_id: str) -> SessionView:
+    def _fold(self, session_id: str, last_seq: int | None = None) -> SessionView:
         """The session's view, kept between calls and brought up to date with the events
-        appended since (a GET costs the new events, not the whole log)."""
+        appended since (a GET costs the new events, not the whole log; none when
+        ``last_seq``, the store's, says there are none)."""
         view = self._views.pop(session_id, None) or SessionView()
-        for event in self.store.read(session_id, since=view.last_seq):
-            view.apply(event)
+        if last_seq is None or view.last_seq < last_seq:
+            for event in self.store.read(session_id, since=view.last_seq):
+                view.apply(event)
         self._views[session_id] = view
         while len(self._views) > VIEWS_KEPT:
             self._views.popitem(last=False)
@@ -246,11 +253,6 @@ class Service:
             if session_id not in self._known:
                 remember_session_secrets(self.trouper.home, session_id)
                 self._known.add(session_id)
-
-
-def record_summary(record: SessionRecord) -> dict[str, Any]:
-    """A stored session as the API lists it (masked): ``SessionSummary``'s JSON."""
-    return mask(SessionSummary.of_record(record).to_json())  # type: ignore[no-any-return]
 
 
 def event_json(event: Event) -> dict[str, Any]:

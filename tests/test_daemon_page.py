@@ -130,8 +130,16 @@ def test_approve_and_reject_from_the_page(page, daemon, scripted, tmp_path):
     statuses = page.locator("#events .outcome").evaluate_all(
         "nodes => nodes.map(n => n.dataset.status)")
     assert statuses == ["ok", "rejected", "ok"]
-    expect(page.locator("#events li.status", has_text="rejected: not this one")
-           ).to_have_count(1)
+    # the rejection is listed once: as the action's outcome, not also as a line of its
+    # own (the answer) nor as the state change it caused
+    expect(page.locator("#events > li", has_text="not this one")).to_have_count(1)
+    rejected = page.locator("#events li.action", has_text="echo never runs")
+    expect(rejected).to_have_count(1)
+    expect(rejected.locator(".outcome")).to_have_text(
+        "rejected: The user rejected this action: not this one")
+    expect(page.locator("#events li.action", has_text="echo approved")).to_contain_text(
+        "approved by you")
+    assert page.locator("#approve").is_disabled() and page.locator("#reject").is_disabled()
     events = list(daemon.client().session(sid).events())
     assert [e.approved for e in events if e.kind == "confirmation"] == [True, False]
 
@@ -143,8 +151,13 @@ def test_pause_and_resume_from_the_page(page, daemon, scripted):
                        for i in range(12)] + [FINISH])
     sid = start_from_the_form(page, llm, "slow and steady")
     expect(page.locator("#events li.action").first).to_be_visible(timeout=LONG_S)
+    expect(page.locator("#state")).to_have_text("running")
+    expect(page.locator("#pause")).to_be_enabled()  # the buttons follow the state
+    expect(page.locator("#resume")).to_be_disabled()
     page.click("#pause")
     expect(page.locator("#state")).to_have_text("paused", timeout=LONG_S)
+    expect(page.locator("#pause")).to_be_disabled()
+    expect(page.locator("#resume")).to_be_enabled()
     remote = daemon.client().session(sid)
     assert remote.state.value == "paused"
     shown = page.locator("#events li.action").count()
@@ -237,3 +250,108 @@ def test_a_command_whose_answer_a_dropped_connection_lost_is_sent_again_and_done
     events = daemon.http().get(f"/v1/sessions/{sid}/events").json()["events"]
     said = [e["text"] for e in events if e["kind"] == "message" and e["source"] == "user"]
     assert said == ["say something", "go on"]
+
+
+def test_the_list_shows_each_session_s_id_task_state_model_runtime_age_cost_and_steps(
+        page, daemon, scripted, tmp_path):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([{"tool": "run", "args": {"command": "echo listed"}}, FINISH])
+    task = "a task for the list " + "that goes on " * 12
+    session = daemon.client().start_session(task, llm=llm, workspace=tmp_path / "ws")
+    assert session.wait(timeout=60).value == "finished"
+    info = session.info()
+    row = page.locator(f"#sessions li[data-id='{session.id}']")
+    expect(row.locator(".state")).to_have_text("finished", timeout=LONG_S)
+    expect(row.locator(".sid")).to_have_text(session.id)
+    expect(row.locator(".task")).to_have_text(re.compile(r"^a task for the list .*…$"))
+    assert row.locator(".task").get_attribute("title") == task
+    expect(row.locator(".model")).to_have_text(llm["model"])
+    expect(row.locator(".runtime")).to_have_text("local")
+    expect(row.locator(".cost")).to_have_text(f"${info.cost_usd:.4f}")
+    expect(row.locator(".steps")).to_have_text(f"{info.iterations} steps")
+    assert info.iterations == 2
+    first = row.locator(".age").text_content()
+    assert re.fullmatch(r"\d+ s ago", first or ""), first
+    page.wait_for_function(  # the age moves on by itself, without a new session event
+        "([id, age]) => document.querySelector(`#sessions li[data-id='${id}'] .age`)"
+        ".textContent !== age", arg=[session.id, first], timeout=LONG_S)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    row.locator("button.copy").click()
+    expect(row.locator("button.copy")).to_have_text("copied")
+    assert page.evaluate("navigator.clipboard.readText()") == session.id
+    expect(page.locator("#session")).to_be_hidden()  # copying did not open the session
+
+
+def test_buttons_that_cannot_apply_to_a_finished_session_are_disabled(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([FINISH])
+    session = daemon.client().start_session("finish at once", llm=llm)
+    assert session.wait(timeout=60).value == "finished"
+    page.locator(f"#sessions li[data-id='{session.id}']").click()
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    for name in ("pause", "resume", "approve", "reject"):
+        expect(page.locator(f"#{name}")).to_be_disabled()
+    expect(page.locator("#stop")).to_be_enabled()  # a finished session may still be stopped
+    expect(page.locator("#send")).to_be_enabled()  # and given more work
+
+
+def test_the_changes_view_shows_what_the_agent_wrote(page, daemon, scripted, tmp_path):
+    from playwright.sync_api import expect
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("one\ntwo\n")
+    (workspace / "kept.txt").write_text("untouched\n")
+    _, llm = scripted([
+        {"tool": "write_file", "args": {"path": "hello.py", "content": "print('hi')\n"}},
+        {"tool": "edit_file", "args": {"path": "notes.txt", "old": "two", "new": "TWO"}},
+        FINISH])
+    session = daemon.client().start_session("write hello.py", llm=llm, workspace=workspace)
+    assert session.wait(timeout=60).value == "finished"
+    page.locator(f"#sessions li[data-id='{session.id}']").click()
+    page.click("#tab-changes")
+    files = page.locator("#changes-files .file")
+    expect(files).to_have_count(2, timeout=LONG_S)
+    assert files.evaluate_all("nodes => nodes.map(n => [n.dataset.path, n.dataset.change])"
+                              ) == [["hello.py", "added"], ["notes.txt", "modified"]]
+    expect(files.first.locator(".patch .add")).to_have_text("+print('hi')\n")
+    expect(files.nth(1).locator(".patch .del")).to_have_text("-two\n")
+    expect(files.nth(1).locator(".patch .add")).to_have_text("+TWO\n")
+    expect(page.locator("#changes-status")).to_contain_text("2 file(s) changed since")
+    expect(page.locator("#changes")).not_to_contain_text("kept.txt")
+    expect(page.locator("#events-view")).to_be_hidden()
+
+
+def test_loading_the_page_makes_no_failed_request_and_logs_no_error(browser, daemon,
+                                                                     scripted):
+    """Every request the page makes carries the token: none is answered 401 (the browser's
+    own /favicon.ico was), nor fails otherwise, while the list refreshes, a session is
+    opened (its view, its stream, its changes) and read again."""
+    _, llm = scripted([FINISH])
+    session = daemon.client().start_session("load quietly", llm=llm)
+    assert session.wait(timeout=60).value == "finished"
+    context = browser.new_context()
+    problems: list[str] = []
+    try:
+        page = context.new_page()
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text} "
+                                                     f"{m.location.get('url')}")
+                if m.type in ("error", "warning") else None)
+        page.on("response", lambda r: problems.append(f"{r.status} {r.url}")
+                if r.status >= 400 else None)
+        page.on("requestfailed", lambda r: problems.append(f"failed {r.url}: {r.failure}"))
+        page.on("pageerror", lambda exc: problems.append(f"page error {exc}"))
+        page.goto(f"{daemon.url}/#token={daemon.token}")
+        page.locator(f"#sessions li[data-id='{session.id}']").click()
+        page.click("#tab-changes")
+        page.wait_for_selector("#changes-status[data-available]", timeout=LONG_S)
+        for _ in range(2):  # and the list read twice more, as it is every second
+            page.wait_for_event("response", lambda r: "/v1/sessions?" in r.url,
+                                timeout=LONG_S)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "page-load.png"), full_page=True)
+    finally:
+        context.close()
+    assert problems == []

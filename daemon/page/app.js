@@ -1,7 +1,8 @@
 // The daemon's web page: plain JavaScript, no build step. It uses the same API as every
 // client (docs/daemon.md) with the same token, which it takes from the URL's fragment
 // (#token=..., never sent to a server) or a form, and keeps in this tab's sessionStorage.
-// Everything shown is set as text, never as HTML.
+// Everything shown is set as text, never as HTML. This file: the API, one session's live
+// view and the start; list.js the session list; changes.js the Changes view.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -36,6 +37,8 @@ async function api(method, path, body, headers) {
 }
 
 const RETRY_MS = 15000;
+const COMMANDS = ["pause", "resume", "stop", "approve", "reject"];
+const ANSWERS = new Set(["user_approve", "user_reject"]);  // state causes shown on the action
 
 function newKey() {
   const bytes = crypto.getRandomValues(new Uint8Array(16));
@@ -66,31 +69,6 @@ function el(tag, cls, text) {
   return node;
 }
 
-// -- sessions list -------------------------------------------------------------------
-
-async function refreshSessions() {
-  let page;
-  try {
-    page = await api("GET", "/v1/sessions?limit=100");
-    $("connection").textContent = "connected";
-  } catch (e) {
-    $("connection").textContent = "daemon unreachable: " + e.message;
-    if (e.status === 401) return logout("the token was refused");
-    return;
-  }
-  const list = $("sessions");
-  list.replaceChildren(...page.sessions.map((s) => {
-    const item = el("li");
-    item.dataset.id = s.id;
-    item.dataset.state = s.state;
-    if (s.id === state.current) item.classList.add("selected");
-    item.append(el("span", "state " + s.state, s.state), el("span", "task", s.task));
-    item.title = s.id;
-    item.addEventListener("click", () => select(s.id));
-    return item;
-  }));
-}
-
 // -- one session, live ----------------------------------------------------------------------
 
 function select(id) {
@@ -102,10 +80,13 @@ function select(id) {
   $("session-id").textContent = id;
   $("events").replaceChildren();
   $("command-error").textContent = "";
+  for (const name of COMMANDS) $(name).disabled = true;  // until the session is read
   for (const item of $("sessions").children) {
     item.classList.toggle("selected", item.dataset.id === id);
   }
+  clearChanges();
   refreshDetail();
+  refreshChanges();
   connect();
 }
 
@@ -162,6 +143,9 @@ function render(info) {
   $("pending").hidden = !waiting;
   $("pending").dataset.actionId = waiting ? waiting.action_id : "";
   $("pending-action").textContent = waiting ? describe(waiting) : "";
+  // a button works only where the session's table has a row for it (info.commands)
+  const can = new Set(info.commands || []);
+  for (const name of COMMANDS) $(name).disabled = !can.has(name);
   tick();
 }
 
@@ -207,9 +191,13 @@ function show(event) {
       break;
     }
     case "state":
-      add(el("li", "status", "state: " + event.state + (event.reason ? " (" + event.reason + ")" : "")));
+      // the user's approve or reject shows on its action (its outcome), not as a line more
+      if (!ANSWERS.has(event.cause)) {
+        add(el("li", "status", "state: " + event.state + (event.reason ? " (" + event.reason + ")" : "")));
+      }
       refreshDetail();
       refreshSessions();
+      refreshChanges();
       break;
     case "llm_retry":
       add(el("li", "status", "model call failed (" + event.error_class + "), attempt " +
@@ -220,11 +208,17 @@ function show(event) {
         add(el("li", "status", "sandbox " + event.phase + (event.detail ? ": " + event.detail : "")));
       }
       break;
-    case "confirmation":
-      add(el("li", "status", (event.approved ? "approved" : "rejected") +
-        (event.reason ? ": " + event.reason : "")));
+    case "confirmation": {
+      // an answer belongs to its action: a rejection is its "rejected" outcome, which
+      // follows; an approval is noted on it. Never an entry of its own.
+      const action = state.actions.get(event.action_id);
+      if (action) {
+        action.dataset.answer = event.approved ? "approved" : "rejected";
+        if (event.approved) action.append(el("div", "answer muted", "approved by you"));
+      }
       refreshDetail();
       break;
+    }
     case "llm_completed":
       refreshDetail();
       break;
@@ -285,7 +279,7 @@ function begin() {
   $("app").hidden = false;
   refreshSessions();
   clearInterval(state.timer);
-  state.timer = setInterval(() => { refreshSessions(); tick(); }, 1000);
+  state.timer = setInterval(() => { refreshSessions(); tick(); tickAges(); }, 1000);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -306,6 +300,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("pause").addEventListener("click", () => command("pause"));
   $("resume").addEventListener("click", () => command("resume"));
   $("stop").addEventListener("click", () => command("stop"));
+  $("tab-events").addEventListener("click", () => showTab("events"));
+  $("tab-changes").addEventListener("click", () => showTab("changes"));
+  $("changes-refresh").addEventListener("click", refreshChanges);
   $("approve").addEventListener("click",
     () => command("approve", { action_id: $("pending").dataset.actionId || "" }));
   $("reject").addEventListener("click", () => {
