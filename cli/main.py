@@ -306,12 +306,14 @@ def runtime_gc(home: Path | None) -> None:
 # The sibling modules' commands, registered after the ones above.
 from .config_cmd import config as _config  # noqa: E402
 from .daemon import register as _register_daemon  # noqa: E402
+from .diff import diff as _diff  # noqa: E402
 from .reading import events, sessions  # noqa: E402
 from .runtime_server import runtime_server  # noqa: E402
 
 main.add_command(sessions)
 main.add_command(events)
 main.add_command(runtime_server)
+main.add_command(_diff)
 main.add_command(_config)
 _register_daemon(main)
 
