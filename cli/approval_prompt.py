@@ -6,15 +6,16 @@
 
 ``y`` approves; ``n`` rejects (a second prompt asks why; Enter gives no reason);
 ``n <reason>`` rejects with that reason, which the agent reads. Anything else asks again:
-a held action never runs on a stray Enter. Reading waits on stdin in steps of 0.1 s, so
-a signal (Ctrl-C) or the end of input (Ctrl-D) ends the question at once, leaving the
-action waiting.
+a held action never runs on a stray Enter, nor on anything typed before it was shown.
+Reading waits on stdin in steps of 0.1 s, so a signal (Ctrl-C) or the end of input
+(Ctrl-D) ends the question at once, leaving the action waiting.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import termios
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +64,13 @@ class TerminalLines:
     def __init__(self, fd: int = 0) -> None:
         self._fd = fd
         self._buffer = b""
+
+    def drop_typed_ahead(self) -> None:
+        """Forget what was typed before the question was shown: a key pressed while the
+        session ran (an Enter, a ``y`` meant for something else) never answers it."""
+        self._buffer = b""
+        if os.isatty(self._fd):
+            termios.tcflush(self._fd, termios.TCIFLUSH)
 
     def readline(self, stop: threading.Event) -> str | None:
         """The next line without its newline; None when ``stop`` is set or input ended."""
@@ -118,6 +126,7 @@ def ask(event: ActionEvent, held_because: str | None, lines: TerminalLines,
     from .render import describe_action
 
     show(describe_action(event), held_because, body_of(event))
+    lines.drop_typed_ahead()
     prompt = PROMPT
     while True:
         console.print(Text(prompt, style="bold"), end="")

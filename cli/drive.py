@@ -168,7 +168,7 @@ def drive(choice: Choice, begin: Begin, *, timeout_s: float, verbose: bool) -> i
     if outcome is not None:
         print_summary(outcome, time.monotonic() - started)
     if interrupts.signum:
-        left = DETACHED.format(id=outcome.begun.session.id) if in_daemon and outcome \
+        left = DETACHED.format(id=outcome.begun.session.id) if _goes_on(outcome) \
             else f"trouper: interrupted by {interrupts.name}: {_left(outcome)}"
         print(left, file=sys.stderr)
         return interrupts.exit_code
@@ -285,6 +285,12 @@ def print_summary(outcome: Outcome, elapsed_s: float) -> None:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _goes_on(outcome: Outcome | None) -> bool:
+    """The session works on in the daemon after the command (not waiting for you)."""
+    return outcome is not None and outcome.in_daemon and \
+        outcome.info.awaiting_confirmation is None
 
 
 def _left(outcome: Outcome | None) -> str:

@@ -163,6 +163,7 @@ def test_ctrl_c_at_the_prompt_leaves_the_action_waiting_and_says_how_to_answer(t
     terminal = Terminal(["run", "tidy", "--script", str(script), "--workspace", str(workspace),
                          "--confirm", "risky"], environment(home))
     try:
+        terminal.type("y")  # typed before the question: it never answers it
         terminal.read_until("Run it?")
         terminal.proc.send_signal(signal.SIGINT)  # what Ctrl-C in its terminal sends
         assert terminal.wait() == 130, terminal.text

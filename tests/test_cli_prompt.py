@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import pty
+import select
 import threading
 
 import pytest
@@ -14,6 +16,7 @@ from trouper.cli import approval_prompt, console
 from trouper.cli.approval_prompt import WHY_PROMPT, Answer, TerminalLines, ask, body_of, parse
 from trouper.messages.actions import EditFile, RunCommand, WriteFile
 from trouper.messages.events import ActionEvent
+from trouper.testing import wait_until
 
 
 def held(action) -> ActionEvent:
@@ -87,3 +90,17 @@ def test_a_signal_or_the_end_of_input_leaves_the_question_unanswered(shown, type
                    threading.Event()) is None
     finally:
         os.close(read_end)
+
+
+def test_what_was_typed_before_the_question_never_answers_it(shown):
+    master, terminal = pty.openpty()
+    try:
+        os.write(master, b"y\n")  # pressed while the session ran
+        wait_until(lambda: select.select([terminal], [], [], 0)[0], 10, "the line typed")
+        lines = TerminalLines(terminal)
+        lines.drop_typed_ahead()
+        os.write(master, b"n too risky\n")
+        assert lines.readline(threading.Event()) == "n too risky"
+    finally:
+        os.close(master)
+        os.close(terminal)
