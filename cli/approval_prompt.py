@@ -34,6 +34,7 @@ AGAIN = "answer y, n, or n followed by the reason"
 _POLL_S = 0.1
 SHOWN_LINES = 12
 """Lines of a file action's content shown above the prompt (each side of an edit)."""
+THOUGHT_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,13 @@ class TerminalLines:
         return line.decode(errors="replace").rstrip("\r")
 
 
-def show(action: str, held_because: str | None, body: list[Text] | None = None) -> None:
-    """The action, what it would write, and why it waits, above the prompt."""
+def show(action: str, held_because: str | None, body: list[Text] | None = None,
+         thought: str = "") -> None:
+    """The agent's reason, the action, what it would write, and why it waits, above the
+    prompt."""
     console.print(Text("waiting for your approval", style="bold magenta"))
+    if thought:
+        console.print(Text.assemble(("  thought ", "dim"), (thought, "italic")))
     console.print(Text.assemble(("  action  ", "dim"), action))
     for line in body or []:
         console.print(Text.assemble("          ", line))
@@ -112,6 +117,15 @@ def body_of(event: ActionEvent) -> list[Text]:
     return []
 
 
+def thought_of(event: ActionEvent) -> str:
+    """What the agent said alongside the action, masked, on one line of at most
+    ``THOUGHT_CHARS``."""
+    from ..security.masking import known_masker
+
+    thought = " ".join(known_masker().mask_event(event).thought.split())
+    return thought if len(thought) <= THOUGHT_CHARS else thought[:THOUGHT_CHARS - 1] + "…"
+
+
 def _marked(text: str, mark: str, style: str) -> list[Text]:
     lines = text.splitlines() or [""]
     shown = [Text(f"{mark} {line}", style=style) for line in lines[:SHOWN_LINES]]
@@ -125,7 +139,7 @@ def ask(event: ActionEvent, held_because: str | None, lines: TerminalLines,
     """Show ``event`` and ask until an answer comes; None on a signal or end of input."""
     from .render import describe_action
 
-    show(describe_action(event), held_because, body_of(event))
+    show(describe_action(event), held_because, body_of(event), thought_of(event))
     lines.drop_typed_ahead()
     prompt = PROMPT
     while True:
@@ -174,4 +188,4 @@ def answer_waiting(session: SessionHandle, lines: TerminalLines, stop: threading
 
 
 __all__ = ["AGAIN", "PROMPT", "WHY_PROMPT", "Answer", "TerminalLines", "answer_waiting", "ask",
-           "body_of", "parse", "show"]
+           "body_of", "parse", "show", "thought_of"]

@@ -19,9 +19,9 @@ from trouper.messages.events import ActionEvent
 from trouper.testing import wait_until
 
 
-def held(action) -> ActionEvent:
+def held(action, thought: str = "") -> ActionEvent:
     return ActionEvent(action_id="a-1", turn_id="t-1", tool_call_id="c-1", tool=action.kind,
-                       arguments="{}", action=action)
+                       arguments="{}", action=action, thought=thought)
 
 
 @pytest.mark.parametrize(("line", "meant"), [
@@ -67,11 +67,12 @@ def typed():
 def test_a_bare_no_asks_why_after_a_line_that_is_no_answer(shown, typed):
     lines, write = typed
     write("maybe\nn\nit deletes the cache\n")
-    answer = ask(held(RunCommand(command="rm -rf cache")), "deletes recursively",
-                 lines, threading.Event())
+    answer = ask(held(RunCommand(command="rm -rf cache"), "The cache is\nstale."),
+                 "deletes recursively", lines, threading.Event())
     assert answer == Answer(False, "it deletes the cache")
     text = shown.getvalue()
     assert "action  run: rm -rf cache" in text and "held    deletes recursively" in text
+    assert "thought The cache is stale." in text
     assert text.count("Run it?") == 2 and approval_prompt.AGAIN in text
     assert WHY_PROMPT in text
 
