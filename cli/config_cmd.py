@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..config.files import PROJECT_FILE, ConfigFiles, locate_config_files, shown_path
-from ..config.layers import Resolved, keys_from_env, resolve_keys, resolve_settings
+from ..config.files import KEYS, PROJECT_FILE, ConfigFiles, locate_config_files, shown_path
+from ..config.layers import FLAG, Resolved, keys_from_env, resolve_keys, resolve_settings
 from .run_defaults import read_files
 from .support import home_option
 
@@ -24,6 +25,21 @@ workspace_option = click.option(
     help="Find the project file from this folder, as 'trouper run --workspace' does "
          "(default: the current folder).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def run_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``run``'s flags of the keys, unset unless given: 'config show --runtime docker'
+    shows what 'trouper run --runtime docker' would take."""
+    for key in reversed(list(KEYS.values())):
+        if isinstance(key.default, bool):
+            option = click.option(key.flag, key.name, is_flag=True, default=None,
+                                  flag_value=True, help=f"As run's {key.flag}.")
+        else:
+            kind = type(key.default) if key.default is not None else str
+            option = click.option(key.flag, key.name, type=kind, default=None,
+                                  help=f"As run's {key.flag}.")
+        command = option(command)
+    return command
 
 
 @click.group()
@@ -35,11 +51,18 @@ def config() -> None:
 @home_option
 @workspace_option
 @json_option
-def show(home: Path | None, workspace: Path | None, as_json: bool) -> None:
-    """Print each value 'trouper run' would use and where it came from: env TROUPER_*, the
-    project's .trouper.toml, your config.toml, or the default (a flag beats them all)."""
+@run_flags
+def show(home: Path | None, workspace: Path | None, as_json: bool, **flags: Any) -> None:
+    """Print each value 'trouper run' would use and where it came from: a flag given here
+    (as to run), env TROUPER_*, the project's .trouper.toml, your config.toml, or the
+    default."""
     files = read_files(home, workspace or Path.cwd())
-    keys = resolve_keys(files, keys_from_env())
+    for name, value in flags.items():
+        if value is not None and (why := KEYS[name].check(value)):
+            raise click.BadParameter(why, param_hint=KEYS[name].flag)
+    given = {**keys_from_env(), **{name: Resolved(value, FLAG)
+                                   for name, value in flags.items() if value is not None}}
+    keys = resolve_keys(files, given)
     settings = resolve_settings(files)
     if as_json:
         click.echo(json.dumps({"files": _files_json(files),

@@ -95,6 +95,17 @@ def test_each_level_beats_the_ones_below_it(place, monkeypatch):
                                                   "source": "env TROUPER_RATE_WINDOW_S"}
 
 
+def test_a_flag_given_to_config_show_beats_everything_as_it_would_for_run(place, monkeypatch):
+    place["user_file"].write_text('runtime = "docker"\nimage = "python:3.12"\n')
+    monkeypatch.setenv("TROUPER_MAX_ITERATIONS", "9")
+    keys = show("--runtime", "local", "--max-iterations", "3", "--no-network")["keys"]
+    assert keys["runtime"] == {"value": "local", "source": "flag"}
+    assert keys["max_iterations"] == {"value": 3, "source": "flag"}
+    assert keys["no_network"] == {"value": True, "source": "flag"}
+    assert keys["image"] == {"value": "python:3.12", "source": "~/.trouper/config.toml"}
+    assert "must be" in refused("--runtime", "podman")
+
+
 def test_home_option_and_workspace_choose_the_files(place, tmp_path):
     other_home, elsewhere = tmp_path / "other-home", tmp_path / "elsewhere" / "new-ws"
     other_home.mkdir()
