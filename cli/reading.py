@@ -45,9 +45,10 @@ def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
             if as_json:
                 click.echo(json.dumps(mask(summary.to_json())))
             else:
+                # markup off: a task's [brackets] are its text, not rich's style tags
                 console.print(f"{summary.id}  {summary.state.value:<22} "
                               f"{summary.updated_at:%Y-%m-%d %H:%M:%S}  "
-                              f"{mask_known(summary.task)[:60]}")
+                              f"{mask_known(summary.task)[:60]}", markup=False)
 
 
 def _state(state: str | None) -> str | None:

@@ -76,3 +76,23 @@ def test_the_console_writes_no_ansi_and_does_not_wrap_into_a_file(tmp_path, monk
         console = make_console()
         console.print(Text("x" * 300, style="bold red"))
     assert out.read_text() == "x" * 300 + "\n"
+
+
+def test_a_task_in_brackets_is_listed_as_typed(tmp_path):
+    from trouper.config.models import LLMConfig, SessionConfig
+    from trouper.home.paths import Home
+    from trouper.store import open_store
+
+    task = "fix [bug] in list[int] [/x]"
+    store = open_store(Home.at(tmp_path / "home"))
+    try:
+        store.create_session("s-brackets", SessionConfig(
+            task=task, workspace=str(tmp_path / "ws"), llm=LLMConfig(model="hosted_vllm/x")))
+    finally:
+        store.close()
+    result = forkserver.run(
+        [sys.executable, "-m", "trouper", "sessions", "--home", str(tmp_path / "home")],
+        env=piped_env(), text=True, capture_output=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith(task)
