@@ -286,8 +286,8 @@ def parse_text(text: str, path: Path, kind: FileKind) -> ConfigFile:
 
 
 def _problem(key: str, value: Any, kind: FileKind) -> tuple[str, str | None]:
-    if key in ("api_key", "key", "openai_api_key"):
-        return key, ("trouper never reads an API key from a file; keep it in an "
+    if key != "api_key_env" and _SECRET_NAME.search(key):
+        return key, ("trouper never reads a key or a secret from a file; keep it in an "
                      "environment variable and name that variable: api_key_env = "
                      "\"OPENAI_API_KEY\"")
     if key not in KEYS:
@@ -343,6 +343,8 @@ def _syntax_error(label: str, message: str) -> str:
             "quotes if it is text: model = \"openai/gpt-4o\"")
 
 
+_SECRET_NAME = re.compile(r"(^|_)(api_?key|key|token|secret|password)($|_)", re.I)
+"""A key named like a secret: its value is never read nor quoted back."""
 _TABLE_LINE = re.compile(r"\s*\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]\s*(#.*)?$")
 _KEY_LINE = re.compile(r"\s*[\"']?([A-Za-z0-9_-]+)[\"']?\s*=")
 

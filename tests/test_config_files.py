@@ -176,6 +176,13 @@ def test_a_literal_key_is_refused_without_echoing_it(place):
     line = refused()
     assert line.startswith("trouper: error: ~/.trouper/config.toml, line 2: api_key:")
     assert "api_key_env" in line and "sk-abc123" not in line
+    place["user_file"].write_text('anthropic_api_key = "sk-abc123"\n')
+    assert "never reads a key or a secret" in refused()
+    place["user_file"].write_text("")
+    place["project_file"].write_text('runtime_token = "tok-abc123"\n')
+    line = refused()
+    assert str(place["project_file"]) in line and "never reads a key or a secret" in line
+    place["project_file"].unlink()
     place["user_file"].write_text('api_key_env = "sk-abc123-pasted"\n')
     line = refused()
     assert "NAME of an environment variable" in line and "sk-abc123" not in line
