@@ -177,16 +177,20 @@ def test_ctrl_c_at_the_prompt_leaves_the_action_waiting_and_says_how_to_answer(t
         assert reader.session(session_id).state.value == "awaiting_user_confirmation"
 
 
-def test_in_a_dumb_terminal_nothing_is_coloured_or_redrawn(tmp_path):
+@pytest.mark.parametrize(("setting", "unwanted"), [
+    ({"TERM": "dumb"}, rb"\x1b\["),  # no control code at all
+    ({"NO_COLOR": "1"}, rb"\x1b\[[0-9;]*m"),  # no colour or style (the spinner may draw)
+])
+def test_a_terminal_that_asks_for_no_colour_gets_none(tmp_path, setting, unwanted):
     script = write_script(tmp_path, [run_step("echo hello"), FINISH])
     terminal = Terminal(["run", "greet", "--script", str(script)],
-                        environment(tmp_path / "home", TERM="dumb"), fresh=True)
+                        {**environment(tmp_path / "home"), **setting}, fresh=True)
     try:
         assert terminal.wait() == 0, terminal.text
     finally:
         terminal.close()
     assert "state      finished" in terminal.text
-    assert b"\x1b[" not in terminal.raw
+    assert re.search(unwanted, terminal.raw) is None
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
