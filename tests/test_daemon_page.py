@@ -355,3 +355,23 @@ def test_loading_the_page_makes_no_failed_request_and_logs_no_error(browser, dae
     finally:
         context.close()
     assert problems == []
+
+
+def test_the_changes_view_follows_the_session_while_it_is_open(page, daemon, scripted,
+                                                               tmp_path):
+    from playwright.sync_api import expect
+
+    _, llm = scripted([
+        {"tool": "write_file", "args": {"path": "later.txt", "content": "written\n"}},
+        FINISH])
+    session = daemon.client().start_session("write later", llm=llm,
+                                            workspace=tmp_path / "ws", confirm="always")
+    assert session.wait(timeout=60).value == "awaiting_user_confirmation"
+    page.locator(f"#sessions li[data-id='{session.id}']").click()
+    page.click("#tab-changes")
+    expect(page.locator("#changes-status")).to_contain_text("No changes since",
+                                                            timeout=LONG_S)
+    page.click("#approve")  # the action runs; the open view reads the diff again
+    expect(page.locator("#changes-files .file[data-path='later.txt']")).to_be_visible(
+        timeout=LONG_S)
+    expect(page.locator("#changes-status")).to_contain_text("1 file(s) changed since")

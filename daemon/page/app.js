@@ -188,6 +188,7 @@ function show(event) {
       node.dataset.status = o.status;
       const action = state.actions.get(event.action_id);
       if (action) action.append(node); else add(el("li", "status", text));
+      refreshChanges();  // an action ran: the workspace may differ (read if the tab is open)
       break;
     }
     case "state":

@@ -1,6 +1,7 @@
 // The Changes view: what the agent changed in the session's workspace since it started
 // (GET /v1/sessions/{id}/diff), file by file. Read when the view opens, on Refresh, and
-// when the session changes state while it is open. Every line is set as text.
+// after each action's outcome or change of state while it is open (one request at a
+// time: a burst of events costs two). Every line is set as text.
 "use strict";
 
 const LETTERS = { added: "A", modified: "M", deleted: "D" };
