@@ -211,11 +211,25 @@ def test_no_diff_without_a_baseline_or_for_a_remote_workspace(home, tmp_path):
     assert not said.available and "runtime server's machine" in said.reason
 
 
+def test_an_empty_workspace_s_baseline_runs_no_git_and_its_diff_shows_every_file(
+        home, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    config = started(home, ws)
+    assert read_baseline(home, "s-1").kind == "empty"
+    assert not (home.session_dir("s-1") / "baseline.git").exists()  # nothing to copy
+    (ws / "made.txt").write_text("made\n")
+    diff = workspace_diff(home, "s-1", config)
+    assert [(f.path, f.change, f.added_lines) for f in diff.files] == [("made.txt", "added", 1)]
+
+
 def test_without_git_the_baseline_and_the_diff_say_to_install_it(home, tmp_path, monkeypatch):
     import trouper.workspace_diff.baseline as baseline_module
+    import trouper.workspace_diff.compare as compare_module
 
     ws = tmp_path / "ws"
     ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
     monkeypatch.setattr(baseline_module, "find_git", lambda: None)
     config = started(home, ws)
     record = (home.session_dir("s-1") / BASELINE_RECORD).read_text()
@@ -223,3 +237,8 @@ def test_without_git_the_baseline_and_the_diff_say_to_install_it(home, tmp_path,
     diff = workspace_diff(home, "s-1", config)
     assert not diff.available and "install it" in diff.reason
     assert read_baseline(home, "s-1").taken_at <= datetime.now(UTC)
+    monkeypatch.undo()
+    config = started(home, ws, "s-2")  # a baseline taken; git gone before the diff
+    monkeypatch.setattr(compare_module, "find_git", lambda: None)
+    later = workspace_diff(home, "s-2", config)
+    assert not later.available and "git is not installed" in later.reason

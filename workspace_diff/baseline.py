@@ -7,9 +7,11 @@ into a shadow git repository of the session's own, ``<home>/sessions/<id>/baseli
 (owner-only, like all the home), and records what it did in ``baseline.json`` beside it.
 A git repository the user has in the workspace is only read, never written.
 
-Three kinds of baseline:
+Four kinds of baseline:
 
 - ``snapshot``: the copy above, as a commit of the shadow repository;
+- ``empty``: the workspace was an empty folder (a new one, the usual case): nothing to
+  copy, and no git to run (a session's start costs nothing more);
 - ``clone``: a session that clones a repository starts from an empty folder, so its
   baseline is the commit the clone checked out, read when a diff is asked for from the
   clone's reflog (its first entry): the diff then shows the agent's work, not the whole
@@ -52,7 +54,7 @@ class Baseline(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    kind: Literal["snapshot", "clone", "none"]
+    kind: Literal["snapshot", "empty", "clone", "none"]
     taken_at: datetime
     """UTC."""
     commit: str = ""
@@ -101,15 +103,17 @@ def take_baseline(home: Home, session_id: str, config: SessionConfig,
 def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) -> Baseline:
     if config.runtime.kind == "remote":
         return _none(REMOTE)
+    now, workspace = datetime.now(UTC), Path(config.workspace)
+    if config.repo is not None:  # compared with the commit the clone checks out
+        return Baseline(kind="clone", taken_at=now, max_file_bytes=limits.diff_max_file_bytes)
+    if not any(workspace.iterdir()):  # a new folder (the usual case): no git to run
+        return Baseline(kind="empty", taken_at=now, max_file_bytes=limits.diff_max_file_bytes)
     program = find_git()
     if program is None:
         return _none(NO_GIT)
-    now, workspace = datetime.now(UTC), Path(config.workspace)
     git = ShadowGit(program, baseline_git(home, session_id), workspace,
                     excludes_file=workspace_excludes(workspace))
-    git.run("init", "-q", "--shared=0600")
-    if config.repo is not None:  # compared with the commit the clone checks out
-        return Baseline(kind="clone", taken_at=now, max_file_bytes=limits.diff_max_file_bytes)
+    init_shadow(git)
     chosen = select(workspace, new_files(git), limits.diff_max_file_bytes)
     if too_many := _past_limits(len(chosen.files), chosen.total_bytes, limits):
         return _none(too_many)
@@ -123,6 +127,12 @@ def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) 
     return Baseline(kind="snapshot", taken_at=now, commit=commit, too_large=chosen.too_large,
                     repositories=chosen.repositories,
                     max_file_bytes=limits.diff_max_file_bytes)
+
+
+def init_shadow(git: ShadowGit) -> None:
+    """Make the shadow repository if it is not there yet: owner-only, no hooks."""
+    if not (git.git_dir / "HEAD").exists():
+        git.run("init", "-q", "--shared=0600", "--template=")
 
 
 def _past_limits(files: int, total: int, limits: Settings) -> str | None:
@@ -143,5 +153,5 @@ def _none(reason: str) -> Baseline:
     return Baseline(kind="none", taken_at=datetime.now(UTC), reason=reason)
 
 
-__all__ = ["BASELINE_GIT", "BASELINE_RECORD", "Baseline", "baseline_git", "read_baseline",
-           "take_baseline"]
+__all__ = ["BASELINE_GIT", "BASELINE_RECORD", "Baseline", "baseline_git", "init_shadow",
+           "read_baseline", "take_baseline"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config.models import SessionConfig
 from ..config.settings import Settings, settings
 from ..home.paths import Home
-from .baseline import REMOTE, Baseline, baseline_git, read_baseline
+from .baseline import REMOTE, Baseline, baseline_git, init_shadow, read_baseline
 from .git import (
     NO_GIT,
     GitFailed,
@@ -38,6 +38,8 @@ DIFF_OPTIONS = ("--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
                 "--ignore-submodules=all")
 NO_BASELINE = ("this session has no baseline of its workspace (it started before trouper "
                "took one, or its record was removed): there is nothing to compare with")
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+"""git's empty tree (every repository knows it): the baseline of an empty workspace."""
 NAMED = 5
 """Paths a note names before it says how many more."""
 
@@ -69,17 +71,17 @@ def _compare(home: Home, session_id: str, workspace: Path, config: SessionConfig
     if not workspace.is_dir():
         raise Unavailable(f"the workspace {workspace} is gone: nothing to compare")
     with _index_copy(home, session_id, baseline) as index:
-        if baseline.kind == "clone":
+        cloned = baseline.kind == "clone"
+        git = ShadowGit(program, baseline_git(home, session_id), workspace, index,
+                        alternates=(workspace / ".git" / "objects",) if cloned else (),
+                        excludes_file=workspace_excludes(workspace))
+        init_shadow(git)  # an empty or a clone's baseline made none at the start
+        if cloned:
             commit = clone_commit(workspace)
-            git = ShadowGit(program, baseline_git(home, session_id), workspace, index,
-                            alternates=(workspace / ".git" / "objects",),
-                            excludes_file=workspace_excludes(workspace))
             git.run("read-tree", commit)
             base = f"commit {commit[:12]}, which the repository was cloned at"
         else:
-            commit = baseline.commit
-            git = ShadowGit(program, baseline_git(home, session_id), workspace, index,
-                            excludes_file=workspace_excludes(workspace))
+            commit = baseline.commit or EMPTY_TREE
             base = ("the workspace when the session started "
                     f"({baseline.taken_at:%Y-%m-%d %H:%M:%S} UTC)")
         return _diff(git, session_id, commit, base, baseline, limits)
