@@ -12,7 +12,9 @@
     │   └── StoreUnavailable   the store cannot be written now (disk full, read-only,
     │                          locked, corrupt, I/O error): a session state, not a crash
     └── RuntimeUnavailable     the sandbox is gone or does not answer (a supervisor acts)
-        └── StaleEpoch         the sandbox serves a newer proxy; this one must stop
+        ├── StaleEpoch         the sandbox serves a newer proxy; this one must stop
+        └── RuntimeMisconfigured  it cannot work as configured (no such image, a refused
+                               token, an unusable workspace): never retried; names the fix
 
 Errors the agent can act on (a failed command, a missing file) are never exceptions:
 they are data in an ``Outcome``.
@@ -97,6 +99,13 @@ class RuntimeUnavailable(TrouperError):
 
 class StaleEpoch(RuntimeUnavailable):
     """The sandbox has been claimed by a newer proxy incarnation."""
+
+
+class RuntimeMisconfigured(RuntimeUnavailable):
+    """The sandbox cannot work as it is configured, so trying again cannot help: an image
+    that is not on the machine and cannot be pulled, or has no ``sh``; a runtime server
+    that refuses the token or is not one; a workspace it cannot use. The message names
+    the cause and the fix; the session waits in ERROR for the user to fix and resume."""
 
 
 def class_path(exc: BaseException) -> str:

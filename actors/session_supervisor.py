@@ -129,7 +129,7 @@ class SessionSupervisor(SandboxClosing):
     def on_runtime_ready(self, msg: RuntimeReady, sender: ActorAddress) -> None:
         watched = self.child_session(sender, RUNTIME, msg)
         if watched is not None:
-            watched.ready = msg
+            watched.ready, watched.misconfigured = msg, None
             self.to_controller(watched, msg)
 
     def on_runtime_progress(self, msg: RuntimeProgress, sender: ActorAddress) -> None:
@@ -143,6 +143,8 @@ class SessionSupervisor(SandboxClosing):
         watched = self.child_session(sender, RUNTIME, msg)
         if watched is not None:
             watched.ready = None
+            if msg.cause == RuntimeFailure.MISCONFIGURED:  # the proxy lives on, idle
+                watched.misconfigured = msg
             self.to_controller(watched, msg)
 
     def on_child_down(self, role: str, reason: str) -> None:
@@ -172,11 +174,14 @@ class SessionSupervisor(SandboxClosing):
         if watched is None:
             return
         if kind == RUNTIME:
+            watched.misconfigured = None  # a new proxy tries the sandbox again
             self.to_controller(watched, Rewire(runtime=address, reason=reason))
             return
         watched.handed = 0  # a new Controller counts afresh
         if watched.ready is not None:
             self.send(address, watched.ready)
+        elif watched.misconfigured is not None:  # else it would wait for a start that failed
+            self.send(address, watched.misconfigured)
         self._release_held(watched)
 
     def on_child_gave_up(self, role: str, reason: str, retry_in_s: float | None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..messages.protocol import RuntimeReady, StartSession
+from ..messages.protocol import RuntimeFailed, RuntimeReady, StartSession
 from ..messages.tree import RecordDowntime, Relay
 from .in_flight import CommandsInFlight
 
@@ -34,6 +34,9 @@ class Watched:
     """Who the Controller's first boot answers."""
     ready: RuntimeReady | None = None
     """The live proxy's last word that the sandbox is ready (a restarted Controller is told)."""
+    misconfigured: RuntimeFailed | None = None
+    """The live proxy's word that the sandbox cannot work as configured (it waits for a
+    resume, not restarted: a restarted Controller is told)."""
     held: list[Relay] = field(default_factory=list)
     """User commands waiting for the Controller to be up."""
     in_flight: CommandsInFlight = field(default_factory=CommandsInFlight)

@@ -7,8 +7,10 @@ each problem (``field: reason``), without echoing a value that may be a secret.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,25 @@ def runtime_problems(runtime: Any) -> list[Problem]:
     if config.kind not in BACKENDS:
         return [("runtime", f"the {config.kind} runtime is not available yet; "
                             f"known runtimes: {known}")]
+    return runtime_needs(config)
+
+
+def runtime_needs(config: Any) -> list[Problem]:
+    """What a runtime needs that this machine can be seen to lack, before anything starts
+    (no network, no engine asked): the docker CLI and SDK; a remote runtime's token."""
+    if config.kind == "docker":
+        if shutil.which("docker") is None:
+            return [("runtime", "the docker runtime needs the docker CLI on PATH (the "
+                                "shell runs through docker exec): install Docker, or use "
+                                "the local runtime")]
+        if importlib.util.find_spec("docker") is None:
+            return [("runtime", "the docker runtime needs the docker Python package "
+                                "(pip install docker)")]
+    if config.kind == "remote" and config.token is None and not (
+            config.token_env and os.environ.get(config.token_env)):
+        where = f"${config.token_env}" if config.token_env else "token_env"
+        return [("runtime.remote.token", f"no token for the runtime server: set {where} "
+                 "to the token in its --token-file, or give RemoteRuntime(token=)")]
     return []
 
 

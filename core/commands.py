@@ -13,7 +13,7 @@ import logging
 from ..messages.events import AgentState, ConfirmationEvent, MessageEvent, ObservationEvent
 from ..messages.outcomes import Outcome
 from ..messages.protocol import UserCommand
-from .effects import Answer, RestartRuntime
+from .effects import Answer
 from .ending import SandboxEnding
 from .fold import RESUMED_BY_USER
 from .states import Why
@@ -115,9 +115,3 @@ class UserCommands(SandboxEnding):
         API key's cooldown (the broker's ``lift_cooldown``)."""
         self.lift_cooldown = True
 
-    def _restart_given_up(self) -> None:
-        """The supervisor had given up on the sandbox: the user's resume starts a fresh
-        one (leaving STOPPED starts one by ``FRESH_SANDBOX`` instead)."""
-        if self.runtime_down:
-            self.runtime_down = False
-            self._out.append(RestartRuntime("resumed by the user"))

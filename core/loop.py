@@ -41,6 +41,7 @@ from .effects import (
     AskModel,
     CancelModel,
     ReadInstructions,
+    RestartRuntime,
     RunAction,
 )
 from .machine import BACK_AFTER_SANDBOX, SessionMachine
@@ -98,7 +99,10 @@ class SessionLoop(SessionMachine):
 
     def _advance(self) -> None:
         """Take the next step if the session is RUNNING and nothing is outstanding."""
-        if self.view.state != AgentState.RUNNING or not self.runtime_ready:
+        if self.view.state != AgentState.RUNNING:
+            return
+        if not self.runtime_ready:  # a message or an approval carries it on, as a resume:
+            self._restart_given_up()  # a sandbox down for good is started afresh
             return
         if self.dispatched is not None or self.llm_request is not None:
             return
@@ -255,6 +259,14 @@ class SessionLoop(SessionMachine):
             elif not self.resolve_first:
                 self._move(Why.RECOVERED_HELD, "the sandbox is back; resume to carry on")
         self._advance()
+
+    def _restart_given_up(self) -> None:
+        """The sandbox is down for good (its supervisor gave up, or it cannot work as
+        configured): a resume, or the next action, starts a fresh one (leaving STOPPED
+        starts one by ``FRESH_SANDBOX`` instead)."""
+        if self.runtime_down:
+            self.runtime_down = False
+            self._out.append(RestartRuntime("resumed by the user"))
 
 
 def _rejection_of(event: ActionEvent) -> Outcome:

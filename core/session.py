@@ -43,6 +43,7 @@ from ..messages.protocol import (
     Resolved,
     RetryScheduled,
     RuntimeFailed,
+    RuntimeFailure,
     RuntimeProgress,
     RuntimeReady,
     UserCommand,
@@ -62,6 +63,9 @@ from .loop import LOST_CONTENT, SessionLoop
 from .states import Why
 
 logger = logging.getLogger(__name__)
+
+MISCONFIGURED_PREFIX = "the sandbox cannot work as configured: "
+"""How the reason of an ERROR no retry can mend begins (its cause is recorded too)."""
 
 
 class SessionCore(UserCommands):
@@ -157,15 +161,29 @@ class SessionCore(UserCommands):
                                   if msg.detail else msg.phase))
 
     def _on_runtime_failed(self, msg: RuntimeFailed) -> None:
-        """The sandbox or its proxy died; the supervisor is restarting it."""
+        """The sandbox or its proxy died; the supervisor is restarting it. Or the sandbox
+        cannot work as configured: ERROR with the cause and the fix, no timer."""
         self.runtime_ready = False
         if self.dispatched is not None:
             self.resolve_first.add(self.dispatched)
             self.dispatched = None
+        if msg.cause == RuntimeFailure.MISCONFIGURED:
+            self._misconfigured(msg)
+            return
         self._append(RuntimeEvent(phase="failed", epoch=msg.epoch, detail=msg.detail))
         self._move(Why.RUNTIME_FAILED,
                    f"sandbox failed ({msg.cause}): {msg.detail}; restarting it",
                    resumes_at=self.now)
+
+    def _misconfigured(self, msg: RuntimeFailed) -> None:
+        """Nothing restarts a sandbox that cannot work as configured: it waits for the
+        user's resume (or message), which starts a fresh one (``runtime_down``)."""
+        self.runtime_down = True
+        reason = f"{MISCONFIGURED_PREFIX}{msg.detail}; resume once fixed"
+        if self.view.reason == reason:
+            return  # told again (a restarted Controller, a restored session): recorded
+        self._append(RuntimeEvent(phase="failed", epoch=msg.epoch, detail=msg.detail))
+        self._move(Why.RUNTIME_MISCONFIGURED, reason)
 
     def _on_runtime_down(self, msg: RuntimeDown) -> None:
         self.runtime_ready = False

@@ -49,6 +49,7 @@ class Why(StrEnum):
     RUNTIME_READY = "runtime_ready"  # the first sandbox is up
     RUNTIME_FAILED = "runtime_failed"  # the sandbox or its proxy died; being restarted
     RUNTIME_DOWN = "runtime_down"  # its supervisor gave up on the sandbox
+    RUNTIME_MISCONFIGURED = "runtime_misconfigured"  # it cannot work as configured: no retry
     RECOVERED = "recovered"  # a sandbox is back after a failure: carry on
     RECOVERED_HELD = "recovered_held"  # ... but resume_after_runtime_restart is off
     MAX_ITERATIONS = "max_iterations"
@@ -163,6 +164,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
     S.LOADING: {
         Why.RUNTIME_READY: GO_ON,
         Why.RUNTIME_DOWN: FAIL,
+        Why.RUNTIME_MISCONFIGURED: FAIL,
         Why.USER_MESSAGE: TAKE_MESSAGE,
         Why.USER_RESUME: Row(STAY),
         Why.USER_PAUSE: PAUSE,
@@ -180,6 +182,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.MAX_COST: Row(S.STOPPED, END_SANDBOX),
         Why.RUNTIME_FAILED: FAIL,
         Why.RUNTIME_DOWN: FAIL,
+        Why.RUNTIME_MISCONFIGURED: FAIL,
         Why.JOURNAL_FAULT: FAIL,
         Why.MODEL_FAILED: FAIL,
         Why.SETUP_FAILED: FAIL,
@@ -217,6 +220,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
     },
     S.RATE_LIMITED: {
         Why.LIMIT_LIFTED: GO_ON,
+        Why.RUNTIME_MISCONFIGURED: FAIL,  # a sandbox restarted meanwhile
         Why.USER_MESSAGE: GO_ON,
         Why.USER_RESUME: Row(S.RUNNING, SKIP_COOLDOWN, RESTART_SANDBOX, ADVANCE),
         Why.USER_PAUSE: PAUSE,
@@ -229,6 +233,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.RECOVERED_HELD: Row(S.ERROR),  # settles, waiting for the user
         Why.JOURNAL_BACK: GO_ON,
         Why.RUNTIME_DOWN: FAIL,
+        Why.RUNTIME_MISCONFIGURED: FAIL,  # settles: no timer, the user fixes and resumes
         Why.SETUP_FAILED: FAIL,  # a setup step lost with its sandbox
         Why.STORE_BACK: Row(AS_BEFORE, LIFT_TIMER, END_SANDBOX),
         Why.USER_MESSAGE: GO_ON,

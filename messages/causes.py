@@ -32,3 +32,6 @@ class RuntimeFailure(StrEnum):
     """A remote runtime server refused the credentials (a missing or wrong token)."""
     TIMED_OUT = "timed_out"
     """A request to it got no answer in time."""
+    MISCONFIGURED = "misconfigured"
+    """It cannot work as configured (an image missing or without ``sh``, a token the
+    server refuses, a workspace it cannot use): never retried; fixed, then resumed."""

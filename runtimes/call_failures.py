@@ -6,14 +6,15 @@ failure a typed ``RuntimeFailure`` cause a supervisor can read.
     409 (a newer epoch holds the sandbox)    StaleEpoch                  superseded
     400, 411, 413, 422                       InvalidRequest              -
     507                                      StoreUnavailable("full")    -
-    401, or no token to send                 SandboxUnavailable          unauthorized
+    401 or 403, or no token to send          SandboxUnavailable          unauthorized
     404 ``SandboxNotRunning``                SandboxUnavailable          exited
     any other status (its traceback kept)    SandboxUnavailable          failed
     200 that is not a JSON object            SandboxUnavailable          failed
     no connection: refused, reset, no route  SandboxUnavailable          unreachable
     no answer in time (a read timeout)       SandboxUnavailable          timed_out
 
-``cause_of`` reads the cause back from any exception, for what reports a failure.
+``cause_of`` reads the cause back from any exception, for what reports a failure; a
+``RuntimeMisconfigured`` (raised by a backend's start) reads ``misconfigured``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..exceptions import InvalidRequest, RuntimeUnavailable, StaleEpoch, StoreUnavailable
+from ..exceptions import (
+    InvalidRequest,
+    RuntimeMisconfigured,
+    RuntimeUnavailable,
+    StaleEpoch,
+    StoreUnavailable,
+)
 from ..messages.causes import RuntimeFailure
 
 INVALID_STATUSES = frozenset({400, 411, 413, 422})
@@ -33,19 +40,24 @@ class SandboxUnavailable(RuntimeUnavailable):
     """A sandbox's server cannot be used now; ``cause`` says why, as a typed value."""
 
     def __init__(self, message: str, cause: RuntimeFailure = RuntimeFailure.UNREACHABLE,
-                 remote_traceback: str = "") -> None:
+                 remote_traceback: str = "", status: int = 0) -> None:
         super().__init__(message)
         self.cause = cause
         self.remote_traceback = remote_traceback
         """The server's traceback, when its answer carried one (a 500)."""
+        self.status = status
+        """The HTTP status of the answer; 0 when none came."""
 
-    def __reduce__(self) -> tuple[type, tuple[str, RuntimeFailure, str]]:
-        return type(self), (str(self), self.cause, self.remote_traceback)
+    def __reduce__(self) -> tuple[type, tuple[str, RuntimeFailure, str, int]]:
+        return type(self), (str(self), self.cause, self.remote_traceback, self.status)
 
 
 def cause_of(error: BaseException | None) -> RuntimeFailure:
-    """The cause an exception carries: its own typed ``cause``, ``superseded`` for a
-    ``StaleEpoch``, ``unreachable`` for any other ``RuntimeUnavailable``, else ``failed``."""
+    """The cause an exception carries: its own typed ``cause``, ``misconfigured`` for a
+    ``RuntimeMisconfigured``, ``superseded`` for a ``StaleEpoch``, ``unreachable`` for any
+    other ``RuntimeUnavailable``, else ``failed``."""
+    if isinstance(error, RuntimeMisconfigured):
+        return RuntimeFailure.MISCONFIGURED
     cause = getattr(error, "cause", None)
     if isinstance(cause, RuntimeFailure):
         return cause
@@ -65,9 +77,10 @@ def unreachable(where: str, operation: str, error: BaseException, *,
         RuntimeFailure.TIMED_OUT if timed_out else RuntimeFailure.UNREACHABLE)
 
 
-def bad_answer(where: str, operation: str, what: str) -> SandboxUnavailable:
+def bad_answer(where: str, operation: str, what: str, status: int = 0) -> SandboxUnavailable:
     """An answer that makes no sense (not JSON, a record without its fields)."""
-    return SandboxUnavailable(f"{operation}: {where} {what}", RuntimeFailure.FAILED)
+    return SandboxUnavailable(f"{operation}: {where} {what}", RuntimeFailure.FAILED,
+                              status=status)
 
 
 def answer_json(where: str, operation: str, status: int, payload: bytes) -> dict[str, Any]:
@@ -77,7 +90,7 @@ def answer_json(where: str, operation: str, status: int, payload: bytes) -> dict
     answer = _json(payload)
     if not isinstance(answer, dict):
         what = "with non-JSON" if answer is _NOT_JSON else f"{answer!r:.200}"
-        raise bad_answer(where, operation, f"answered {status} {what}")
+        raise bad_answer(where, operation, f"answered {status} {what}", status)
     return answer
 
 
@@ -94,12 +107,13 @@ def refusal(where: str, operation: str, status: int, payload: bytes) -> Exceptio
         return InvalidRequest(text)
     if status == 507:
         return StoreUnavailable(message or text, "full")
-    if status == 401:
+    if status in (401, 403):
         return SandboxUnavailable(text + " (a missing or wrong token)",
-                                  RuntimeFailure.UNAUTHORIZED)
+                                  RuntimeFailure.UNAUTHORIZED, status=status)
     if status == 404 and code == "SandboxNotRunning":
-        return SandboxUnavailable(text, RuntimeFailure.EXITED)
-    return SandboxUnavailable(text, RuntimeFailure.FAILED, str(answer.get("traceback", "")))
+        return SandboxUnavailable(text, RuntimeFailure.EXITED, status=status)
+    return SandboxUnavailable(text, RuntimeFailure.FAILED, str(answer.get("traceback", "")),
+                              status)
 
 
 def _json(payload: bytes) -> Any:

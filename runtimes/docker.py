@@ -58,6 +58,13 @@ from .docker_support import (
 )
 from .docker_user import choose_user, hand_over, prepare_io, user_of
 from .local import PASSED_ENV, LocalSandbox, _read_json
+from .misconfigured import (
+    container_refused,
+    docker_missing,
+    image_not_pulled,
+    prepare_workspace,
+    workspace_unusable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +128,7 @@ class DockerSandbox(LocalSandbox):
         both; claim ``epoch`` (None: the next one the server counts). True when attached."""
         private_dir(self.state_dir)
         os.chmod(self.state_dir, 0o700)
-        self.workspace.mkdir(parents=True, exist_ok=True)
+        prepare_workspace(self.workspace)
         container = find_container(self.docker, self.session_id, self.owner)
         unfit = self._unfit(container) if container is not None else None
         if container is not None and unfit:
@@ -133,8 +140,10 @@ class DockerSandbox(LocalSandbox):
             ids = self._user(container)
             prepare_io(self.io_dir, ids)
         except OSError as e:
-            raise RuntimeUnavailable(f"session {self.session_id}: cannot prepare the "
-                                     f"workspace or the shell's input folder: {e}") from e
+            unusable = workspace_unusable(self.workspace, e)
+            raise unusable or RuntimeUnavailable(
+                f"session {self.session_id}: cannot prepare the workspace or the shell's "
+                f"input folder: {e}") from e
         self.user = f"{ids[0]}:{ids[1]}"
         info = self._live_server(ping=False)
         if info is not None and (container is None or info.get("container") != container.id):
@@ -149,7 +158,9 @@ class DockerSandbox(LocalSandbox):
             detail = self._failure_detail(container, str(e))
             if created:  # nobody would ever stop it: a failed start leaves no container
                 self._remove(container)
-            raise RuntimeUnavailable(detail) from e
+            # the container's log may say why its shell could not start: no sh in it
+            raise container_refused(self.config.image, detail) or RuntimeUnavailable(
+                detail) from e
         self._say("ready", f"container {container.short_id} "
                   f"{'started' if created else 'attached'} (epoch {self.epoch})")
         return attached and not created
@@ -243,9 +254,10 @@ class DockerSandbox(LocalSandbox):
         return self._docker
 
     def _create(self, epoch: int | None) -> Any:
-        """Find (or pull) the image, create and start the container; raise
-        RuntimeUnavailable with the cause when it does not run."""
-        from docker.errors import DockerException, ImageNotFound
+        """Find (or pull, once) the image, create and start the container; raise
+        RuntimeUnavailable with the cause when it does not run (RuntimeMisconfigured when
+        no retry can help: an image not pulled, one without sh)."""
+        from docker.errors import APIError, DockerException, ImageNotFound
 
         image = self.config.image
         self._say("image", f"looking for image {image}")
@@ -255,6 +267,8 @@ class DockerSandbox(LocalSandbox):
             self._say("image", f"image {image} is not on this machine: pulling it")
             try:
                 self.docker.images.pull(image)
+            except APIError as e:  # the engine answered: no such image, or not for us
+                raise image_not_pulled(image, e) from e
             except DockerException as e:
                 raise RuntimeUnavailable(f"image {image!r} is not on this machine and could "
                                          f"not be pulled: {e}") from e
@@ -269,19 +283,20 @@ class DockerSandbox(LocalSandbox):
         try:
             container = self.docker.containers.create(image, **self._create_options(labels))
         except DockerException as e:
-            raise RuntimeUnavailable(f"cannot create a container from {image!r}: {e}") from e
+            raise container_refused(image, e) or RuntimeUnavailable(
+                f"cannot create a container from {image!r}: {e}") from e
         self._say("start", f"starting container {container.short_id}")
         try:
             container.start()
         except DockerException as e:
             detail = self._failure_detail(container, f"cannot start it: {e}")
             self._remove(container)
-            raise RuntimeUnavailable(detail) from e
+            raise container_refused(image, e) or RuntimeUnavailable(detail) from e
         container.reload()
         if container.status != "running":
             detail = self._failure_detail(container, "it stopped at once")
             self._remove(container)
-            raise RuntimeUnavailable(detail)
+            raise container_refused(image, detail) or RuntimeUnavailable(detail)
         return container
 
     def _create_options(self, labels: dict[str, str]) -> dict[str, Any]:
@@ -340,9 +355,8 @@ class DockerSandbox(LocalSandbox):
 
     def _server_args(self) -> list[str]:
         docker = shutil.which("docker")
-        if docker is None:
-            raise RuntimeUnavailable("the docker runtime needs the docker CLI on this "
-                                     "machine's PATH (it runs the shell with docker exec)")
+        if docker is None:  # it runs the shell with docker exec
+            raise docker_missing("the docker CLI on PATH")
         return [*super()._server_args(), "--container", str(self.container_id),
                 "--docker", docker, "--container-workdir", self.config.workdir,
                 "--container-user", self.user, "--container-io", f"{self.io_dir}:{IO_MOUNT}",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import RuntimeUnavailable
+from .misconfigured import docker_missing
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,7 @@ def docker_client(timeout_s: float = 60.0) -> Any:
     try:
         import docker
     except ImportError as e:
-        raise RuntimeUnavailable("the docker runtime needs the docker Python SDK "
-                                 "(pip install docker)") from e
+        raise docker_missing("the docker Python SDK (pip install docker)") from e
     try:
         client = docker.from_env(timeout=max(1, int(timeout_s)))
         client.ping()

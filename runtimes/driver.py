@@ -10,6 +10,11 @@ alive, execute, resolve, stop) are ``Work``; only cheap ones run on the caller's
 rules are unit-tested with a fake backend; the RuntimeProxy actor
 (``actors/runtime_proxy.py``) performs the effects.
 
+A start that fails because the sandbox cannot work as configured (``RuntimeMisconfigured``:
+an image that is missing or has no ``sh``, a refused token, an unusable workspace) is
+reported with the cause ``misconfigured`` and the driver does not exit: its supervisor
+restarts only what exited, so nothing tries it again until the user resumes.
+
 Each incarnation carries an epoch; a sandbox that serves a newer epoch refuses this one,
 and the driver then exits (a half-dead proxy never acts after its replacement started:
 I2 in docs/promises.md). Once it is told to close it starts nothing more: an ``Execute`` after
@@ -157,7 +162,9 @@ class RuntimeDriver:
             self.waiting = []
             return out + self._close_now()
         if error is not None:
-            return self._report_failure(RuntimeFailure.START_FAILED, error)
+            misconfigured = cause_of(error) == RuntimeFailure.MISCONFIGURED
+            return self._report_failure(RuntimeFailure.MISCONFIGURED if misconfigured
+                                        else RuntimeFailure.START_FAILED, error)
         self.ready = True
         self.epoch = self.sandbox.epoch or 0
         out = [ToParent(RuntimeReady(session_id=self.session_id, epoch=self.epoch,
@@ -227,11 +234,24 @@ class RuntimeDriver:
             return [ToParent(Superseded(session_id=self.session_id, reason=mask_known(
                         f"the sandbox serves a newer proxy: {detail or error}"))),
                     Exit(f"superseded by a newer runtime proxy: {detail or error}", error)]
-        text = mask_known(detail or (f"{type(error).__name__}: {error}" if error else cause))
-        return [ToParent(RuntimeFailed(session_id=self.session_id, epoch=self.epoch,
-                                       cause=cause, detail=text,
-                                       error_class=class_path(error) if error else "")),
-                Exit(f"sandbox {cause}: {text}", error)]
+        named = cause != RuntimeFailure.MISCONFIGURED  # its message is the user's whole text
+        text = mask_known(detail or (
+            (f"{type(error).__name__}: {error}" if named else str(error)) if error else cause))
+        failed = ToParent(RuntimeFailed(session_id=self.session_id, epoch=self.epoch,
+                                        cause=cause, detail=text,
+                                        error_class=class_path(error) if error else ""))
+        if cause == RuntimeFailure.MISCONFIGURED:
+            return [failed, *self._held_for_the_user(text)]
+        return [failed, Exit(f"sandbox {cause}: {text}", error)]
+
+    def _held_for_the_user(self, text: str) -> list[Effect]:
+        """A sandbox that cannot work as configured: no exit, so no restart tries it again
+        (the session waits in ERROR; a resume replaces this proxy). What waited is dropped."""
+        logger.error("session %s: the sandbox cannot work as configured: %s",
+                     self.session_id, text)
+        waiting, self.waiting = self.waiting, []
+        return [Drop(msg, "the sandbox cannot work as configured", logging.WARNING)
+                for msg, _sender in waiting]
 
     def _failed_with_health(self, error: BaseException) -> list[Effect]:
         """A request failed: report the sandbox's own cause when it is dead (an OOM kill

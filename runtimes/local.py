@@ -46,6 +46,7 @@ from ..host.processes import (
 from ..messages.causes import RuntimeFailure
 from .base import SandboxHealth
 from .launch import Launched, launch_server
+from .misconfigured import prepare_workspace
 from .sandbox import EXIT_LOCKED
 from .sandbox_client import SandboxClient
 from .shell_confinement import confinement_args, unconfined_warning
@@ -119,7 +120,7 @@ class LocalSandbox:
         """Attach to the live server or start one; claim ``epoch``, or (None) the next one
         the server counts, which no clock can make go back. True when attached."""
         self._epoch = epoch  # a refused claim must not leave this object stopping others
-        self.workspace.mkdir(parents=True, exist_ok=True)
+        prepare_workspace(self.workspace)
         private_dir(self.state_dir)
         os.chmod(self.state_dir, 0o700)  # made by someone else, or before this was so
         self._close_client()

@@ -7,7 +7,9 @@ machine, with the journal beside it); this client is ``Sandbox`` and ``Runtime``
 files in and out with ``upload`` and ``download``).
 
 What it retries, and what it does not: ``start`` waits for the server to answer healthy
-(up to ``RemoteRuntime.ready_timeout_s``, logging what it waits for); starting an action
+(up to ``RemoteRuntime.ready_timeout_s``, logging what it waits for), except when the
+answer says no wait can help (a refused token, an address where no runtime server is:
+``RuntimeMisconfigured`` at once); starting an action
 and polling it are retried a few times on a dropped connection or a 502/503/504 (safe:
 the server journals by action id, so a repeat never runs anything twice). Everything
 else fails at once. Executing, resolving and long-polling are ``action_calls.ActionCalls``,
@@ -42,7 +44,7 @@ from ..security.tls import default_ssl_context
 from .action_calls import ActionCalls
 from .base import SandboxHealth
 from .call_failures import answer_json, cause_of
-from .remote_errors import RemoteUnavailable, unreachable
+from .remote_errors import RemoteUnavailable, checked_health, refused_at_start, unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -251,15 +253,22 @@ class RemoteSandbox(ActionCalls):
                           operation=operation, timeout_s=timeout_s, retry=True)
 
     def _wait_ready(self) -> None:
-        """Poll ``/v1/health`` until it answers, for up to ``ready_timeout_s``."""
+        """Poll ``/v1/health`` until it answers, for up to ``ready_timeout_s``; a refused
+        token or a server that is not a runtime server raises ``RuntimeMisconfigured`` at
+        once."""
         limit_s = float(self.config.ready_timeout_s)
         deadline, pause_s, said = time.monotonic() + limit_s, 0.05, False
         while True:
             try:
-                self._call("GET", "/v1/health", operation="health", timeout_s=5.0)
+                answer = self._call("GET", "/v1/health", operation="health", timeout_s=5.0)
+                checked_health(self.url, answer)
                 return
             except RemoteUnavailable as e:
-                if e.cause == RuntimeFailure.UNAUTHORIZED or time.monotonic() >= deadline:
+                misconfigured = refused_at_start(self.url, self.config.token_env,
+                                                 bool(self._token), e)
+                if misconfigured is not None:  # no wait and no restart can mend it
+                    raise misconfigured from e
+                if time.monotonic() >= deadline:
                     raise RemoteUnavailable(
                         f"session {self.session_id}: the runtime server at {self.url} did not "
                         f"answer healthy within {limit_s:g} s: {e}", e.cause) from e

@@ -181,20 +181,24 @@ def test_uploads_and_downloads_stay_inside_the_workspace(remote_server, tmp_path
 
 
 @pytest.mark.slow
-def test_a_wrong_or_missing_token_fails_the_start_with_a_typed_cause(remote_server,
-                                                                    monkeypatch):
+def test_a_wrong_or_missing_token_fails_the_start_at_once_as_a_misconfiguration(
+        remote_server, monkeypatch):
+    from trouper.exceptions import RuntimeMisconfigured
     from trouper.messages.causes import RuntimeFailure
+    from trouper.runtimes.call_failures import cause_of
 
     server = remote_server()
     monkeypatch.delenv("TROUPER_RUNTIME_TOKEN", raising=False)
-    wrong = RemoteSandbox("s", config=RemoteRuntime(url=server.url, token="w" * 40))
-    with pytest.raises(RemoteUnavailable, match="401") as caught:
-        wrong.start()
-    assert caught.value.cause == RuntimeFailure.UNAUTHORIZED
+    wrong = RemoteSandbox("s", config=RemoteRuntime(url=server.url, token="w" * 40,
+                                                    ready_timeout_s=600))
+    with pytest.raises(RuntimeMisconfigured, match="refused the token .*401") as caught:
+        wrong.start()  # at once: no wait for the server to answer healthy
+    assert cause_of(caught.value) == RuntimeFailure.MISCONFIGURED
+    assert caught.value.__cause__.cause == RuntimeFailure.UNAUTHORIZED
     missing = RemoteSandbox("s", config=RemoteRuntime(url=server.url))
-    with pytest.raises(RemoteUnavailable, match="TROUPER_RUNTIME_TOKEN") as caught:
+    with pytest.raises(RuntimeMisconfigured, match="TROUPER_RUNTIME_TOKEN") as caught:
         missing.start()
-    assert caught.value.cause == RuntimeFailure.UNAUTHORIZED
+    assert cause_of(caught.value) == RuntimeFailure.MISCONFIGURED
     monkeypatch.setenv("MY_TOKEN_VAR", server.token)
     from_env = RemoteSandbox("s", config=RemoteRuntime(url=server.url, token_env="MY_TOKEN_VAR"))
     assert from_env.start() is False
