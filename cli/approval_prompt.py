@@ -81,7 +81,10 @@ class TerminalLines:
             ready, _, _ = select.select([self._fd], [], [], _POLL_S)
             if not ready:
                 continue
-            chunk = os.read(self._fd, 4096)
+            try:
+                chunk = os.read(self._fd, 4096)
+            except OSError:  # EIO: the terminal is gone (SIGHUP follows)
+                return None
             if not chunk:
                 return None
             self._buffer += chunk

@@ -105,3 +105,12 @@ def test_what_was_typed_before_the_question_never_answers_it(shown):
     finally:
         os.close(master)
         os.close(terminal)
+
+
+def test_a_terminal_that_closed_under_the_question_ends_it():
+    master, terminal = pty.openpty()
+    os.close(master)  # the window closed: reading its terminal fails (EIO)
+    try:
+        assert TerminalLines(terminal).readline(threading.Event()) is None
+    finally:
+        os.close(terminal)
