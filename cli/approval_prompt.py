@@ -83,7 +83,7 @@ class TerminalLines:
                 continue
             try:
                 chunk = os.read(self._fd, 4096)
-            except OSError:  # EIO: the terminal is gone (SIGHUP follows)
+            except OSError:  # the terminal is gone, said as EIO rather than end of input
                 return None
             if not chunk:
                 return None

@@ -109,7 +109,7 @@ def test_what_was_typed_before_the_question_never_answers_it(shown):
 
 def test_a_terminal_that_closed_under_the_question_ends_it():
     master, terminal = pty.openpty()
-    os.close(master)  # the window closed: reading its terminal fails (EIO)
+    os.close(master)  # the window closed: its terminal reads as ended
     try:
         assert TerminalLines(terminal).readline(threading.Event()) is None
     finally:
