@@ -40,7 +40,8 @@ def engine_problem() -> str | None:
         client.ping()
         client.images.get(IMAGE)
     except Exception as e:  # noqa: BLE001 - any reason is a reason to skip
-        return f"no Docker engine with {IMAGE} ({type(e).__name__}: {e})"
+        return (f"no Docker engine with {IMAGE} ({type(e).__name__}: {e}); to run it, start "
+                "one and build the image with: bash scripts/docker-engine start")
     return None
 
 

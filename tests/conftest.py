@@ -156,6 +156,9 @@ def chunked() -> Callable[..., str]:
 
 DOCKER_TEST_IMAGE = "trouper-test-busybox:latest"
 """Built by scripts/docker-engine: busybox alone (no bash, no python)."""
+DOCKER_FIX = ("to run them, start an engine and build the test image with: "
+              "bash scripts/docker-engine start")
+"""What a skipped or failed Docker test tells the reader to do."""
 
 
 def _docker_required() -> bool:
@@ -165,6 +168,12 @@ def _docker_required() -> bool:
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
     """A docker SDK client of a running engine that has ``DOCKER_TEST_IMAGE``."""
+    return docker_client_or_skip()
+
+
+def docker_client_or_skip() -> Any:
+    """``docker_client``'s work: the client, or a skip (a failure in CI) that says why and
+    how to stop skipping."""
     import shutil
 
     problem = ""
@@ -183,9 +192,8 @@ def docker_client() -> Any:
         problem = "the docker CLI is not on PATH"
     if problem:
         if _docker_required():
-            pytest.fail(f"{problem} (required: CI or TROUPER_REQUIRE_DOCKER=1; run "
-                        "scripts/docker-engine start)")
-        pytest.skip(problem)
+            pytest.fail(f"{problem} (required: CI or TROUPER_REQUIRE_DOCKER=1; {DOCKER_FIX})")
+        pytest.skip(f"{problem} ({DOCKER_FIX})")
     return client
 
 

@@ -331,3 +331,21 @@ def test_a_workspace_replaced_by_a_file_ends_the_restored_session_in_error(
         change = ended_misconfigured(session)
         assert f"the workspace {workspace} cannot be used" in change.reason
         assert "--workspace" in change.reason
+
+
+# -- the test suite's own skips --------------------------------------------------------------
+
+
+def test_a_docker_test_that_skips_says_how_to_stop_skipping(monkeypatch, tmp_path):
+    import conftest
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("TROUPER_REQUIRE_DOCKER", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        conftest.docker_client_or_skip()
+    assert "no Docker engine" in str(skipped.value)
+    assert "bash scripts/docker-engine start" in str(skipped.value)
+    monkeypatch.setenv("TROUPER_REQUIRE_DOCKER", "1")  # CI: it fails instead, saying the same
+    with pytest.raises(pytest.fail.Exception, match="bash scripts/docker-engine start"):
+        conftest.docker_client_or_skip()
