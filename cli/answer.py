@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..config.files import KEYS
 from .carry_on import DAEMON_SCRIPT, Act, carry_on
 from .clients import driving
+from .run_defaults import chosen, read_files
 from .support import (
     USAGE,
     CliError,
@@ -36,7 +38,8 @@ script_option = click.option(
     help="Without a daemon: the script of a session run with --script, served again at "
          "the address the session knows.")
 timeout_option = click.option(
-    "--timeout", "timeout_s", default=3600.0, show_default=True,
+    "--timeout", "timeout_s", default=KEYS["timeout"].default, show_default=True,
+    envvar=KEYS["timeout"].env,
     help="Without a daemon: stop following after this many seconds (the session is "
          "paused; resume carries it on).")
 action_id_option = click.option("--action-id", default="",
@@ -96,6 +99,8 @@ def _answer(session_id: str, home: Path | None, script: Path | None, act: Act,
         return
     _check_waiting(trouper_home, session_id)  # before any actor starts
     log_to_home(trouper_home, debug_enabled())
+    files = read_files(home, Path.cwd())  # their timeout and [settings] apply, as resume's
+    timeout_s = chosen(click.get_current_context(), files, "timeout")["timeout"].value
     code = carry_on(trouper_home, session_id, script, act, timeout_s=timeout_s,
                     verbose=verbose)
     click.get_current_context().exit(code)
