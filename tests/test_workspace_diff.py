@@ -242,3 +242,24 @@ def test_without_git_the_baseline_and_the_diff_say_to_install_it(home, tmp_path,
     monkeypatch.setattr(compare_module, "find_git", lambda: None)
     later = workspace_diff(home, "s-2", config)
     assert not later.available and "git is not installed" in later.reason
+
+
+def test_a_diff_longer_than_the_cap_lists_the_rest_without_their_patches(home, tmp_path,
+                                                                         monkeypatch):
+    import trouper.workspace_diff.compare as compare_module
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text("".join(f"line {n}\n" for n in range(100)))
+    config = started(home, ws)
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text("".join(f"changed {n}\n" for n in range(100)))
+    monkeypatch.setattr(compare_module, "MAX_PATCH_BYTES", 3000)  # a.txt's patch fits
+    diff = workspace_diff(home, "s-1", config)
+    assert [(f.path, f.left_out) for f in diff.files] == [
+        ("a.txt", ""), ("b.txt", "the diff is too long to show whole"),
+        ("c.txt", "the diff is too long to show whole")]
+    assert "+changed 99" in diff.files[0].patch and diff.files[1].patch == ""
+    assert [f.added_lines for f in diff.files] == [100, 100, 100]  # still counted
+    assert "2 file(s) are listed without their patch" in "\n".join(diff.notes)

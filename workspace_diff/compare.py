@@ -31,7 +31,7 @@ from .git import (
     workspace_excludes,
 )
 from .model import WorkspaceDiff
-from .patches import changes, file_patches, name_status, numstat
+from .patches import MAX_PATCH_BYTES, changes, file_patches, name_status, numstat
 from .selection import Selection, file_size, new_files, select, size_text
 
 DIFF_OPTIONS = ("--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
@@ -113,8 +113,9 @@ def _diff(git: ShadowGit, session_id: str, commit: str, base: str, baseline: Bas
     skip = [f":(exclude,literal){path}" for path in grown]
     counts = numstat(git.run("diff", *DIFF_OPTIONS, "--numstat", "-z", commit, "--", *skip,
                              literal=False))
-    patches = file_patches(git.run("diff", *DIFF_OPTIONS, commit, "--", *skip, literal=False),
-                           [path for path, *_ in counts])
+    patch, more = git.run_capped("diff", *DIFF_OPTIONS, commit, "--", *skip,
+                                 max_bytes=MAX_PATCH_BYTES, literal=False)
+    patches = file_patches(patch, [path for path, *_ in counts], cut=more)
     files, cut = changes(sorted(statuses, key=lambda s: s[1]), counts, patches, left_out)
     notes = _notes(git, baseline, chosen, limit, cut)
     return WorkspaceDiff(session_id=session_id, workspace=str(git.work_tree), available=True,

@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from ..exceptions import TrouperError
 
@@ -57,24 +60,50 @@ class ShadowGit:
     def run(self, *args: str, stdin: bytes | None = None, literal: bool = True) -> bytes:
         """git ``args``; its stdout. ``literal``: paths are paths, never patterns or
         magic (``:(exclude)`` needs it off). Raises GitFailed (naming the call)."""
+        try:
+            done = subprocess.run(self._argv(args), input=stdin, capture_output=True,
+                                  env=self._env(literal), cwd=self.work_tree,
+                                  timeout=GIT_TIMEOUT_S, umask=0o077)
+        except subprocess.TimeoutExpired:
+            raise GitFailed(_too_slow(args)) from None
+        except OSError as e:
+            raise GitFailed(f"git {args[0]} could not run: {e}") from e
+        if done.returncode != 0:
+            raise GitFailed(_failed(args, done.returncode, done.stderr))
+        return done.stdout
+
+    def run_capped(self, *args: str, max_bytes: int, literal: bool = True
+                   ) -> tuple[bytes, bool]:
+        """git ``args``; at most ``max_bytes`` of its stdout, and whether it had more (it
+        is then stopped): a diff of a huge workspace never sits whole in memory."""
+        with tempfile.TemporaryFile() as errors:
+            try:
+                process = subprocess.Popen(
+                    self._argv(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=errors, env=self._env(literal), cwd=self.work_tree, umask=0o077)
+            except OSError as e:
+                raise GitFailed(f"git {args[0]} could not run: {e}") from e
+            timer = threading.Timer(GIT_TIMEOUT_S, process.kill)
+            timer.start()
+            try:
+                out, more = _read_at_most(process.stdout, max_bytes)  # type: ignore[arg-type]
+            finally:
+                timer.cancel()
+                process.kill()  # done already, or cut short: it has nothing more to say
+                process.stdout.close()  # type: ignore[union-attr]
+                code = process.wait()
+            if not more and code != 0:
+                errors.seek(0)
+                said = errors.read()
+                raise GitFailed(_too_slow(args) if code == -9 else _failed(args, code, said))
+        return out, more
+
+    def _argv(self, args: tuple[str, ...]) -> list[str]:
         config = ["-c", "core.quotePath=false", "-c", "core.autocrlf=false",
                   "-c", "gc.auto=0", "-c", "advice.addEmbeddedRepo=false"]
         if self.excludes_file is not None:
             config += ["-c", f"core.excludesFile={self.excludes_file}"]
-        argv = [self.program, *config, *args]
-        try:
-            done = subprocess.run(argv, input=stdin, capture_output=True, env=self._env(literal),
-                                  cwd=self.work_tree, timeout=GIT_TIMEOUT_S, umask=0o077)
-        except subprocess.TimeoutExpired:
-            raise GitFailed(f"git {args[0]} did not finish within {GIT_TIMEOUT_S:g} s "
-                            f"(a very large workspace?)") from None
-        except OSError as e:
-            raise GitFailed(f"git {args[0]} could not run: {e}") from e
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise GitFailed(f"git {args[0]} failed (exit status {done.returncode}): "
-                            f"{said[-1] if said else 'no message'}")
-        return done.stdout
+        return [self.program, *config, *args]
 
     def _env(self, literal: bool) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items()
@@ -90,6 +119,25 @@ class ShadowGit:
             env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = os.pathsep.join(map(str, self.alternates))
         env.update(self.extra_env)
         return env
+
+
+def _read_at_most(stream: BinaryIO, max_bytes: int) -> tuple[bytes, bool]:
+    chunks, size = [], 0
+    while chunk := stream.read(64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return b"".join(chunks)[:max_bytes], True
+    return b"".join(chunks), False
+
+
+def _too_slow(args: tuple[str, ...]) -> str:
+    return f"git {args[0]} did not finish within {GIT_TIMEOUT_S:g} s (a very large workspace?)"
+
+
+def _failed(args: tuple[str, ...], code: int, stderr: bytes) -> str:
+    said = stderr.decode("utf-8", "replace").strip().splitlines()
+    return f"git {args[0]} failed (exit status {code}): {said[-1] if said else 'no message'}"
 
 
 def workspace_excludes(workspace: Path) -> Path | None:

@@ -15,9 +15,10 @@ from .model import BINARY_CHANGED, ChangeKind, FileChange
 
 KINDS: dict[str, ChangeKind] = {"A": "added", "M": "modified", "T": "modified",
                                 "D": "deleted"}
-MAX_PATCH_CHARS = 4_000_000
-"""The patches of one diff together: past it, the rest of the files are listed without
-theirs (a note says how many)."""
+MAX_PATCH_BYTES = 4 * 1024 * 1024
+"""The patches of one diff together (git's output is read no further): past it, the rest
+of the files are listed without theirs (a note says how many)."""
+TOO_LONG = "the diff is too long to show whole"
 _FILE_HEADER = re.compile(rb"^(?=diff --git )", re.MULTILINE)
 _BINARY_LINE = re.compile(r"^Binary files .* differ$", re.MULTILINE)
 
@@ -41,32 +42,35 @@ def numstat(raw: bytes) -> list[tuple[str, int, int, bool]]:
     return rows
 
 
-def file_patches(raw: bytes, paths: list[str]) -> dict[str, str]:
+def file_patches(raw: bytes, paths: list[str], cut: bool = False) -> dict[str, str]:
     """The patch cut into one piece a file, keyed by ``paths`` (``numstat``'s order); a
-    binary file's ``Binary files ... differ`` reads ``binary file changed``."""
+    binary file's ``Binary files ... differ`` reads ``binary file changed``. ``cut``: the
+    patch was read up to ``MAX_PATCH_BYTES`` only; its last piece, incomplete, is dropped
+    and the files after it have none."""
     pieces = [p for p in _FILE_HEADER.split(raw) if p]
-    if len(pieces) != len(paths):
+    if cut:
+        pieces = pieces[:-1]
+    if len(pieces) > len(paths) or (not cut and len(pieces) != len(paths)):
         raise ValueError(f"git's patch has {len(pieces)} files, its numstat {len(paths)}")
     return {path: _BINARY_LINE.sub(BINARY_CHANGED, piece.decode("utf-8", "replace"))
-            for path, piece in zip(paths, pieces, strict=True)}
+            for path, piece in zip(paths, pieces, strict=False)}
 
 
 def changes(statuses: list[tuple[ChangeKind, str]], counts: list[tuple[str, int, int, bool]],
             patches: dict[str, str], left_out: dict[str, str]) -> tuple[list[FileChange], int]:
     """The ``FileChange`` of every file, and how many lost their patch to the cap."""
     by_path = {path: (added, removed, binary) for path, added, removed, binary in counts}
-    out, used, cut = [], 0, 0
+    out, cut = [], 0
     for change, path in statuses:
         added, removed, binary = by_path.get(path, (0, 0, False))
         why = left_out.get(path, "")
         patch = "" if why else patches.get(path, "")
-        if used + len(patch) > MAX_PATCH_CHARS:
-            patch, why, cut = "", "the diff is too long to show whole", cut + 1
-        used += len(patch)
+        if not why and path not in patches:
+            why, cut = TOO_LONG, cut + 1
         out.append(FileChange(path=shown(path), change=change, binary=binary,
                               added_lines=added, removed_lines=removed, patch=patch,
                               left_out=why))
     return out, cut
 
 
-__all__ = ["MAX_PATCH_CHARS", "changes", "file_patches", "name_status", "numstat"]
+__all__ = ["MAX_PATCH_BYTES", "TOO_LONG", "changes", "file_patches", "name_status", "numstat"]
