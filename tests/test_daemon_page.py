@@ -130,9 +130,10 @@ def test_approve_and_reject_from_the_page(page, daemon, scripted, tmp_path):
     statuses = page.locator("#events .outcome").evaluate_all(
         "nodes => nodes.map(n => n.dataset.status)")
     assert statuses == ["ok", "rejected", "ok"]
-    # the rejection is listed once: as the action's outcome, not also as a line of its
-    # own (the answer) nor as the state change it caused
+    # the rejected action is listed once, its rejection as its outcome: not also as a
+    # line of its own (the answer), nor in the state changes (waiting for it, rejected)
     expect(page.locator("#events > li", has_text="not this one")).to_have_count(1)
+    expect(page.locator("#events > li", has_text="echo never runs")).to_have_count(1)
     rejected = page.locator("#events li.action", has_text="echo never runs")
     expect(rejected).to_have_count(1)
     expect(rejected.locator(".outcome")).to_have_text(

@@ -38,7 +38,8 @@ async function api(method, path, body, headers) {
 
 const RETRY_MS = 15000;
 const COMMANDS = ["pause", "resume", "stop", "approve", "reject"];
-const ANSWERS = new Set(["user_approve", "user_reject"]);  // state causes shown on the action
+// state changes told by the action itself (waiting, then its answer): no line of their own
+const ON_THE_ACTION = new Set(["awaiting_confirmation", "user_approve", "user_reject"]);
 
 function newKey() {
   const bytes = crypto.getRandomValues(new Uint8Array(16));
@@ -192,8 +193,9 @@ function show(event) {
       break;
     }
     case "state":
-      // the user's approve or reject shows on its action (its outcome), not as a line more
-      if (!ANSWERS.has(event.cause)) {
+      // waiting for approval, and the answer, show on the action (the box above, then
+      // "approved by you" or its "rejected" outcome), not as lines in between
+      if (!ON_THE_ACTION.has(event.cause)) {
         add(el("li", "status", "state: " + event.state + (event.reason ? " (" + event.reason + ")" : "")));
       }
       refreshDetail();
