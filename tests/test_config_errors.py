@@ -260,6 +260,24 @@ def test_trouper_run_on_a_missing_image_exits_at_once_naming_the_fix(tmp_path, d
     assert "trouper resume" in out, out
 
 
+@pytest.mark.slow
+def test_trouper_run_refuses_a_remote_runtime_without_a_token_as_a_usage_error(tmp_path):
+    from accel import forkserver
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([FINISH]))
+    env = {k: v for k, v in os.environ.items() if k != "TROUPER_RUNTIME_TOKEN"}
+    done = forkserver.run(
+        [sys.executable, "-m", "trouper", "run", "x", "--script", str(script), "--runtime",
+         "remote", "--url", "http://127.0.0.1:9"],
+        env={**env, "TROUPER_HOME": str(tmp_path / "home"), "COLUMNS": "300"}, text=True,
+        capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line, = done.stderr.splitlines()
+    assert line.startswith("trouper: error: runtime.remote.token: no token"), line
+    assert "$TROUPER_RUNTIME_TOKEN" in line and "--token-file" in line
+
+
 # -- whole sessions: the remote runtime and the workspace --------------------------------------
 
 
