@@ -171,7 +171,9 @@ class Trouper:
 
         Everything is checked before anything is created: a refused session leaves no
         folder, no workspace, no store row and no secrets file. A ``workspace`` the user
-        names is created only if its parent exists.
+        names is created only if its parent exists. Before the session's actors start, a
+        baseline of the workspace is recorded, for ``Session.diff()`` (docs/api.md, "What
+        the agent changed").
 
         Raises:
             ConfigError: naming the field and the reason (``task: must not be empty``),
