@@ -263,3 +263,22 @@ def test_a_diff_longer_than_the_cap_lists_the_rest_without_their_patches(home, t
     assert "+changed 99" in diff.files[0].patch and diff.files[1].patch == ""
     assert [f.added_lines for f in diff.files] == [100, 100, 100]  # still counted
     assert "2 file(s) are listed without their patch" in "\n".join(diff.notes)
+
+
+def test_a_trouper_home_inside_the_workspace_is_never_copied_nor_shown(tmp_path):
+    ws = tmp_path / "me"
+    ws.mkdir()
+    (ws / "project.txt").write_text("mine\n")
+    home = Home.at(ws / ".trouper")
+    (home.root / "trouper.db").write_text("the store\n")
+    private_dir(home.session_dir("s-1"))
+    (home.session_dir("s-1") / "secrets.json").write_text('{"K": "a secret value"}')
+    config = started(home, ws)
+    (home.root / "trouper.db").write_text("the store, later\n")
+    (ws / "project.txt").write_text("mine, changed\n")
+    diff = workspace_diff(home, "s-1", config)
+    assert [f.path for f in diff.files] == ["project.txt"]
+    found = subprocess.run(["git", "--git-dir", str(home.session_dir("s-1") / "baseline.git"),
+                            "grep", "-I", "secret", "refs/trouper/baseline"],
+                           capture_output=True, text=True)
+    assert found.returncode == 1 and found.stdout == ""  # no file of the home in the copy

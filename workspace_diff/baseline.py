@@ -36,7 +36,7 @@ from ..config.models import SessionConfig
 from ..config.settings import Settings, env_name, settings
 from ..home.paths import Home, write_private
 from .git import NO_GIT, GitFailed, ShadowGit, find_git, nul_input, workspace_excludes
-from .selection import new_files, select, size_text
+from .selection import home_inside, new_files, select, size_text
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) 
     git = ShadowGit(program, baseline_git(home, session_id), workspace,
                     excludes_file=workspace_excludes(workspace))
     init_shadow(git)
-    chosen = select(workspace, new_files(git), limits.diff_max_file_bytes)
+    chosen = select(workspace, new_files(git), limits.diff_max_file_bytes,
+                    hidden=home_inside(home.root, workspace))
     if too_many := _past_limits(len(chosen.files), chosen.total_bytes, limits):
         return _none(too_many)
     if chosen.files:

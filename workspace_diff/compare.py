@@ -32,7 +32,7 @@ from .git import (
 )
 from .model import WorkspaceDiff
 from .patches import MAX_PATCH_BYTES, changes, file_patches, name_status, numstat
-from .selection import Selection, file_size, new_files, select, size_text
+from .selection import Selection, file_size, home_inside, new_files, select, size_text
 
 DIFF_OPTIONS = ("--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
                 "--ignore-submodules=all")
@@ -84,7 +84,8 @@ def _compare(home: Home, session_id: str, workspace: Path, config: SessionConfig
             commit = baseline.commit or EMPTY_TREE
             base = ("the workspace when the session started "
                     f"({baseline.taken_at:%Y-%m-%d %H:%M:%S} UTC)")
-        return _diff(git, session_id, commit, base, baseline, limits)
+        hidden = home_inside(home.root, workspace)
+        return _diff(git, session_id, commit, base, baseline, limits, hidden)
 
 
 def _usable_baseline(home: Home, session_id: str, config: SessionConfig) -> Baseline:
@@ -99,9 +100,10 @@ def _usable_baseline(home: Home, session_id: str, config: SessionConfig) -> Base
 
 
 def _diff(git: ShadowGit, session_id: str, commit: str, base: str, baseline: Baseline,
-          limits: Settings) -> WorkspaceDiff:
+          limits: Settings, hidden: str | None) -> WorkspaceDiff:
     limit = limits.diff_max_file_bytes
-    chosen = select(git.work_tree, new_files(git), limit, frozenset(baseline.too_large))
+    chosen = select(git.work_tree, new_files(git), limit, frozenset(baseline.too_large),
+                    hidden)
     if chosen.files:
         git.run("add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul",
                 stdin=nul_input(list(chosen.files)))

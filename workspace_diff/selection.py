@@ -35,11 +35,14 @@ def new_files(git: ShadowGit) -> list[str]:
 
 
 def select(workspace: Path, listed: list[str], max_file_bytes: int,
-           skip: frozenset[str] = frozenset()) -> Selection:
+           skip: frozenset[str] = frozenset(), hidden: str | None = None) -> Selection:
     """``listed`` (work-tree paths as git lists them) split by the limits; ``skip``:
-    paths left out before (too large when the baseline was taken)."""
+    paths left out before (too large when the baseline was taken); ``hidden``: a folder
+    (``path/``) never to copy nor show, whatever it holds (the trouper home)."""
     files, too_large, repositories, total = [], [], [], 0
     for path in listed:
+        if hidden is not None and path.startswith(hidden):
+            continue
         if path.endswith("/"):
             repositories.append(path)
             continue
@@ -52,6 +55,17 @@ def select(workspace: Path, listed: list[str], max_file_bytes: int,
         files.append(path)
         total += size
     return Selection(tuple(files), tuple(too_large), tuple(repositories), total)
+
+
+def home_inside(home: Path, workspace: Path) -> str | None:
+    """The trouper home's path in the workspace (``.trouper/``) when the workspace holds
+    it (a workspace that is the user's home folder): its store and secrets are never
+    copied into a baseline nor shown in a diff. None when it is elsewhere."""
+    try:
+        relative = home.resolve().relative_to(workspace.resolve())
+    except (OSError, ValueError):
+        return None
+    return "" if relative == Path(".") else f"{relative.as_posix()}/"
 
 
 def file_size(path: Path) -> int:
@@ -70,4 +84,4 @@ def size_text(size: int) -> str:
     return f"{size} bytes"
 
 
-__all__ = ["Selection", "file_size", "new_files", "select", "size_text"]
+__all__ = ["Selection", "file_size", "home_inside", "new_files", "select", "size_text"]
