@@ -200,7 +200,9 @@ class Trouper:
         write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
         # the task and every other field stored masked; the keys are left out
         self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
-        take_baseline(self.home, session_id, config)  # before the actors: before any action
+        # before the actors, so before any action; a file holding a secret is not copied
+        take_baseline(self.home, session_id, config,
+                      secrets=[value for _, value in to_mask.pairs])
         self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,

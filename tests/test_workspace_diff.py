@@ -282,3 +282,24 @@ def test_a_trouper_home_inside_the_workspace_is_never_copied_nor_shown(tmp_path)
                             "grep", "-I", "secret", "refs/trouper/baseline"],
                            capture_output=True, text=True)
     assert found.returncode == 1 and found.stdout == ""  # no file of the home in the copy
+
+
+def test_a_file_holding_a_secret_value_is_not_copied_into_the_baseline(home, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".env").write_text("TOKEN=tok-1234567890\n")
+    (ws / "app.py").write_text("print(1)\n")
+    made = SessionConfig(task="t", llm=LLM, workspace=str(ws))
+    private_dir(home.session_dir("s-1"))
+    take_baseline(home, "s-1", made, Settings(), secrets=["tok-1234567890", "abc"])
+    assert read_baseline(home, "s-1").with_secrets == (".env",)
+    objects = home.session_dir("s-1") / "baseline.git"
+    found = subprocess.run(["git", "--git-dir", str(objects), "grep", "-I", "tok-1234567890",
+                            "refs/trouper/baseline"], capture_output=True, text=True)
+    assert found.returncode == 1, found.stdout  # the copy holds no secret value
+    (ws / ".env").write_text("TOKEN=tok-1234567890\nMORE=1\n")
+    (ws / "app.py").write_text("print(2)\n")
+    diff = workspace_diff(home, "s-1", made)
+    assert [f.path for f in diff.files] == ["app.py"]
+    assert "held a secret value of the session when it started are not compared (never " \
+           "copied): .env" in "\n".join(diff.notes)

@@ -144,3 +144,20 @@ def test_the_daemon_s_diff_route_and_trouper_diff_through_it(scripted, tmp_path)
         shown = trouper_cli(daemon.home.root, "diff", session.id, "--json")
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout) == body
+
+
+def test_start_session_leaves_a_file_holding_a_session_secret_out_of_the_baseline(
+        trouper, trouper_home, scripted, tmp_path):
+    from trouper.home.paths import Home
+    from trouper.workspace_diff import read_baseline
+
+    _, llm = scripted([FINISH])
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "deploy.sh").write_text("curl -H 'token: gh-secret-value-42' x\n")
+    (ws / "README").write_text("hi\n")
+    session = trouper.start_session("look", llm=llm, workspace=ws,
+                                    secrets={"GH": "gh-secret-value-42"})
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert read_baseline(Home.at(trouper_home), session.id).with_secrets == ("deploy.sh",)
+    assert session.diff().files == ()

@@ -26,6 +26,7 @@ and the session starts as it would have.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -35,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..config.models import SessionConfig
 from ..config.settings import Settings, env_name, settings
 from ..home.paths import Home, write_private
+from ..runtimes.sandbox.mask import MIN_SECRET_CHARS
 from .git import NO_GIT, GitFailed, ShadowGit, find_git, nul_input, workspace_excludes
 from .selection import home_inside, new_files, select, size_text
 
@@ -65,6 +67,9 @@ class Baseline(BaseModel):
     """Files left out for their size (``snapshot``)."""
     repositories: tuple[str, ...] = ()
     """Repositories inside the workspace, left out (``snapshot``)."""
+    with_secrets: tuple[str, ...] = ()
+    """Files that held a secret value of the session, left out (``snapshot``): a secret
+    is stored nowhere but the secrets file."""
     max_file_bytes: int = 0
     """The size limit the baseline was taken with."""
 
@@ -85,12 +90,14 @@ def read_baseline(home: Home, session_id: str) -> Baseline | None:
 
 
 def take_baseline(home: Home, session_id: str, config: SessionConfig,
-                  limits: Settings | None = None) -> Baseline:
+                  limits: Settings | None = None, secrets: Iterable[str] = ()) -> Baseline:
     """Record the session's workspace as it is now (see the module docstring); never
-    raises."""
+    raises. ``secrets``: the session's secret values (its own, its credentials): a file
+    that holds one is not copied."""
     limits = limits or settings()
+    values = tuple(v.encode() for v in secrets if len(v) >= MIN_SECRET_CHARS)
     try:
-        baseline = _take(home, session_id, config, limits)
+        baseline = _take(home, session_id, config, limits, values)
     except (GitFailed, OSError) as e:
         baseline = _none(f"no baseline of the workspace could be taken: {e}")
     if baseline.kind == "none":
@@ -100,7 +107,8 @@ def take_baseline(home: Home, session_id: str, config: SessionConfig,
     return baseline
 
 
-def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) -> Baseline:
+def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings,
+          secrets: tuple[bytes, ...]) -> Baseline:
     if config.runtime.kind == "remote":
         return _none(REMOTE)
     now, workspace = datetime.now(UTC), Path(config.workspace)
@@ -115,7 +123,7 @@ def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) 
                     excludes_file=workspace_excludes(workspace))
     init_shadow(git)
     chosen = select(workspace, new_files(git), limits.diff_max_file_bytes,
-                    hidden=home_inside(home.root, workspace))
+                    hidden=home_inside(home.root, workspace), secrets=secrets)
     if too_many := _past_limits(len(chosen.files), chosen.total_bytes, limits):
         return _none(too_many)
     if chosen.files:
@@ -126,7 +134,7 @@ def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings) 
                      tree).decode().strip()
     git.run("update-ref", BASELINE_REF, commit)
     return Baseline(kind="snapshot", taken_at=now, commit=commit, too_large=chosen.too_large,
-                    repositories=chosen.repositories,
+                    repositories=chosen.repositories, with_secrets=chosen.with_secrets,
                     max_file_bytes=limits.diff_max_file_bytes)
 
 

@@ -102,8 +102,8 @@ def _usable_baseline(home: Home, session_id: str, config: SessionConfig) -> Base
 def _diff(git: ShadowGit, session_id: str, commit: str, base: str, baseline: Baseline,
           limits: Settings, hidden: str | None) -> WorkspaceDiff:
     limit = limits.diff_max_file_bytes
-    chosen = select(git.work_tree, new_files(git), limit, frozenset(baseline.too_large),
-                    hidden)
+    chosen = select(git.work_tree, new_files(git), limit,
+                    frozenset((*baseline.too_large, *baseline.with_secrets)), hidden)
     if chosen.files:
         git.run("add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul",
                 stdin=nul_input(list(chosen.files)))
@@ -138,6 +138,9 @@ def _notes(git: ShadowGit, baseline: Baseline, chosen: Selection, limit: int,
     if chosen.too_large:
         notes.append(f"files larger than {size_text(limit)} are listed, their content not "
                      f"compared: {_named(list(chosen.too_large))}")
+    if baseline.with_secrets:
+        notes.append("files that held a secret value of the session when it started are "
+                     f"not compared (never copied): {_named(list(baseline.with_secrets))}")
     repositories = sorted({*baseline.repositories, *chosen.repositories})
     if repositories:
         notes.append(f"repositories inside the workspace are not compared: "

@@ -25,6 +25,8 @@ class Selection:
     """Larger than the limit: not compared."""
     repositories: tuple[str, ...]
     """Folders holding a repository of their own (``sub/``): not compared."""
+    with_secrets: tuple[str, ...]
+    """Files holding a secret value of the session: never copied (I7)."""
     total_bytes: int
     """The size of ``files`` together."""
 
@@ -35,11 +37,13 @@ def new_files(git: ShadowGit) -> list[str]:
 
 
 def select(workspace: Path, listed: list[str], max_file_bytes: int,
-           skip: frozenset[str] = frozenset(), hidden: str | None = None) -> Selection:
+           skip: frozenset[str] = frozenset(), hidden: str | None = None,
+           secrets: tuple[bytes, ...] = ()) -> Selection:
     """``listed`` (work-tree paths as git lists them) split by the limits; ``skip``:
     paths left out before (too large when the baseline was taken); ``hidden``: a folder
-    (``path/``) never to copy nor show, whatever it holds (the trouper home)."""
-    files, too_large, repositories, total = [], [], [], 0
+    (``path/``) never to copy nor show, whatever it holds (the trouper home); ``secrets``:
+    values whose files are left out (read to look: for a baseline, which copies)."""
+    files, too_large, repositories, with_secrets, total = [], [], [], [], 0
     for path in listed:
         if hidden is not None and path.startswith(hidden):
             continue
@@ -52,9 +56,24 @@ def select(workspace: Path, listed: list[str], max_file_bytes: int,
         if size > max_file_bytes:
             too_large.append(path)
             continue
+        if secrets and _holds_any(workspace / path, secrets):
+            with_secrets.append(path)
+            continue
         files.append(path)
         total += size
-    return Selection(tuple(files), tuple(too_large), tuple(repositories), total)
+    return Selection(tuple(files), tuple(too_large), tuple(repositories),
+                     tuple(with_secrets), total)
+
+
+def _holds_any(path: Path, values: tuple[bytes, ...]) -> bool:
+    """Whether the file (never a link's target) holds one of ``values``."""
+    try:
+        if path.is_symlink():
+            return any(value in os.fsencode(os.readlink(path)) for value in values)
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return any(value in data for value in values)
 
 
 def home_inside(home: Path, workspace: Path) -> str | None:
