@@ -163,7 +163,8 @@ def workspace_problems(path: Path) -> list[Problem]:
     if LONE_SURROGATE.search(str(path)):
         return [("workspace", "the path holds bytes that are not UTF-8; rename it")]
     if path.exists() and not path.is_dir():
-        return [("workspace", f"{path} exists and is not a folder")]
+        return [("workspace", f"{path} exists and is not a folder: choose a folder (or a "
+                              "path to make one at)")]
     target = path if path.exists() else path.parent
     if not target.is_dir():
         return [("workspace", f"{target} does not exist (it would hold {path}); "
@@ -171,5 +172,6 @@ def workspace_problems(path: Path) -> list[Problem]:
     if not os.access(target, os.W_OK | os.X_OK):
         verb = "is not writable" if target == path else "is not writable, so " \
             f"{path.name} cannot be created in it"
-        return [("workspace", f"{target} {verb}")]
+        return [("workspace", f"{target} {verb}: choose another workspace, or fix its "
+                              "permissions")]
     return []
