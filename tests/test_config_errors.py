@@ -4,9 +4,11 @@ refused at ``start_session`` where that can be seen first; a resume after the fi
 again. A fault that can heal keeps its timed retries (a killed container, a restarted
 runtime server: ``test_docker_sessions.py``, ``test_remote_sessions.py``).
 
-The rules first (driver, core, classifier, checks: no process), then whole sessions: a
-Docker image that is missing or has no ``sh``, a runtime server that refuses the token or
-is not one, a workspace gone bad before a restore, and ``trouper run`` on a missing image.
+The rules first (core, classifier, checks: no process; the proxy's, that it reports and
+does not exit, in ``test_runtime_driver.py``), then whole sessions: a Docker image that
+is missing or has no ``sh``, a runtime server that refuses the token or is not one, a
+workspace gone bad before a restore, and ``trouper run`` on a missing image or a remote
+runtime without a token.
 """
 
 from __future__ import annotations
@@ -29,13 +31,10 @@ import pytest
 from trouper.config.checks import runtime_problems
 from trouper.core.effects import AskModel, RestartRuntime
 from trouper.core.states import Why
-from trouper.exceptions import RuntimeMisconfigured, RuntimeUnavailable
 from trouper.messages.events import AgentState, RuntimeEvent, StateChanged
 from trouper.messages.protocol import RuntimeFailed, RuntimeFailure, RuntimeReady
 from trouper.runtimes import misconfigured
-from trouper.runtimes.driver import Drop, Exit, RuntimeDriver, ToParent
 from trouper.testing import wait_until
-from trouper.testing.fake_sandbox import SID, FakeSandbox, execute, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_core_session import answer, command, make, only  # noqa: E402
@@ -68,26 +67,6 @@ def ended_misconfigured(session: Any, timeout_s: float = 60) -> StateChanged:
 
 
 # -- the rules ------------------------------------------------------------------------------
-
-
-def test_the_driver_reports_a_misconfigured_start_and_does_not_exit_to_be_restarted():
-    sandbox = FakeSandbox()
-    sandbox.start_error = RuntimeMisconfigured("image 'x' is missing: build it")
-    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
-    effects = run(driver.start())
-    report, = [e for e in effects if isinstance(e, ToParent)]
-    assert isinstance(report.msg, RuntimeFailed)
-    assert report.msg.cause == RuntimeFailure.MISCONFIGURED
-    assert report.msg.detail == "image 'x' is missing: build it"
-    assert not [e for e in effects if isinstance(e, Exit)]  # an exit would be restarted
-    assert isinstance(run(driver.execute(execute(), "controller"))[0], Drop)  # runs nothing
-
-    healable = FakeSandbox()
-    healable.start_error = RuntimeUnavailable("the Docker engine does not answer")
-    effects = run(RuntimeDriver(SID, healable).start())  # type: ignore[arg-type]
-    assert [e.msg.cause for e in effects if isinstance(e, ToParent)] == [
-        RuntimeFailure.START_FAILED]
-    assert [e for e in effects if isinstance(e, Exit)]  # exits: its supervisor retries
 
 
 def test_the_core_waits_in_error_for_the_user_and_a_resume_starts_a_fresh_sandbox():

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trouper.exceptions import RuntimeUnavailable, StaleEpoch, StoreUnavailable
+from trouper.exceptions import (
+    RuntimeMisconfigured,
+    RuntimeUnavailable,
+    StaleEpoch,
+    StoreUnavailable,
+)
 from trouper.messages.protocol import (
     CloseSandbox,
     Executed,
@@ -189,3 +194,23 @@ def test_a_request_the_close_cut_short_is_not_a_failure():
     effects = finish(held)  # the server was stopped under it: no RuntimeFailed, no exit
     assert [type(e) for e in effects] == [Reply]
     assert replies(effects) == [SandboxClosed(request_id="end", session_id=SID)]
+
+
+def test_the_driver_reports_a_misconfigured_start_and_does_not_exit_to_be_restarted():
+    sandbox = FakeSandbox()
+    sandbox.start_error = RuntimeMisconfigured("image 'x' is missing: build it")
+    driver = RuntimeDriver(SID, sandbox)  # type: ignore[arg-type]
+    effects = run(driver.start())
+    report, = [e for e in effects if isinstance(e, ToParent)]
+    assert isinstance(report.msg, RuntimeFailed)
+    assert report.msg.cause == RuntimeFailure.MISCONFIGURED
+    assert report.msg.detail == "image 'x' is missing: build it"
+    assert not [e for e in effects if isinstance(e, Exit)]  # an exit would be restarted
+    assert isinstance(run(driver.execute(execute(), "controller"))[0], Drop)  # runs nothing
+
+    healable = FakeSandbox()
+    healable.start_error = RuntimeUnavailable("the Docker engine does not answer")
+    effects = run(RuntimeDriver(SID, healable).start())  # type: ignore[arg-type]
+    assert [e.msg.cause for e in effects if isinstance(e, ToParent)] == [
+        RuntimeFailure.START_FAILED]
+    assert [e for e in effects if isinstance(e, Exit)]  # exits: its supervisor retries
