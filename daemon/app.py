@@ -133,10 +133,13 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
 
     @api.get("/v1/sessions")
     def list_sessions(limit: int = 50, cursor: str | None = Cursor, offset: int = Offset,
-                      state: list[StateName] | None = Query(default=None)) -> dict[str, Any]:
-        """Sessions, newest first; page with ``cursor`` (or ``offset``); filter by state."""
+                      state: list[StateName] | None = Query(default=None),
+                      usage: bool = False) -> dict[str, Any]:
+        """Sessions, newest first; page with ``cursor`` (or ``offset``); filter by state;
+        ``usage``: each row with its ``cost_usd`` and ``iterations``."""
         states = [AgentState(s) for s in state] if state else None
-        return service.page(states=states, cursor=cursor, offset=offset, limit=limit)
+        return service.page(states=states, cursor=cursor, offset=offset, limit=limit,
+                            usage=usage)
 
     @api.get("/v1/sessions/{session_id}")
     def get_session(session_id: str) -> dict[str, Any]:

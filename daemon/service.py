@@ -141,7 +141,10 @@ class Service:
         return True
 
     def page(self, *, states: list[AgentState] | None, cursor: str | None, offset: int,
-             limit: int) -> dict[str, Any]:
+             limit: int, usage: bool = False) -> dict[str, Any]:
+        """A page of sessions, newest first; with ``usage``, each row with its cost and
+        steps (folded from its log: the page's list asks for them, a client's
+        ``sessions()`` does not)."""
         if not 1 <= limit <= MAX_PAGE:
             raise ConfigError(f"limit: must be between 1 and {MAX_PAGE}", field="limit")
         if offset < 0:
@@ -161,12 +164,15 @@ class Service:
             except InvalidRequest as exc:
                 raise ConfigError(f"cursor: {exc}", field="cursor") from None
             next_offset = None
-        return {"sessions": [self.summary(r) for r in records], "next_cursor": after,
+        return {"sessions": [self.summary(r, usage) for r in records], "next_cursor": after,
                 "next_offset": next_offset}
 
-    def summary(self, record: SessionRecord) -> dict[str, Any]:
-        """A list's row: the session's summary with its cost and steps, masked."""
+    def summary(self, record: SessionRecord, usage: bool = False) -> dict[str, Any]:
+        """A list's row, masked: the session's summary, with its cost and steps when
+        ``usage`` is asked for."""
         self.learn(record.session_id)
+        if not usage:
+            return mask(SessionSummary.of_record(record).to_json())  # type: ignore[no-any-return]
         with self._views_lock:
             view = self._fold(record.session_id, record.last_seq)
             usage = {"cost_usd": view.cost_usd, "iterations": view.total_iterations}

@@ -342,3 +342,19 @@ def test_the_client_sends_again_what_a_dropped_connection_cut_and_it_is_done_onc
         said = [e.text for e in s.events() if e.kind == "message" and e.source == "user"]
         assert said == (["t"] if what == "create" else ["t", "go on"])
         assert len(t.sessions()) == before + 1
+
+
+def test_the_list_gives_cost_and_steps_only_when_asked_for_usage(daemon, scripted):
+    _, llm = scripted([{"tool": "run", "args": {"command": "true"}},
+                       {"tool": "finish", "args": {"message": "done"}}])
+    session = daemon.client().start_session("counted", llm=llm)
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    http = daemon.http()
+    plain = next(r for r in http.get("/v1/sessions").json()["sessions"]
+                 if r["id"] == session.id)
+    assert plain["runtime"] == "local" and "cost_usd" not in plain
+    rows = http.get("/v1/sessions", params={"usage": "true"}).json()["sessions"]
+    row = next(r for r in rows if r["id"] == session.id)
+    info = session.info()
+    assert (row["cost_usd"], row["iterations"]) == (info.cost_usd, info.iterations) \
+        and info.iterations == 2

@@ -1,6 +1,6 @@
 // The session list: a row a session (state, task, id with a copy button, model, runtime,
-// age, cost, steps), read every second from GET /v1/sessions. Rows are updated in place,
-// so a selection or a hover survives a refresh; ages move on every tick.
+// age, cost, steps), read every second from GET /v1/sessions?usage=true. Rows are
+// updated in place, so a selection or a hover survives a refresh; ages move every tick.
 "use strict";
 
 const TASK_CHARS = 90;
@@ -10,7 +10,7 @@ const rows = new Map();  // session id -> its <li>
 async function refreshSessions() {
   let page;
   try {
-    page = await api("GET", "/v1/sessions?limit=100");
+    page = await api("GET", "/v1/sessions?limit=100&usage=true");
     $("connection").textContent = "connected";
   } catch (e) {
     $("connection").textContent = "daemon unreachable: " + e.message;
