@@ -26,7 +26,7 @@ class Selection:
     repositories: tuple[str, ...]
     """Folders holding a repository of their own (``sub/``): not compared."""
     with_secrets: tuple[str, ...]
-    """Files holding a secret value of the session: never copied (I7)."""
+    """Files holding a secret value of the session: never copied (I7, docs/promises.md)."""
     total_bytes: int
     """The size of ``files`` together."""
 
