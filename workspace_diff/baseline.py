@@ -38,7 +38,7 @@ from ..config.settings import Settings, env_name, settings
 from ..home.paths import Home, write_private
 from ..runtimes.sandbox.mask import MIN_SECRET_CHARS
 from .git import NO_GIT, GitFailed, ShadowGit, find_git, nul_input, workspace_excludes
-from .selection import home_inside, new_files, select, size_text
+from .selection import holding_secrets, home_inside, new_files, select, size_text
 
 logger = logging.getLogger(__name__)
 
@@ -123,19 +123,27 @@ def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings,
                     excludes_file=workspace_excludes(workspace))
     init_shadow(git)
     chosen = select(workspace, new_files(git), limits.diff_max_file_bytes,
-                    hidden=home_inside(home.root, workspace), secrets=secrets)
+                    hidden=home_inside(home.root, workspace))
     if too_many := _past_limits(len(chosen.files), chosen.total_bytes, limits):
-        return _none(too_many)
-    if chosen.files:
+        return _none(too_many)  # before a file is read
+    with_secrets = holding_secrets(workspace, chosen.files, secrets)
+    left_out = set(with_secrets)
+    commit = _commit(git, [path for path in chosen.files if path not in left_out])
+    return Baseline(kind="snapshot", taken_at=now, commit=commit, too_large=chosen.too_large,
+                    repositories=chosen.repositories, with_secrets=with_secrets,
+                    max_file_bytes=limits.diff_max_file_bytes)
+
+
+def _commit(git: ShadowGit, files: list[str]) -> str:
+    """Copy ``files`` into the shadow repository; the commit that holds them."""
+    if files:
         git.run("add", "--pathspec-from-file=-", "--pathspec-file-nul",
-                stdin=nul_input(list(chosen.files)))
+                stdin=nul_input(files))
     tree = git.run("write-tree").decode().strip()
     commit = git.run("commit-tree", "-m", "the workspace when the session started",
                      tree).decode().strip()
     git.run("update-ref", BASELINE_REF, commit)
-    return Baseline(kind="snapshot", taken_at=now, commit=commit, too_large=chosen.too_large,
-                    repositories=chosen.repositories, with_secrets=chosen.with_secrets,
-                    max_file_bytes=limits.diff_max_file_bytes)
+    return commit
 
 
 def init_shadow(git: ShadowGit) -> None:

@@ -25,8 +25,6 @@ class Selection:
     """Larger than the limit: not compared."""
     repositories: tuple[str, ...]
     """Folders holding a repository of their own (``sub/``): not compared."""
-    with_secrets: tuple[str, ...]
-    """Files holding a secret value of the session: never copied (I7, docs/promises.md)."""
     total_bytes: int
     """The size of ``files`` together."""
 
@@ -37,13 +35,11 @@ def new_files(git: ShadowGit) -> list[str]:
 
 
 def select(workspace: Path, listed: list[str], max_file_bytes: int,
-           skip: frozenset[str] = frozenset(), hidden: str | None = None,
-           secrets: tuple[bytes, ...] = ()) -> Selection:
+           skip: frozenset[str] = frozenset(), hidden: str | None = None) -> Selection:
     """``listed`` (work-tree paths as git lists them) split by the limits; ``skip``:
     paths left out before (too large when the baseline was taken); ``hidden``: a folder
-    (``path/``) never to copy nor show, whatever it holds (the trouper home); ``secrets``:
-    values whose files are left out (read to look: for a baseline, which copies)."""
-    files, too_large, repositories, with_secrets, total = [], [], [], [], 0
+    (``path/``) never to copy nor show, whatever it holds (the trouper home)."""
+    files, too_large, repositories, total = [], [], [], 0
     for path in listed:
         if hidden is not None and path.startswith(hidden):
             continue
@@ -56,13 +52,19 @@ def select(workspace: Path, listed: list[str], max_file_bytes: int,
         if size > max_file_bytes:
             too_large.append(path)
             continue
-        if secrets and _holds_any(workspace / path, secrets):
-            with_secrets.append(path)
-            continue
         files.append(path)
         total += size
-    return Selection(tuple(files), tuple(too_large), tuple(repositories),
-                     tuple(with_secrets), total)
+    return Selection(tuple(files), tuple(too_large), tuple(repositories), total)
+
+
+def holding_secrets(workspace: Path, files: tuple[str, ...],
+                    values: tuple[bytes, ...]) -> tuple[str, ...]:
+    """Those of ``files`` that hold one of the session's secret ``values``: a baseline
+    never copies them (a secret is stored nowhere but the secrets file: I7,
+    docs/promises.md)."""
+    if not values:
+        return ()
+    return tuple(path for path in files if _holds_any(workspace / path, values))
 
 
 def _holds_any(path: Path, values: tuple[bytes, ...]) -> bool:
@@ -103,4 +105,5 @@ def size_text(size: int) -> str:
     return f"{size} bytes"
 
 
-__all__ = ["Selection", "file_size", "home_inside", "new_files", "select", "size_text"]
+__all__ = ["Selection", "file_size", "holding_secrets", "home_inside", "new_files", "select",
+           "size_text"]
