@@ -161,3 +161,19 @@ def test_start_session_leaves_a_file_holding_a_session_secret_out_of_the_baselin
     assert session.wait(timeout=60) == AgentState.FINISHED
     assert read_baseline(Home.at(trouper_home), session.id).with_secrets == ("deploy.sh",)
     assert session.diff().files == ()
+
+
+def test_a_secret_the_agent_wrote_into_a_file_is_masked_in_the_diff(trouper, trouper_home,
+                                                                    scripted, tmp_path):
+    _, llm = scripted([
+        {"tool": "write_file", "args": {"path": "cfg.txt", "content": "token=<secret:GH>\n"}},
+        FINISH])
+    session = trouper.start_session("configure", llm=llm, workspace=tmp_path / "ws",
+                                    secrets={"GH": "gh-secret-value-42"})
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert (tmp_path / "ws" / "cfg.txt").read_text() == "token=gh-secret-value-42\n"
+    diff = session.diff()
+    assert "+token=<secret:GH>" in diff.patch() and "gh-secret-value-42" not in diff.patch()
+    shown = trouper_cli(trouper_home, "diff", session.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "+token=<secret:GH>" in shown.stdout and "gh-secret-value-42" not in shown.stdout
