@@ -34,7 +34,7 @@ from trouper.core.states import Why
 from trouper.messages.events import AgentState, RuntimeEvent, StateChanged
 from trouper.messages.protocol import RuntimeFailed, RuntimeFailure, RuntimeReady
 from trouper.runtimes import misconfigured
-from trouper.testing import wait_until
+from trouper.testing import kill_actor, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_core_session import answer, command, make, only  # noqa: E402
@@ -188,6 +188,7 @@ def test_a_missing_image_ends_in_error_at_once_and_a_resume_after_the_fix_runs(
     failed, = [e for e in session.events() if isinstance(e, RuntimeEvent)
                and e.phase == "failed"]
     assert "cannot be pulled" in failed.detail
+    kill_actor(session, "controller")  # its successor is told the sandbox waits for a fix
     docker_client.images.get(TEST_IMAGE).tag(MISSING_IMAGE)  # the user's fix
     try:
         session.resume()
