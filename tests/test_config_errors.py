@@ -201,6 +201,33 @@ def test_a_missing_image_ends_in_error_at_once_and_a_resume_after_the_fix_runs(
 
 @pytest.mark.slow
 @pytest.mark.docker
+def test_a_program_opening_its_home_tries_a_misconfigured_session_once_and_it_waits(
+        tmp_path, docker_homes, docker_client, scripted):
+    from trouper import Trouper
+    from trouper.config.models import DockerRuntime
+
+    home = docker_homes(tmp_path / "home")
+    _, llm = scripted([FINISH])
+    with Trouper(home=home) as t:
+        session = t.start_session("t", llm=llm, runtime=DockerRuntime(image=MISSING_IMAGE),
+                                  workspace=tmp_path / "ws")
+        first = ended_misconfigured(session)
+        session_id = session.id
+    with Trouper(home=home) as t:  # resume=True: it carries on its unsettled sessions
+        session = t.session(session_id)
+        log = home / "logs" / "trouper.log"
+        wait_until(lambda: log.read_text().count("cannot work as configured") >= 2, 60,
+                   "the restored session's sandbox start to fail")
+        assert starts(session) == 2
+        assert session.wait(timeout=60) == AgentState.ERROR
+        assert misconfigured_changes(session) == [first]  # nothing new to say: it waits
+        assert [e.phase for e in session.events() if isinstance(e, RuntimeEvent)
+                and e.phase != "starting"] == ["failed"]
+        assert session.info().reason == first.reason
+
+
+@pytest.mark.slow
+@pytest.mark.docker
 def test_an_image_without_sh_ends_in_error_naming_the_fix(docker_trouper, no_sh_image,
                                                           scripted, tmp_path, docker_client):
     from trouper.config.models import DockerRuntime
