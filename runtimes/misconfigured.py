@@ -37,8 +37,8 @@ MOUNT_REFUSED = ("invalid mount config", "bind source path does not exist", "mou
 
 
 def prepare_workspace(workspace: Path) -> None:
-    """Make ``workspace`` if it is not there, and check the sandbox can write in it;
-    ``RuntimeMisconfigured`` when it cannot, the ``OSError`` of a fault that may pass."""
+    """Make ``workspace`` if it is not there, and check it is a folder;
+    ``RuntimeMisconfigured`` when it cannot be, the ``OSError`` of a fault that may pass."""
     try:
         workspace.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -55,6 +55,10 @@ def workspace_unusable(workspace: Path, error: OSError) -> RuntimeMisconfigured 
     """The misconfiguration an ``OSError`` on the workspace means, or None (may pass)."""
     if error.errno not in WORKSPACE_ERRNOS:
         return None
+    if error.errno == errno.EEXIST:  # mkdir's word for a file where the folder should be
+        return RuntimeMisconfigured(
+            f"the workspace {workspace} exists and is not a folder: move it away, or choose "
+            "another workspace (--workspace)")
     what = error.strerror or type(error).__name__
     where = f" ({error.filename})" if error.filename and str(error.filename) != str(
         workspace) else ""

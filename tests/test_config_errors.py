@@ -354,7 +354,7 @@ def test_a_workspace_replaced_by_a_file_ends_the_restored_session_in_error(
         session.send("go on")
         wait_until(lambda: misconfigured_changes(session), 60, "the misconfiguration")
         change = ended_misconfigured(session)
-        assert f"the workspace {workspace} cannot be used" in change.reason
+        assert f"the workspace {workspace} exists and is not a folder" in change.reason
         assert "--workspace" in change.reason
 
 
