@@ -303,3 +303,16 @@ def test_a_file_holding_a_secret_value_is_not_copied_into_the_baseline(home, tmp
     assert [f.path for f in diff.files] == ["app.py"]
     assert "held a secret value of the session when it started are not compared (never " \
            "copied): .env" in "\n".join(diff.notes)
+
+
+def test_a_secret_with_a_lone_surrogate_keeps_out_the_file_that_holds_its_text(home, tmp_path):
+    """A lone surrogate cannot be encoded: the baseline once failed on it (the daemon's
+    create answered 500); a file holds such a value as text can, with U+FFFD for it."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "out.txt").write_text("tok-\ufffd-1234567890\n")
+    (ws / "app.py").write_text("print(1)\n")
+    made = SessionConfig(task="t", llm=LLM, workspace=str(ws))
+    private_dir(home.session_dir("s-1"))
+    take_baseline(home, "s-1", made, Settings(), secrets=["tok-\ud800-1234567890"])
+    assert read_baseline(home, "s-1").with_secrets == ("out.txt",)

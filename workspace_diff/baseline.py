@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..config.models import SessionConfig
 from ..config.settings import Settings, env_name, settings
 from ..home.paths import Home, write_private
-from ..runtimes.sandbox.mask import MIN_SECRET_CHARS
+from ..runtimes.sandbox.mask import MIN_SECRET_CHARS, forms
 from .git import NO_GIT, GitFailed, ShadowGit, find_git, nul_input, workspace_excludes
 from .selection import holding_secrets, home_inside, new_files, select, size_text
 
@@ -95,7 +95,7 @@ def take_baseline(home: Home, session_id: str, config: SessionConfig,
     raises. ``secrets``: the session's secret values (its own, its credentials): a file
     that holds one is not copied."""
     limits = limits or settings()
-    values = tuple(v.encode() for v in secrets if len(v) >= MIN_SECRET_CHARS)
+    values = secret_bytes(secrets)
     try:
         baseline = _take(home, session_id, config, limits, values)
     except (GitFailed, OSError) as e:
@@ -105,6 +105,21 @@ def take_baseline(home: Home, session_id: str, config: SessionConfig,
                        session_id, baseline.reason)
     write_private(home.session_dir(session_id) / BASELINE_RECORD, baseline.model_dump_json())
     return baseline
+
+
+def secret_bytes(secrets: Iterable[str]) -> tuple[bytes, ...]:
+    """Each value as a file may hold it: every form text may take (``mask.forms``: a lone
+    surrogate as U+FFFD, ``?`` or dropped...), in UTF-8, an undecodable byte as itself."""
+    found: dict[bytes, None] = {}
+    for value in secrets:
+        if len(value) < MIN_SECRET_CHARS:
+            continue
+        for form in forms(value):
+            try:
+                found.setdefault(form.encode("utf-8", "surrogateescape"))
+            except UnicodeEncodeError:  # a surrogate no byte decodes to: no file holds it
+                continue
+    return tuple(found)
 
 
 def _take(home: Home, session_id: str, config: SessionConfig, limits: Settings,
