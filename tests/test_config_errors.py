@@ -218,7 +218,7 @@ def test_a_program_opening_its_home_tries_a_misconfigured_session_once_and_it_wa
         log = home / "logs" / "trouper.log"
         wait_until(lambda: log.read_text().count("cannot work as configured") >= 2, 60,
                    "the restored session's sandbox start to fail")
-        assert starts(session) == 2
+        wait_until(lambda: starts(session) == 2, 60, "its start's progress in the log")
         assert session.wait(timeout=60) == AgentState.ERROR
         assert misconfigured_changes(session) == [first]  # nothing new to say: it waits
         assert [e.phase for e in session.events() if isinstance(e, RuntimeEvent)
