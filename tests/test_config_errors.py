@@ -280,7 +280,9 @@ def test_trouper_run_refuses_a_remote_runtime_without_a_token_as_a_usage_error(t
         env={**env, "TROUPER_HOME": str(tmp_path / "home"), "COLUMNS": "300"}, text=True,
         capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stdout + done.stderr
-    line, = done.stderr.splitlines()
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
     assert line.startswith("trouper: error: runtime.remote.token: no token"), line
     assert "$TROUPER_RUNTIME_TOKEN" in line and "--token-file" in line
 
