@@ -61,6 +61,7 @@ from .local import PASSED_ENV, LocalSandbox, _read_json
 from .misconfigured import (
     container_refused,
     docker_missing,
+    image_name_refused,
     image_not_pulled,
     prepare_workspace,
     workspace_unusable,
@@ -272,6 +273,10 @@ class DockerSandbox(LocalSandbox):
             except DockerException as e:
                 raise RuntimeUnavailable(f"image {image!r} is not on this machine and could "
                                          f"not be pulled: {e}") from e
+        except APIError as e:
+            if e.status_code == 400:  # the engine answered: the name itself is wrong
+                raise image_name_refused(image, e) from e
+            raise RuntimeUnavailable(f"the Docker engine cannot find the image: {e}") from e
         except DockerException as e:
             raise RuntimeUnavailable(f"the Docker engine does not answer: {e}") from e
         stored = int((_read_json(self.state_dir / "epoch.json") or {}).get("epoch", 0))

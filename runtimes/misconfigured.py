@@ -7,6 +7,7 @@ in ERROR for the user instead (docs/recovery.md, "What is never retried"):
 
     the workspace cannot be made or used     not a folder, no permission, read-only, ...
     an image missing and not pullable        the engine answered the pull with an error
+    an image name the engine refuses         not a valid reference (a 400)
     an image that cannot run the sandbox     no ``sh``, built for another platform
     a workspace Docker cannot mount          the engine refused the bind mount
     the docker SDK or CLI missing            nothing to start a container with
@@ -73,6 +74,14 @@ def image_not_pulled(image: str, error: Exception) -> RuntimeMisconfigured:
         f"image {image!r} is not on this machine and cannot be pulled ({_said(error)}): "
         f"build or pull it (docker build -t {image} ..., or docker pull {image}) or choose "
         "another image (--image, or DockerRuntime(image=))")
+
+
+def image_name_refused(image: str, error: Exception) -> RuntimeMisconfigured:
+    """The engine refused the image's name itself (a 400: not a valid reference)."""
+    return RuntimeMisconfigured(
+        f"image {image!r} is not a name the Docker engine accepts ({_said(error)}): give a "
+        "valid image reference (lowercase repository, one tag: name:tag) with --image, or "
+        "DockerRuntime(image=)")
 
 
 def container_refused(image: str, error: Exception | str) -> RuntimeMisconfigured | None:

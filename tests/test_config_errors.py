@@ -228,6 +228,20 @@ def test_a_program_opening_its_home_tries_a_misconfigured_session_once_and_it_wa
 
 @pytest.mark.slow
 @pytest.mark.docker
+def test_an_image_name_the_engine_refuses_ends_in_error_at_once(docker_trouper, scripted,
+                                                                tmp_path):
+    from trouper.config.models import DockerRuntime
+
+    _, llm = scripted([FINISH])
+    session = docker_trouper.start_session(
+        "t", llm=llm, runtime=DockerRuntime(image="Not/Lower:Case"), workspace=tmp_path / "ws")
+    change = ended_misconfigured(session)
+    assert "image 'Not/Lower:Case' is not a name the Docker engine accepts" in change.reason
+    assert "invalid reference format" in change.reason and "--image" in change.reason
+
+
+@pytest.mark.slow
+@pytest.mark.docker
 def test_an_image_without_sh_ends_in_error_naming_the_fix(docker_trouper, no_sh_image,
                                                           scripted, tmp_path, docker_client):
     from trouper.config.models import DockerRuntime
