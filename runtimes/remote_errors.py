@@ -1,11 +1,12 @@
 """The remote runtime client's side of the failure table (``call_failures``, shared with
 the local sandbox server's client): which of httpx's errors means no answer in time, the
 name the remote client's callers catch, and which answers to the first health check say
-the runtime is misconfigured (a refused token, a server that is not a runtime server),
-so that no restart tries it again."""
+the runtime is misconfigured (a refused token, a server that is not a runtime server, a
+certificate not trusted), so that no restart tries it again."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from ..exceptions import RuntimeMisconfigured
@@ -35,9 +36,10 @@ def unreachable(where: str, operation: str, error: Exception) -> SandboxUnavaila
 def refused_at_start(url: str, token_env: str, has_token: bool,
                      error: SandboxUnavailable) -> RuntimeMisconfigured | None:
     """What a refused first health check means, when it is the configuration's fault:
-    no token or a wrong one (401, 403), or a URL where no runtime server answers
-    (``NOT_A_SERVER_STATUS``, or a 200 that is not its JSON). None: a fault that may heal
-    (unreachable, timed out, 500, 502, 503, 504)."""
+    no token or a wrong one (401, 403), a URL where no runtime server answers
+    (``NOT_A_SERVER_STATUS``, or a 200 that is not its JSON), a certificate this machine
+    does not trust. None: a fault that may heal (unreachable, timed out, 500, 502, 503,
+    504)."""
     fix_token = (f"set ${token_env} to the token in the server's --token-file (or give "
                  "RemoteRuntime(token=...)), then resume")
     if error.cause == RuntimeFailure.UNAUTHORIZED:
@@ -48,7 +50,24 @@ def refused_at_start(url: str, token_env: str, has_token: bool,
                                     f"({error}): {fix_token}")
     if error.status in NOT_A_SERVER_STATUS or error.status == 200:
         return not_a_runtime_server(url, str(error))
+    if _caused_by(error, ssl.SSLCertVerificationError):
+        return RuntimeMisconfigured(
+            f"the runtime server at {url} has a certificate this machine does not trust "
+            f"({error}): give its certificate (or its CA's) as RemoteRuntime(verify="
+            "'cert.pem'), or serve it with one this machine trusts; then resume")
     return None
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether an exception of ``kind`` is in ``error``'s chain (causes and contexts)."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen and len(seen) < 8:
+        if isinstance(cause, kind):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def not_a_runtime_server(url: str, what: str) -> RuntimeMisconfigured:
