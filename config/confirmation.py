@@ -25,7 +25,7 @@ class ConfirmationPolicy(Frozen):
 
     mode: Literal["never", "always", "tools", "risky"] = "never"
     """``never``; ``always`` (every sandbox action); ``tools`` (the ``tools`` named);
-    ``risky`` (commands that match a risk rule: ``core/confirmation.py`` lists them)."""
+    ``risky`` (commands that match a risk rule: ``RISKY_COMMANDS`` below lists them)."""
     tools: tuple[Literal["run", "read_file", "write_file", "edit_file"], ...] = ()
     """For ``tools``: the tools whose every call waits."""
     patterns: tuple[str, ...] = ()
