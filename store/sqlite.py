@@ -18,7 +18,6 @@ database's write lock, so two can never read the same last seq). With
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import threading
@@ -27,14 +26,12 @@ from collections.abc import Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..config.models import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
-from ..messages.events import AgentState, Event, StateChanged, event_from_json
-from ..security.masking import known_masker
+from ..messages.events import AgentState, Event, event_from_json
 from .base import SessionRecord
 from .faults import storage_fault
+from .serial import last_state, public_config_json, stamp, stored_config
 from .sqlite_conn import SQLiteConnections, immediate
 
 logger = logging.getLogger(__name__)
@@ -52,44 +49,17 @@ def _ts(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _public_config_json(config: SessionConfig) -> str:
-    """The config as stored: the API key is excluded explicitly; every other field is
-    masked with the values this process knows (the task may quote a secret)."""
-    return known_masker().mask_event(config).model_dump_json(exclude={"llm": {"api_key"}})
-
-
 def _record(row: tuple[Any, ...]) -> SessionRecord:
     session_id, config_json, created_at, updated_at, last_seq, state, reason = row
     return SessionRecord(
         session_id=session_id,
-        config=_stored_config(session_id, config_json),
+        config=stored_config(session_id, config_json),
         created_at=datetime.fromisoformat(created_at),
         updated_at=datetime.fromisoformat(updated_at),
         last_seq=last_seq,
         state=AgentState(state),
         state_reason=reason,
     )
-
-
-def _stored_config(session_id: str, config_json: str) -> SessionConfig:
-    """A stored config; a field an older trouper allowed and this one refuses (say
-    ``no_output_timeout_s=0``) is reset to its default, with a warning, so an old store
-    still opens."""
-    try:
-        return SessionConfig.model_validate_json(config_json)
-    except ValidationError as first:
-        data = json.loads(config_json)
-        for error in first.errors():
-            *parents, name = error["loc"]
-            holder = data
-            for key in parents:
-                holder = holder.get(key, {}) if isinstance(holder, dict) else {}
-            if isinstance(holder, dict) and holder.pop(name, None) is not None:
-                logger.warning("session %s: stored %s is no longer valid (%s); using the "
-                               "default", session_id, ".".join(map(str, error["loc"])),
-                               error["msg"])
-        return SessionConfig.model_validate(data)
-
 
 
 class SQLiteEventStore(SQLiteConnections):
@@ -109,7 +79,7 @@ class SQLiteEventStore(SQLiteConnections):
         if not session_id:
             raise InvalidRequest("a session id must not be empty")
         now = _ts(datetime.now(UTC))
-        row = (session_id, _public_config_json(config), now, now, 0, AgentState.LOADING, "")
+        row = (session_id, public_config_json(config), now, now, 0, AgentState.LOADING, "")
         try:
             self._conn().execute(
                 f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?)", row
@@ -180,9 +150,7 @@ class SQLiteEventStore(SQLiteConnections):
                 last = self._last_seq(conn, session_id)
                 if owner is not None:
                     self._check_owner(conn, session_id, owner)
-                masker = known_masker()  # a no-op for events their writer masked already
-                stamped = [masker.mask_event(e.model_copy(update={"seq": last + i}))
-                           for i, e in enumerate(events, 1)]
+                stamped = stamp(events, last)
                 conn.executemany(
                     "INSERT INTO events (session_id, seq, kind, source, action_id, ts, body_json)"
                     " VALUES (?,?,?,?,?,?,?)",
@@ -200,8 +168,7 @@ class SQLiteEventStore(SQLiteConnections):
     def _move_pointer(
         self, conn: sqlite3.Connection, session_id: str, events: list[Event], last: int
     ) -> None:
-        changes = [e for e in events if isinstance(e, StateChanged)]
-        state = (changes[-1].state.value, changes[-1].reason) if changes else (None, None)
+        state = last_state(events)
         conn.execute(
             "UPDATE sessions SET last_seq = ?, updated_at = ?,"
             " state = coalesce(?, state), state_reason = coalesce(?, state_reason)"
