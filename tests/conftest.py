@@ -219,6 +219,62 @@ def docker_homes(docker_client: Any) -> Iterator[Callable[[Path], Path]]:
     assert not left, f"containers left behind: {left}"
 
 
+# -- PostgreSQL
+# The tests of the PostgreSQL store (issue 32) need a server: scripts/postgres starts a
+# throwaway one (CI's .ci/run does, and sets TROUPER_REQUIRE_POSTGRES=1 so that they fail
+# rather than skip there). Each test gets a database of its own on it (``postgres_url``).
+
+POSTGRES_FIX = ('start one with: eval "$(bash scripts/postgres start)" (it sets '
+                "TROUPER_TEST_POSTGRES_URL; "
+                'bash scripts/postgres stop "$TROUPER_TEST_POSTGRES_DIR" ends it)')
+"""What a skipped or failed PostgreSQL test tells the reader to do."""
+
+
+def postgres_server_or_skip() -> str:
+    """``postgres_server``'s work: the server's URL (its ``postgres`` database) from
+    ``TROUPER_TEST_POSTGRES_URL``, or a skip (a failure with TROUPER_REQUIRE_POSTGRES=1)."""
+    url = os.environ.get("TROUPER_TEST_POSTGRES_URL", "")
+    if not url:
+        problem = "no PostgreSQL for the tests: TROUPER_TEST_POSTGRES_URL is not set"
+        if os.environ.get("TROUPER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{problem} (required: TROUPER_REQUIRE_POSTGRES=1); {POSTGRES_FIX}")
+        pytest.skip(f"{problem}; {POSTGRES_FIX}")
+    return url
+
+
+def postgres_database(server_url: str) -> Iterator[str]:
+    """``postgres_url``'s work: makes a database with a name no other test uses on the server
+    at ``server_url``, yields its URL, and drops it (closing whatever is still connected)
+    when resumed."""
+    import secrets
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    name = f"trouper_test_{os.getpid()}_{secrets.token_hex(6)}"
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                          .format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """The URL of the tests' PostgreSQL server (its ``postgres`` database; a superuser)."""
+    return postgres_server_or_skip()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """The URL of a fresh, empty database of this test's own, dropped after it."""
+    yield from postgres_database(postgres_server)
+
+
 # -- remote runtime
 
 
