@@ -1,19 +1,24 @@
 """The event store: the durable log that is the truth of every session (I3, docs/promises.md).
 
-A store is named by a URL: ``sqlite:///abs/path/trouper.db`` today (a ``postgresql://``
-backend can come later, for sessions spread over hosts). ``open_store`` also takes a
-``Home`` (its ``store_url``)::
+A store is named by a URL: ``sqlite:///abs/path/trouper.db`` (the embedded default, one
+file in the home) or ``postgresql://user:password@host:5432/dbname`` (also
+``postgres://``; one database shared by several hosts, ``store/postgres.py``).
+``open_store`` also takes a ``Home`` (its ``store_url``)::
 
     store = open_store(Home.at())                  # or open_store("sqlite:///tmp/t.db")
     store.create_session("s1", config)
     store.append("s1", [MessageEvent(source="user", text="fix the failing test")])
     for event in store.follow("s1", timeout_s=5.0):
         ...
+
+The PostgreSQL backend is imported only when a ``postgresql://`` URL is opened, so a
+program on SQLite never loads psycopg.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ..exceptions import StoreError
@@ -21,9 +26,13 @@ from ..home.paths import Home
 from .base import EventStore, SessionRecord
 from .sqlite import SQLiteEventStore
 
-__all__ = ["EventStore", "SQLiteEventStore", "SessionRecord", "open_store", "store_url"]
+if TYPE_CHECKING:
+    from .postgres import PostgresEventStore
 
-SCHEMES = ("sqlite",)
+__all__ = ["EventStore", "PostgresEventStore", "SQLiteEventStore", "SessionRecord",
+           "open_store", "store_url"]
+
+SCHEMES = ("sqlite", "postgresql", "postgres")
 """The URL schemes ``open_store`` knows."""
 
 
@@ -32,18 +41,33 @@ def store_url(home: Home) -> str:
     return f"sqlite://{home.db_path.resolve()}"
 
 
-def open_store(where: Home | str) -> EventStore:
-    """The event store at a URL (``sqlite:///abs/path.db``), or a home's.
+def open_store(where: Home | str, **options: Any) -> EventStore:
+    """The event store at a URL (``sqlite:///abs/path.db``, ``postgresql://...``), or a
+    home's. ``options`` go to the PostgreSQL store (``pool_size``, ``timeout_s``).
 
-    Raises StoreError for a URL it cannot use, naming the schemes it knows.
+    Raises StoreError for a URL it cannot use, naming the schemes it knows (and never
+    the URL's password).
     """
     url = store_url(where) if isinstance(where, Home) else where
     parts = urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        from .postgres import PostgresEventStore
+
+        return PostgresEventStore(url, **options)
     if parts.scheme not in SCHEMES:
-        raise StoreError(f"no event store for {url!r}: the known schemes are "
+        shown = url if parts.password is None else url.replace(parts.password, "***")
+        raise StoreError(f"no event store for {shown!r}: the known schemes are "
                          f"{', '.join(s + '://' for s in SCHEMES)}")
     path = unquote(parts.path)
     if parts.netloc or not path.startswith("/"):
         raise StoreError(f"a sqlite store URL names an absolute path, as in "
                          f"sqlite:///home/me/.trouper/trouper.db; got {url!r}")
     return SQLiteEventStore(Path(path))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresEventStore":  # without importing psycopg for SQLite's users
+        from .postgres import PostgresEventStore
+
+        return PostgresEventStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
