@@ -4,10 +4,10 @@ The version lives in a one-row table ``trouper_schema_version``. ``MIGRATIONS[n]
 list of statements that take a database from version ``n - 1`` to ``n`` (version 0 is an
 empty database); ``ensure_schema`` runs the missing ones in order, in ONE transaction, so a
 failed upgrade leaves the database at the version it had. Several processes opening a
-fresh database at once do not race: the step runs under a transaction-scoped advisory
-lock, and re-reads the version once it holds it. A database newer than this trouper knows
-is refused (a StoreError naming both versions): an older trouper must not write into a
-schema it does not know.
+fresh database at once do not race: the step runs under an advisory lock, taken before
+its transaction begins, and re-reads the version once it holds it. A database newer than
+this trouper knows is refused (a StoreError naming both versions): an older trouper must
+not write into a schema it does not know.
 
 To change the schema: append ``MIGRATIONS[SCHEMA_VERSION + 1]`` and raise nothing else;
 ``SCHEMA_VERSION`` follows.
@@ -89,20 +89,27 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> int:
     if version == known:
         return version  # the common case: no lock, one cheap query
     _refuse_newer(version, known, where)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        version = read_version(conn)  # another process may have done it meanwhile
-        _refuse_newer(version, known, where)
-        if version == known:
-            return version
-        if version == 0:
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER NOT NULL,"
-                         " one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one))")
-        for step in range(version + 1, known + 1):
-            for statement in MIGRATIONS[step]:
-                conn.execute(statement)
-        conn.execute(f"INSERT INTO {VERSION_TABLE} (version) VALUES (%s) ON CONFLICT (one)"
-                     " DO UPDATE SET version = excluded.version", (known,))
+    # a session-level lock, taken BEFORE the transaction: a backend caches "no such table"
+    # and only forgets it when a transaction starts, so a transaction begun before another
+    # process made the schema would not see its tables (and would try to make them again)
+    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+    try:
+        with conn.transaction():
+            version = read_version(conn)  # another process may have done it meanwhile
+            _refuse_newer(version, known, where)
+            if version == known:
+                return version
+            if version == 0:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (version INTEGER"
+                             " NOT NULL, one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one))")
+            for step in range(version + 1, known + 1):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            conn.execute(f"INSERT INTO {VERSION_TABLE} (version) VALUES (%s) ON CONFLICT"
+                         " (one) DO UPDATE SET version = excluded.version", (known,))
+    finally:
+        if not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     logger.info("event store %s: schema version %d (was %d)", where, known, version)
     return known
 
