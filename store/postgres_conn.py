@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 _STORES: weakref.WeakSet[PostgresConnections] = weakref.WeakSet()
 _INHERITED: list[Any] = []
 """Pools and connections a forked child inherited: referenced forever, never used."""
+_RETIRED: list[ConnectionPool] = []
+"""Pools replaced after an outage, while they close in the background."""
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
                "keepalives_count": 3}
 """A server that vanished (a host down, a partition) is noticed in ~25 s, not hours."""
@@ -51,6 +53,13 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _retire(pool: ConnectionPool) -> None:
+    try:
+        pool.close(timeout=5.0)
+    finally:
+        _RETIRED.remove(pool)
 
 
 def describe(url: str) -> tuple[dict[str, Any], str, str]:
@@ -164,27 +173,44 @@ class PostgresConnections:
     @contextlib.contextmanager
     def pooled(self, what: str) -> Iterator[psycopg.Connection]:
         """A pooled connection; a backend failure raised inside becomes StoreUnavailable or
-        StoreError (``what`` says what was being done), the cause chained."""
+        StoreError (``what`` says what was being done), the cause chained.
+
+        With none free within the timeout, a direct try says why: the server's reason as
+        StoreUnavailable, or, when the server answers again while the pool still waits out
+        its backoff from an outage, this call runs on that connection and the pool is made
+        afresh (without it, calls failed for seconds after the server came back).
+        """
         pool = self._pool_()
         try:
-            with pool.connection() as conn:
+            try:
+                conn, pooled = pool.getconn(), True
+            except PoolTimeout as e:
+                conn, pooled = self._direct(e, what, pool), False
+            try:
                 yield conn
-        except PoolTimeout as e:
-            raise self.unreachable(e, what) from e
+            finally:
+                if pooled:
+                    pool.putconn(conn)
+                else:
+                    conn.close()
         except psycopg.Error as e:
             if self._closed:
                 raise StoreError(f"the event store {self.where} is closed") from e
             raise self.fault(e, what) from e
 
-    def unreachable(self, e: Exception, what: str) -> StoreUnavailable:
-        """No pooled connection within the timeout: say what a direct try says."""
-        reason = f"no connection within {self._timeout_s:g} s"
+    def _direct(self, e: PoolTimeout, what: str, pool: ConnectionPool) -> psycopg.Connection:
         try:
-            psycopg.connect(**{**self._kwargs(), "connect_timeout": 2}).close()
+            conn = psycopg.connect(**{**self._kwargs(), "connect_timeout": 2})
         except psycopg.Error as direct:
-            reason = self._text(direct)
-        return StoreUnavailable(f"cannot {what} the PostgreSQL server at {self.where}: "
-                                f"{reason}", "unreachable")
+            raise StoreUnavailable(f"cannot {what} the PostgreSQL server at {self.where}: "
+                                   f"{self._text(direct)}", "unreachable") from e
+        self._conns.add(conn)
+        with self._lock:
+            if self._pool is pool and not self._closed:
+                self._pool = None  # the next call opens a new one, which connects at once
+                _RETIRED.append(pool)
+                threading.Thread(target=_retire, args=(pool,), daemon=True).start()
+        return conn
 
     def fault(self, e: psycopg.Error, what: str) -> StoreError:
         """What a psycopg error amounts to: StoreUnavailable when where the store lives
