@@ -358,3 +358,25 @@ def test_connections_the_server_ended_are_replaced_without_an_error(postgres_url
         assert [e.seq for e in store.append("s1", [msg("a")])] == [1]
     finally:
         store.close()
+
+
+def close_what_was_inherited(conn: psycopg.Connection) -> None:
+    conn.close()  # as a library's cleanup in a forked process might
+
+
+def test_a_forked_child_cannot_end_the_parents_connection(postgres_url: str):
+    """A child that closes a connection it inherited says goodbye to /dev/null, not on the
+    parent's socket: the parent's transaction in flight carries on."""
+    store = open_store(postgres_url)
+    store.create_session("s1", make_config())
+    try:
+        with store.pooled("test") as conn, conn.transaction():
+            conn.execute("SELECT 1 FROM sessions FOR UPDATE")
+            child = FORK.Process(target=close_what_was_inherited, args=(conn,))
+            child.start()
+            child.join(30)
+            assert child.exitcode == 0
+            assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+        assert store.append("s1", [msg("after the child")])[0].seq == 1
+    finally:
+        store.close()
