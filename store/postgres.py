@@ -46,7 +46,7 @@ _COLUMNS = "id, config_json, created_at, updated_at, last_seq, state, state_reas
 _FOLLOW_PAGE = 1000
 _FALLBACK_POLL_S = 1.0
 """A follower reads at least this often, even when no notice came."""
-_WAIT_SLICE_S = 0.05
+_WAIT_SLICE_S = 0.1
 """How often a waiting follower looks at ``stop``, its deadline and ``close()``."""
 _OWNER_SQL = "SELECT value FROM session_meta WHERE session_id = %s AND key = 'owner'"
 _LOCK_SQL = "SELECT last_seq FROM sessions WHERE id = %s FOR UPDATE"
