@@ -43,7 +43,8 @@ def store_url(home: Home) -> str:
 
 def open_store(where: Home | str, **options: Any) -> EventStore:
     """The event store at a URL (``sqlite:///abs/path.db``, ``postgresql://...``), or a
-    home's. ``options`` go to the PostgreSQL store (``pool_size``, ``timeout_s``).
+    home's. ``options`` go to the store's class: ``pool_size`` and ``timeout_s`` for
+    PostgreSQL, ``synchronous`` and ``busy_timeout_s`` for SQLite.
 
     Raises StoreError for a URL it cannot use, naming the schemes it knows (and never
     the URL's password).
@@ -62,7 +63,7 @@ def open_store(where: Home | str, **options: Any) -> EventStore:
     if parts.netloc or not path.startswith("/"):
         raise StoreError(f"a sqlite store URL names an absolute path, as in "
                          f"sqlite:///home/me/.trouper/trouper.db; got {url!r}")
-    return SQLiteEventStore(Path(path))
+    return SQLiteEventStore(Path(path), **options)
 
 
 def __getattr__(name: str) -> Any:

@@ -175,6 +175,8 @@ class PostgresEventStore(PostgresConnections):
 
     def read(self, session_id: str, since: int = 0, limit: int | None = None) -> list[Event]:
         """Events with ``seq > since`` in order, at most ``limit`` of them (None: all)."""
+        if limit is not None and limit < 0:
+            limit = None  # as SQLite reads a negative LIMIT: no limit
         rows = self._query("SELECT body_json FROM events WHERE session_id = %s AND seq > %s"
                            " ORDER BY seq LIMIT %s", (session_id, since, limit))
         if not rows:
