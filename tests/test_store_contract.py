@@ -181,6 +181,25 @@ def test_the_api_key_is_never_stored_and_the_config_round_trips(store: EventStor
     assert API_KEY not in raw_contents(url) and "fix it" in raw_contents(url)
 
 
+CONTRACT_SECRET = 'contract-secret-"q/\u00e9\\z-77'
+"""Registered in this process by the test below: a value any store here must mask."""
+
+
+def test_known_secret_values_are_masked_in_the_config_and_every_event(store: EventStore,
+                                                                      url: str):
+    from trouper.security.masking import remember_secrets
+
+    remember_secrets({"CONTRACT_SECRET": CONTRACT_SECRET})
+    config = SessionConfig(task=f"use {CONTRACT_SECRET}", llm=LLMConfig(model="m"),
+                           workspace="/tmp/ws")
+    store.create_session("s1", config)
+    [stored] = store.append("s1", [msg(f"again {CONTRACT_SECRET}")])
+    assert store.session("s1").config.task == "use <secret:CONTRACT_SECRET>"
+    assert stored.text == "again <secret:CONTRACT_SECRET>" == store.read("s1")[0].text
+    raw = raw_contents(url)
+    assert "contract-secret" not in raw and "<secret:CONTRACT_SECRET>" in raw
+
+
 def raw_contents(url: str) -> str:
     """Every byte the store holds, as text (the check sees what it looks through)."""
     if url.startswith("sqlite://"):
