@@ -26,7 +26,7 @@ import pytest
 
 from trouper.config.models import LLMConfig, SessionConfig
 from trouper.exceptions import LeaseLost, StoreError, StoreUnavailable
-from trouper.messages.events import MessageEvent
+from trouper.messages.events import AgentState, MessageEvent, StateChanged
 from trouper.store import PostgresEventStore, open_store
 from trouper.store import postgres_schema as schema
 
@@ -216,6 +216,30 @@ def test_close_closes_the_pool_and_every_connection(postgres_url: str):
     wait_until(lambda: connections_of(postgres_url) == 0, 5, "every connection to close")
     with pytest.raises(StoreError, match="closed"):
         store.last_seq("s1")
+
+
+def test_a_batch_is_atomic_when_the_database_fails_mid_batch(postgres_url: str):
+    store = open_store(postgres_url)
+    try:
+        store.create_session("s1", make_config())
+        store.append("s1", [msg("first")])
+        before = store.session("s1")
+        with psycopg.connect(postgres_url, autocommit=True) as raw:
+            raw.execute("CREATE FUNCTION fail_seq_3() RETURNS trigger LANGUAGE plpgsql AS $$"
+                        " BEGIN IF NEW.seq = 3 THEN RAISE EXCEPTION 'injected failure'; END IF;"
+                        " RETURN NEW; END $$")
+            raw.execute("CREATE TRIGGER fail_seq_3 BEFORE INSERT ON events FOR EACH ROW"
+                        " EXECUTE FUNCTION fail_seq_3()")
+            batch = [msg("a"), msg("b"), StateChanged(state=AgentState.RUNNING, reason="go")]
+            with pytest.raises(StoreError, match="injected failure"):
+                store.append("s1", batch)
+            assert store.session("s1") == before and store.last_seq("s1") == 1
+            raw.execute("DROP TRIGGER fail_seq_3 ON events")
+        assert [e.seq for e in store.append("s1", batch)] == [2, 3, 4]
+        assert [e.seq for e in store.read("s1")] == [1, 2, 3, 4]
+        assert store.session("s1").state == AgentState.RUNNING
+    finally:
+        store.close()
 
 
 def lock_waiters(url: str) -> int:
