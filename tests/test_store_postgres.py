@@ -225,16 +225,23 @@ def test_a_batch_is_atomic_when_the_database_fails_mid_batch(postgres_url: str):
         store.append("s1", [msg("first")])
         before = store.session("s1")
         with psycopg.connect(postgres_url, autocommit=True) as raw:
-            raw.execute("CREATE FUNCTION fail_seq_3() RETURNS trigger LANGUAGE plpgsql AS $$"
-                        " BEGIN IF NEW.seq = 3 THEN RAISE EXCEPTION 'injected failure'; END IF;"
-                        " RETURN NEW; END $$")
+            raw.execute("CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS $$"
+                        " BEGIN RAISE EXCEPTION 'injected failure'; END $$")
             raw.execute("CREATE TRIGGER fail_seq_3 BEFORE INSERT ON events FOR EACH ROW"
-                        " EXECUTE FUNCTION fail_seq_3()")
+                        " WHEN (NEW.seq = 3) EXECUTE FUNCTION fail()")
+            raw.execute("CREATE TRIGGER fail_pointer BEFORE UPDATE ON sessions FOR EACH ROW"
+                        " WHEN (NEW.last_seq = 4) EXECUTE FUNCTION fail()")
+            raw.execute("ALTER TABLE sessions DISABLE TRIGGER fail_pointer")
             batch = [msg("a"), msg("b"), StateChanged(state=AgentState.RUNNING, reason="go")]
-            with pytest.raises(StoreError, match="injected failure"):
+            with pytest.raises(StoreError, match="injected failure"):  # amid the inserts
                 store.append("s1", batch)
-            assert store.session("s1") == before and store.last_seq("s1") == 1
+            assert store.session("s1") == before and store.read("s1", since=1) == []
             raw.execute("DROP TRIGGER fail_seq_3 ON events")
+            raw.execute("ALTER TABLE sessions ENABLE TRIGGER fail_pointer")
+            with pytest.raises(StoreError, match="injected failure"):  # moving the pointer
+                store.append("s1", batch)
+            assert store.session("s1") == before and store.read("s1", since=1) == []
+            raw.execute("DROP TRIGGER fail_pointer ON sessions")
         assert [e.seq for e in store.append("s1", batch)] == [2, 3, 4]
         assert [e.seq for e in store.read("s1")] == [1, 2, 3, 4]
         assert store.session("s1").state == AgentState.RUNNING
