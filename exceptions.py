@@ -10,7 +10,8 @@
     ├── StoreError             the event store failed or holds something unexpected
     │   ├── LeaseLost          another Controller now owns the session's log
     │   └── StoreUnavailable   the store cannot be written now (disk full, read-only,
-    │                          locked, corrupt, I/O error): a session state, not a crash
+    │                          locked, corrupt, I/O error, its server unreachable): a
+    │                          session state, not a crash
     └── RuntimeUnavailable     the sandbox is gone or does not answer (a supervisor acts)
         ├── StaleEpoch         the sandbox serves a newer proxy; this one must stop
         └── RuntimeMisconfigured  it cannot work as configured (no such image, a refused
@@ -80,14 +81,15 @@ class StoreUnavailable(StoreError):
     """The store cannot take a write now; ``cause`` says why in words for the user.
 
     Nothing already recorded is lost; the write can be tried again once the cause is
-    gone (space freed, permissions or mount fixed, the lock released).
+    gone (space freed, permissions or mount fixed, the lock released, the server back).
     """
 
     def __init__(self, cause: str, kind: str = "io") -> None:
         super().__init__(cause)
         self.cause = cause
         self.kind = kind
-        """``full``, ``read_only``, ``locked``, ``corrupt`` or ``io``."""
+        """``full``, ``read_only``, ``locked``, ``corrupt``, ``io``, or ``unreachable`` (a
+        PostgreSQL store whose server does not answer)."""
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return type(self), (self.cause, self.kind)

@@ -6,8 +6,9 @@ event) plus an append-only log of events numbered 1, 2, 3... with no gap. ``appe
 writes a batch of events and moves the pointer in ONE transaction, so a crash at any
 instant leaves either the whole batch or none of it.
 
-Nothing outside ``store/`` may assume the store is a local file: SQLite is today's
-backend, a shared PostgreSQL may replace it behind this same protocol.
+Nothing outside ``store/`` may assume the store is a local file: SQLite (``sqlite.py``,
+the embedded default) and PostgreSQL (``postgres.py``, shared by hosts) both implement
+this protocol, and ``tests/test_store_contract.py`` holds both to it.
 """
 
 from __future__ import annotations
