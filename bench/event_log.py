@@ -1,4 +1,6 @@
-"""Workload 5: the event log. Durable appends per second, and restoring a long session.
+"""Workload 5: the event log. Durable appends per second, restoring a long session, and
+the latency of appends, reads and a live follow on SQLite and PostgreSQL side by side
+(``store_latency.py``).
 
 The store figures come from ``bench_store.py`` (the same functions, shorter runs). The
 restore is end to end: a session whose log holds ``n`` events (actions, observations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import store_latency
 from bench_store import appends_per_s, read_back, sample_events
 from common import chat_requests, median
 from contenders import TASK, wait_until
@@ -96,7 +99,8 @@ def restore_ms(n: int, samples: int, workdir: Path) -> dict[str, Any]:
     return {"events": n, "samples": samples, "median_ms": median(times), "raw_ms": times}
 
 
-def run(seconds: float, n: int, restore_samples: int, workdir: Path) -> dict[str, Any]:
+def run(seconds: float, n: int, restore_samples: int, workdir: Path, quick: bool = False,
+        postgres_url: str | None = None) -> dict[str, Any]:
     print(
         f"  event log: appends ({seconds:g} s per run), read and restore {n:,} events", flush=True
     )
@@ -104,4 +108,6 @@ def run(seconds: float, n: int, restore_samples: int, workdir: Path) -> dict[str
     (folder / "appends").mkdir(parents=True, exist_ok=True)
     result = store_figures(folder, seconds, n)
     result["restore"] = restore_ms(n, restore_samples, workdir)
+    print("  event log: latency on each store backend", flush=True)
+    result["backends"] = store_latency.run(workdir, quick, postgres_url)
     return result

@@ -325,7 +325,11 @@ def event_log_lines(r: dict[str, Any]) -> list[str]:
             fmt(restore.get("median_ms")),
         ]
     )
-    return lines + _table(["", ""], rows)
+    backends = r.get("backends")
+    import store_latency
+
+    extra = store_latency.lines(backends, fmt) if backends else []
+    return lines + _table(["", ""], rows) + extra
 
 
 def _remote_lines(r: dict[str, Any]) -> list[str]:

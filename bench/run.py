@@ -6,7 +6,8 @@
 Workloads (``--only`` picks some): ``step`` (K-step sessions: bare loop, trouper,
 OpenHands SDK), ``start`` (start_session to the first model request), ``concurrency``
 (N sessions at once, 50 ms model latency), ``recovery`` (SIGKILL an actor mid-command),
-``eventlog`` (durable appends, restoring a 10,000-event session), ``daemon`` (events to a
+``eventlog`` (durable appends, restoring a 10,000-event session, append/read/follow
+latency on SQLite and PostgreSQL: bench/store_latency.py), ``daemon`` (events to a
 streaming client, SIGKILL to the next step: bench/daemon_bench.py), ``docker`` (the Docker
 runtime next to the local one; skipped without an engine), ``idle`` (the CPU of sessions
 that wait for the user or have finished: bench/idle.py). Every workload uses
@@ -109,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="model latency for the step workload (default 0)",
     )
+    parser.add_argument(
+        "--postgres-url",
+        help="a PostgreSQL server for the eventlog workload's store backends (a user that "
+        "may CREATE DATABASE; default TROUPER_TEST_POSTGRES_URL, else a throwaway cluster "
+        "from scripts/postgres when its binaries are installed, never in --quick)",
+    )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - set(WORKLOADS)
@@ -199,7 +206,8 @@ def run_workloads(
         "eventlog": (
             "event_log",
             lambda: event_log.run(
-                cfg["append_seconds"], cfg["log_events"], cfg["restore_samples"], workdir
+                cfg["append_seconds"], cfg["log_events"], cfg["restore_samples"], workdir,
+                quick=args.quick, postgres_url=args.postgres_url,
             ),
         ),
         "docker": (
