@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,11 @@ def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
     if "concurrency" in only:  # the floor at N ran beside the sessions, and did the task
         bare = figures["workloads"]["concurrency"]["by_n"][0]["bare_loop"]
         assert bare["finished"] == bare["out_ok"] == bare["n"], bare
+    if "eventlog" in only:  # each store backend measured, PostgreSQL only when given one
+        backends = figures["workloads"]["event_log"]["backends"]
+        assert set(backends["sqlite"]) == {"append_1", "append_20", "read_1000", "follow"}
+        postgres = backends["postgresql"]
+        if os.environ.get("TROUPER_TEST_POSTGRES_URL"):
+            assert set(postgres) == set(backends["sqlite"]), postgres
+        else:
+            assert postgres["skipped"].startswith("no PostgreSQL ("), postgres
