@@ -13,9 +13,11 @@ COMMITTED the owner check reads the latest committed claim: an append by a write
 lease was claimed away fails with LeaseLost in the very transaction that would have
 written, and writes nothing. The primary key (session, seq) backs the numbering.
 
-Followers (``follow``) LISTEN on the store's channel, which every append NOTIFYs in its
-own transaction (so a notice never precedes its events), and read only when told, or
-once a second should a notice be missed; between notices they wait in ``select``.
+Followers (``follow``) share one connection per store object and process that LISTENs on
+the store's channel, which every append NOTIFYs in its own transaction (so a notice never
+precedes its events): ``store/postgres_listen.py``. A follower reads through the pool
+when an append to its session is announced or the listener reconnected, and once a
+second should a notice be missed; between notices it waits on an Event.
 
 Connections, pooling, fork safety and errors: ``store/postgres_conn.py``; the schema and
 its migrations: ``store/postgres_schema.py``.
@@ -31,7 +33,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from ..config.models import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError
@@ -194,12 +195,13 @@ class PostgresEventStore(PostgresConnections):
     ) -> Iterator[Event]:
         """Yield the events after ``since``, then new ones as any process appends them.
 
-        An unknown session raises UnknownSession here, at the call. The iterator has its
-        own connection, LISTENing on the store's channel: it reads when an append to this
-        session is announced, and at least once a second (``poll_s`` is the SQLite
-        store's and is not used). It ends when ``stop`` is set (checked before every
-        event and while waiting), when the store is closed, or at the deadline
-        ``timeout_s`` after this call, checked before every read but the first.
+        An unknown session raises UnknownSession here, at the call. The iterator reads
+        through the pool when the store's one listening connection hears of an append to
+        this session (``store/postgres_listen.py``), and at least once a second
+        (``poll_s`` is the SQLite store's and is not used). It ends when ``stop`` is set
+        (checked before every event and while waiting), when the store is closed, or at
+        the deadline ``timeout_s`` after this call, checked before every read but the
+        first.
         """
         self.last_seq(session_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -208,43 +210,40 @@ class PostgresEventStore(PostgresConnections):
     def _follow(
         self, session_id: str, since: int, deadline: float | None, stop: threading.Event
     ) -> Iterator[Event]:
-        conn = self.connect()
         try:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            while not (stop.is_set() or self.closed):
-                rows = conn.execute(
-                    "SELECT body_json FROM events WHERE session_id = %s AND seq > %s"
-                    " ORDER BY seq LIMIT %s", (session_id, since, _FOLLOW_PAGE)).fetchall()
-                for (body,) in rows:
-                    if stop.is_set():
+            with self.listener().watching(session_id) as woken:
+                while not (stop.is_set() or self.closed):
+                    woken.clear()  # before the read: a notice from now on is not lost
+                    with self.pooled(f"follow session {session_id!r} in") as conn:
+                        rows = conn.execute(
+                            "SELECT body_json FROM events WHERE session_id = %s AND seq > %s"
+                            " ORDER BY seq LIMIT %s", (session_id, since, _FOLLOW_PAGE),
+                        ).fetchall()
+                    for (body,) in rows:
+                        if stop.is_set():
+                            return
+                        event = event_from_json(body)
+                        yield event
+                        since = event.seq
+                    if deadline is not None and time.monotonic() >= deadline:
                         return
-                    event = event_from_json(body)
-                    yield event
-                    since = event.seq
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                if len(rows) < _FOLLOW_PAGE:
-                    self._wait_for_notice(conn, session_id, deadline, stop)
-        except psycopg.Error as e:
+                    if len(rows) < _FOLLOW_PAGE:
+                        self._wait_for_notice(woken, deadline, stop)
+        except StoreError:
             if not self.closed:  # closing the store under a follower ends it quietly
-                raise self.fault(e, f"follow session {session_id!r} in") from e
-        finally:
-            conn.close()
+                raise
 
-    def _wait_for_notice(self, conn: psycopg.Connection, session_id: str,
-                         deadline: float | None, stop: threading.Event) -> None:
-        """Until an append to ``session_id`` is announced, the fallback poll is due, or
-        ``stop``, the deadline or ``close()``."""
+    def _wait_for_notice(self, woken: threading.Event, deadline: float | None,
+                         stop: threading.Event) -> None:
+        """Until ``woken`` (an append to the session was announced, or the listener
+        reconnected), the fallback poll is due, or ``stop``, the deadline or ``close()``."""
         until = time.monotonic() + _FALLBACK_POLL_S
         if deadline is not None:
             until = min(until, deadline)
         while not (stop.is_set() or self.closed):
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 or woken.wait(min(_WAIT_SLICE_S, left)):
                 return
-            for notice in conn.notifies(timeout=min(_WAIT_SLICE_S, left)):
-                if notice.payload == session_id:
-                    return
 
     # ---- ownership -----------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..exceptions import InvalidRequest, StoreError, StoreUnavailable, UnknownSession
+from .postgres_listen import Listener
 from .postgres_schema import ensure_schema
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class PostgresConnections:
 
     def __init__(self, url: str, *, pool_size: int = 4, timeout_s: float = 10.0,
                  channel: str = "trouper_events") -> None:
-        """``pool_size``: connections this process keeps at most (one more per ``follow``);
+        """``pool_size``: connections this process keeps at most (one more listens while
+        any ``follow`` runs: ``store/postgres_listen.py``);
         ``timeout_s``: how long a call waits for a connection before StoreUnavailable."""
         if pool_size < 1 or timeout_s <= 0:
             raise InvalidRequest("pool_size must be at least 1 and timeout_s above 0")
@@ -129,17 +131,22 @@ class PostgresConnections:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._pool: ConnectionPool | None = None
+        self._listener: Listener | None = None
         self._conns: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()
 
     def _kwargs(self) -> dict[str, Any]:
         return {**_KEEPALIVES, "application_name": "trouper", **self._params,
                 "connect_timeout": max(1, round(self._timeout_s)), "autocommit": True}
 
-    def connect(self) -> psycopg.Connection:
-        """A new connection of this process (not pooled); the caller closes it."""
+    def connect(self, *, role: str = "") -> psycopg.Connection:
+        """A new connection of this process (not pooled); the caller closes it. ``role``
+        is appended to its ``application_name`` (``trouper-listen``: the listener)."""
         self._check_open()
+        kwargs = self._kwargs()
+        if role:
+            kwargs["application_name"] = f"{kwargs['application_name']}-{role}"
         try:
-            conn = psycopg.connect(**self._kwargs())
+            conn = psycopg.connect(**kwargs)
         except psycopg.Error as e:
             raise self.fault(e, "connect to") from e
         self._conns.add(conn)
@@ -169,6 +176,15 @@ class PostgresConnections:
                 pool.open(wait=False)
                 self._pool = pool
             return self._pool
+
+    def listener(self) -> Listener:
+        """This process's one listening side of the store, shared by its followers."""
+        self._check_open()
+        with self._lock:
+            if self._listener is None:
+                self._listener = Listener(lambda: self.connect(role="listen"), self.channel,
+                                          self.where)
+            return self._listener
 
     @contextlib.contextmanager
     def pooled(self, what: str) -> Iterator[psycopg.Connection]:
@@ -242,14 +258,18 @@ class PostgresConnections:
         return _redacted(str(e).strip().replace("\n", " "), self._password)
 
     def close(self) -> None:
-        """Close this process's pool; followers end within a tenth of a second. Idempotent."""
+        """Close this process's listener and pool; waiting followers end at once. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
-        if pool is not None and self._pid == os.getpid():
-            pool.close(timeout=5.0)
+            listener, self._listener = self._listener, None
+        if self._pid == os.getpid():
+            if listener is not None:
+                listener.close()
+            if pool is not None:
+                pool.close(timeout=5.0)
         _STORES.discard(self)
 
     @property
