@@ -28,14 +28,13 @@ import multiprocessing
 import os
 import random
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from bench_store import CONFIG, sample_events
 from common import REPO_DIR, median, percentile
@@ -43,6 +42,7 @@ from procs import cpu_s, parent, pids
 
 from trouper.messages.events import MessageEvent
 from trouper.store import EventStore, open_store
+from trouper.testing.postgres import scratch_database
 
 SCRIPT = REPO_DIR / "scripts" / "postgres"
 
@@ -195,18 +195,7 @@ def postgres_server(url: str | None, quick: bool) -> Iterator[tuple[str | None, 
 @contextmanager
 def fresh_database(server: str) -> Iterator[str]:
     """A new database on ``server`` (a URL with the right to create one), dropped after."""
-    import psycopg
-    from psycopg import sql
-
-    name = f"trouper_bench_{os.getpid()}_{secrets.token_hex(4)}"
-    with psycopg.connect(server, autocommit=True, connect_timeout=10) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(server, autocommit=True, connect_timeout=10) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                          .format(sql.Identifier(name)))
+    yield from scratch_database(server, "trouper_bench")
 
 
 def postmaster_cpu(url: str) -> Callable[[], float | None]:

@@ -243,24 +243,11 @@ def postgres_server_or_skip() -> str:
 
 
 def postgres_database(server_url: str) -> Iterator[str]:
-    """``postgres_url``'s work: makes a database with a name no other test uses on the server
-    at ``server_url``, yields its URL, and drops it (closing whatever is still connected)
-    when resumed."""
-    import secrets
-    from urllib.parse import urlsplit, urlunsplit
+    """``postgres_url``'s work: a database no other test uses on the server at
+    ``server_url``, its URL yielded, dropped (whatever still connects closed) when resumed."""
+    from trouper.testing.postgres import scratch_database
 
-    import psycopg
-    from psycopg import sql
-
-    name = f"trouper_test_{os.getpid()}_{secrets.token_hex(6)}"
-    with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield urlunsplit(urlsplit(server_url)._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                          .format(sql.Identifier(name)))
+    return scratch_database(server_url, "trouper_test")
 
 
 @pytest.fixture(scope="session")
