@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,33 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+class _KeptFull:
+    """The disk filled, and kept full until ``free()``: a page another process frees (a
+    spool file removed after its command) is taken back at once, as a full disk's other
+    writers would, so the session cannot leave the fault before the test frees it (a
+    journal retry that found such a page once moved the session back to RUNNING)."""
+
+    def __init__(self, disk: Path) -> None:
+        self.filler = _fill(disk)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._take_back, daemon=True)
+        self._thread.start()
+
+    def _take_back(self) -> None:
+        with open(self.filler, "ab", buffering=0) as out:  # unbuffered: nothing left to
+            while not self._stop.is_set():                 # flush into a full disk at close
+                try:
+                    out.write(b"\0" * 4096)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    self._stop.wait(0.005)  # the disk is full: look again soon
+
+    def free(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.filler.unlink()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("then, shown", [
     ("echo released", "released"),  # small: the sandbox's journal is the first to fail
@@ -67,13 +95,15 @@ def test_a_full_disk_is_error_naming_it_then_the_session_finishes(scripted, tmp_
         session = t.start_session("fill the disk", llm=llm, workspace=workspace)
         wait_until(lambda: (workspace / "waiting").exists(), 30, "the gated command to run")
         controller = actor_pid(session, "controller")
-        filler = _fill(small_disk)
-        (workspace / "go").touch()
-        cause = wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
-        assert "is full" in cause, cause
-        assert actor_pid(session, "controller") == controller  # no restart loop
-        assert session.wait(timeout=2) == AgentState.ERROR  # not settled: it waits on
-        filler.unlink()
+        full = _KeptFull(small_disk)
+        try:
+            (workspace / "go").touch()
+            cause = wait_until(lambda: _error_cause(session), 15, "ERROR naming the full disk")
+            assert "is full" in cause, cause
+            assert actor_pid(session, "controller") == controller  # no restart loop
+            assert session.wait(timeout=2) == AgentState.ERROR  # not settled: it waits on
+        finally:
+            full.free()
         assert session.wait(timeout=60) == AgentState.FINISHED
         events = list(session.events())
     assert check_log(events) == []
