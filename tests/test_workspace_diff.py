@@ -316,3 +316,20 @@ def test_a_secret_with_a_lone_surrogate_keeps_out_the_file_that_holds_its_text(h
     private_dir(home.session_dir("s-1"))
     take_baseline(home, "s-1", made, Settings(), secrets=["tok-\ud800-1234567890"])
     assert read_baseline(home, "s-1").with_secrets == ("out.txt",)
+
+
+def test_a_reflog_the_agent_forged_never_hands_git_an_option(tmp_path):
+    """The clone's reflog is in the workspace, which the agent writes; its commit goes to
+    git outside the sandbox, so ``--index-output=PATH`` there would overwrite PATH."""
+    from trouper.workspace_diff.compare import Unavailable, clone_commit
+
+    logs = tmp_path / "ws" / ".git" / "logs"
+    logs.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    forged = f"0 --index-output={victim} x <e> 0 +0\tclone: from /repo\n"
+    (logs / "HEAD").write_text(forged)
+    with pytest.raises(Unavailable, match="does not name the commit"):
+        clone_commit(tmp_path / "ws")
+    real = "0" * 40 + " " + "ab" * 20 + " x <e> 0 +0\tclone: from /repo\n"
+    (logs / "HEAD").write_text(real)
+    assert clone_commit(tmp_path / "ws") == "ab" * 20

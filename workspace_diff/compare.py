@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def _compare(home: Home, session_id: str, workspace: Path, config: SessionConfig
         init_shadow(git)  # an empty or a clone's baseline made none at the start
         if cloned:
             commit = clone_commit(workspace)
-            git.run("read-tree", commit)
+            git.run("read-tree", "--end-of-options", commit)
             base = f"commit {commit[:12]}, which the repository was cloned at"
         else:
             commit = baseline.commit or EMPTY_TREE
@@ -156,6 +157,10 @@ def _named(paths: list[str]) -> str:
     return ", ".join(shown(p) for p in paths[:NAMED]) + (f" and {more} more" if more > 0 else "")
 
 
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+"""A full object id, SHA-1 or SHA-256."""
+
+
 def clone_commit(workspace: Path) -> str:
     """The commit a cloned repository checked out: its reflog's first entry (``clone:
     from ...``), read from the file, so the repository is not touched."""
@@ -170,6 +175,11 @@ def clone_commit(workspace: Path) -> str:
     if len(fields) < 2 or "\tclone: " not in line:
         raise Unavailable("the workspace repository's history does not start with its "
                           "clone: the commit it was cloned at is unknown")
+    # the agent can write this file: anything but a hash (an option such as
+    # --index-output=PATH) would reach git, which runs outside the sandbox
+    if not _COMMIT_ID.fullmatch(fields[1]):
+        raise Unavailable("the workspace repository's history does not name the commit it "
+                          "was cloned at: nothing to compare with")
     return fields[1]
 
 
