@@ -47,6 +47,10 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
                "keepalives_count": 3}
 """A server that vanished (a host down, a partition) is noticed in ~25 s, not hours."""
 
+_READ_COMMITTED = {"options": "-c default_transaction_isolation=read\\ committed"}
+"""The owner fence reads the owner after the row lock is granted, which only READ COMMITTED
+sees fresh: a database or role set to REPEATABLE READ would let a superseded owner append."""
+
 
 def _forget_after_fork() -> None:
     for store in list(_STORES):
@@ -136,6 +140,7 @@ class PostgresConnections:
 
     def _kwargs(self) -> dict[str, Any]:
         return {**_KEEPALIVES, "application_name": "trouper", **self._params,
+                **_READ_COMMITTED,
                 "connect_timeout": max(1, round(self._timeout_s)), "autocommit": True}
 
     def connect(self, *, role: str = "") -> psycopg.Connection:

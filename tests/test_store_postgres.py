@@ -247,9 +247,17 @@ def lock_waiters(url: str) -> int:
                             " current_database() AND wait_event_type = 'Lock'").fetchone()[0]
 
 
-def test_an_append_waiting_behind_a_claim_reads_the_new_owner(postgres_url: str):
+@pytest.mark.parametrize("isolation", [None, "repeatable read"])
+def test_an_append_waiting_behind_a_claim_reads_the_new_owner(postgres_url: str, isolation):
     """The owner check runs after the row lock: an append that queued behind a claim in
-    flight sees that claim's token once it commits, and fails with LeaseLost."""
+    flight sees that claim's token once it commits, and fails with LeaseLost. Also in a
+    database whose default is REPEATABLE READ, where the check would read the old owner
+    from a snapshot taken before the lock (the store pins READ COMMITTED)."""
+    if isolation:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            name = admin.execute("SELECT current_database()").fetchone()[0]
+            admin.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation"
+                          f" = '{isolation}'")
     store = open_store(postgres_url)
     store.create_session("s1", make_config())
     old = store.claim_owner("s1")
