@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import RuntimeUnavailable
+from ..exceptions import RuntimeMisconfigured, RuntimeUnavailable
 from ..home.paths import private_dir
 from ..messages.causes import RuntimeFailure
 from .base import SandboxHealth
@@ -155,6 +155,10 @@ class DockerSandbox(LocalSandbox):
         self.container_id = container.id
         try:
             attached = super().start(epoch)
+        except RuntimeMisconfigured:  # no retry mends it: kept as such, not made a fault
+            if created:
+                self._remove(container)
+            raise
         except RuntimeUnavailable as e:
             detail = self._failure_detail(container, str(e))
             if created:  # nobody would ever stop it: a failed start leaves no container
