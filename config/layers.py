@@ -52,6 +52,8 @@ def resolve_keys(files: ConfigFiles, given: Mapping[str, Resolved] | None = None
     if files.project is not None:
         if "confirm" in chosen and chosen["confirm"].source == files.project.label:
             _check_project_confirm(files.project, files.user)
+        if "runtime" in chosen and chosen["runtime"].source == files.project.label:
+            _check_project_runtime(files.project, files.user)
         _check_project_model(chosen, files.project, files.user)
     return chosen
 
@@ -76,6 +78,19 @@ def _check_project_model(chosen: dict[str, Resolved], project: ConfigFile,
 
 def _provider(model: str) -> str:
     return model.split("/", 1)[0] if "/" in model else "openai"
+
+
+def _check_project_runtime(project: ConfigFile, user: ConfigFile | None) -> None:
+    """A project may not bring the agent's commands out of the sandbox you chose: your
+    ``docker`` or ``remote`` runtime replaced by ``local`` (a shell on this machine)."""
+    mine = user.keys.get("runtime", "local") if user is not None else "local"
+    if project.keys["runtime"] != "local" or mine == "local":
+        return
+    raise ConfigError(
+        f"{project.where('runtime')}: runtime = 'local' would run the agent's commands on "
+        f"this machine instead of your own choice ({mine!r}, {user.label if user else ''});"
+        " a project file may not weaken the sandbox: remove it there, or give --runtime",
+        field="runtime")
 
 
 def _check_project_confirm(project: ConfigFile, user: ConfigFile | None) -> None:

@@ -450,3 +450,13 @@ def test_a_projects_model_may_not_send_the_key_you_named_to_another_provider(pla
     assert "you set no model" in refused()
     place["user_file"].write_text("")  # no key named: the provider's own variable is used
     assert show()["keys"]["model"]["value"] == "openai/gpt-4o-mini"
+
+
+def test_a_project_may_not_bring_the_commands_out_of_your_sandbox(place):
+    place["user_file"].write_text('runtime = "docker"\nimage = "python:3.12"\n')
+    place["project_file"].write_text('runtime = "local"\n')
+    line = refused()
+    assert "runtime = 'local' would run the agent's commands on this machine" in line
+    assert "'docker'" in line
+    place["user_file"].write_text("")  # your own choice is local (the default): allowed
+    assert show()["keys"]["runtime"]["value"] == "local"
