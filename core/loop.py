@@ -99,10 +99,7 @@ class SessionLoop(SessionMachine):
 
     def _advance(self) -> None:
         """Take the next step if the session is RUNNING and nothing is outstanding."""
-        if self.view.state != AgentState.RUNNING:
-            return
-        if not self.runtime_ready:  # a message or an approval carries it on, as a resume:
-            self._restart_given_up()  # a sandbox down for good is started afresh
+        if self.view.state != AgentState.RUNNING or not self.runtime_ready:
             return
         if self.dispatched is not None or self.llm_request is not None:
             return

@@ -155,6 +155,7 @@ END_SANDBOX, FRESH_SANDBOX = Then.END_SANDBOX, Then.FRESH_SANDBOX
 
 GO_ON = Row(S.RUNNING, ADVANCE)
 RESUME = Row(S.RUNNING, RESTART_SANDBOX, ADVANCE)
+CARRY_ON = RESUME  # a user's word that carries the session on starts a sandbox down for good
 PAUSE = Row(S.PAUSED, CANCEL_MODEL)
 STOP = Row(S.STOPPED, CANCEL_MODEL, END_SANDBOX)
 FAIL = Row(S.ERROR)
@@ -194,7 +195,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.STORE_FAULT: FAIL,
     },
     S.AWAITING_USER_INPUT: {
-        Why.USER_MESSAGE: GO_ON,
+        Why.USER_MESSAGE: CARRY_ON,
         Why.USER_RESUME: RESUME,
         Why.USER_PAUSE: PAUSE,
         Why.USER_STOP: STOP,
@@ -202,9 +203,9 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.STORE_FAULT: FAIL,
     },
     S.AWAITING_USER_CONFIRMATION: {
-        Why.USER_APPROVE: GO_ON,
-        Why.USER_REJECT: GO_ON,
-        Why.USER_MESSAGE: GO_ON,
+        Why.USER_APPROVE: CARRY_ON,
+        Why.USER_REJECT: CARRY_ON,
+        Why.USER_MESSAGE: CARRY_ON,
         Why.USER_RESUME: RESUME,
         Why.USER_PAUSE: PAUSE,
         Why.USER_STOP: STOP,
@@ -221,7 +222,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
     S.RATE_LIMITED: {
         Why.LIMIT_LIFTED: GO_ON,
         Why.RUNTIME_MISCONFIGURED: FAIL,  # a sandbox restarted meanwhile
-        Why.USER_MESSAGE: GO_ON,
+        Why.USER_MESSAGE: CARRY_ON,
         Why.USER_RESUME: Row(S.RUNNING, SKIP_COOLDOWN, RESTART_SANDBOX, ADVANCE),
         Why.USER_PAUSE: PAUSE,
         Why.USER_STOP: STOP,
@@ -236,7 +237,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.RUNTIME_MISCONFIGURED: FAIL,  # settles: no timer, the user fixes and resumes
         Why.SETUP_FAILED: FAIL,  # a setup step lost with its sandbox
         Why.STORE_BACK: Row(AS_BEFORE, LIFT_TIMER, END_SANDBOX),
-        Why.USER_MESSAGE: GO_ON,
+        Why.USER_MESSAGE: CARRY_ON,
         Why.USER_RESUME: RESUME,
         Why.USER_PAUSE: PAUSE,
         Why.USER_STOP: STOP,
@@ -244,7 +245,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.STORE_FAULT: FAIL,
     },
     S.FINISHED: {
-        Why.USER_MESSAGE: GO_ON,
+        Why.USER_MESSAGE: CARRY_ON,
         Why.USER_STOP: STOP,
         Why.STORE_FAULT: FAIL,
     },
