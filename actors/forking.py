@@ -166,6 +166,28 @@ def _same_process(pid: int, started: int | None) -> bool:
     return pid_alive(pid) and (started is None or start_time(pid) == started)
 
 
+def await_admin_exit(home: Path, timeout_s: float) -> None:
+    """After a shutdown, wait (at most ``timeout_s``) until the admin this process owns has
+    exited: a program that exits first has its admin's owner watch report it gone."""
+    try:
+        pid, started, owner, _ = (int(f) for f in
+                                  (home / "actors" / "admin.pid").read_text().split())
+    except (OSError, ValueError):
+        return
+    if owner != os.getpid():
+        return
+    exit_fd = exit_watch(pid)
+    if exit_fd is None:
+        return
+    try:
+        if _same_process(pid, started):
+            waiter = select.poll()
+            waiter.register(exit_fd, select.POLLIN)
+            waiter.poll(int(timeout_s * 1000))
+    finally:
+        os.close(exit_fd)
+
+
 def end_orphans(home: Path) -> list[int]:
     """Kill the process group of an admin on ``home`` whose program is dead; returns the
     admin pids ended. A live program's system (another Trouper on the home) is left."""

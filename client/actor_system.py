@@ -318,6 +318,7 @@ class ActorSystemHandle:
         finally:
             self._asys = None
             asys.shutdown()
+            forking.await_admin_exit(self.home.root, 5.0)  # else its watch says we are gone
             # the admin's first fork exits as soon as it has forked the admin, but on a busy
             # machine not always before a close right after the open: unreaped, it stayed
             # the program's zombie (1 in about 150 open/close cycles under the suite)
