@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
@@ -39,7 +39,7 @@ from ..security.secrets_file import (
     without_runtime_token,
     write_session_secrets,
 )
-from ..store import EventStore, open_store, store_url
+from ..store import EventStore, SessionRecord, open_store, store_url
 from ..workspace_diff import take_baseline
 from .actor_system import ActorSystemHandle
 from .checks import (
@@ -70,6 +70,12 @@ class Trouper:
             (RUNNING, LOADING, RATE_LIMITED, or an ERROR that was recovering).
         policy: the restart policy of the supervisors.
         ask_timeout_s: how long a request to the actor tree may take.
+        store: the event store's URL (``postgresql://...`` for one shared by several
+            hosts; docs/cluster.md); default ``$TROUPER_STORE``, else the home's SQLite
+            file. The home still holds the logs, the secrets and default workspaces.
+        mine: which stored sessions this Trouper carries on when it opens (``resume``)
+            or when its root is started again; default all. A daemon of a cluster gives
+            the sessions placed on it.
 
     Raises:
         ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not
@@ -87,11 +93,15 @@ class Trouper:
         ask_timeout_s: float = 30.0,
         system_base: str = "multiprocTCPBase",
         admin_port: int | None = None,
+        store: str | None = None,
+        mine: Callable[[SessionRecord], bool] | None = None,
     ) -> None:
         check_trouper_args(home, ask_timeout_s)
         Settings.from_env()  # the actors read these after the fork: refuse here
         self.home = Home.at(home)
-        open_store(self.home).close()  # a store that cannot open fails before any process
+        self.store_url = store_url(self.home, store)
+        self._mine = mine
+        open_store(self.store_url).close()  # a store that cannot open fails before a fork
         self._system = ActorSystemHandle(
             self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port)
         self._closed = False
@@ -102,7 +112,7 @@ class Trouper:
             # forked first: SQLite's lock table survives a fork, and an actor forked while
             # this process held a connection would share its locks instead of taking its own
             self._system.open()
-            self.store = open_store(self.home)
+            self.store = open_store(self.store_url)
             self._system.on_new_root = self._resume_unfinished  # after a root that died
             gc_at_start(self.home.root, self.store.sessions())  # containers of ended sessions
             if resume:
@@ -206,7 +216,7 @@ class Trouper:
         self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
-            secrets=secrets, home=str(self.home.root), store_url=store_url(self.home)))
+            secrets=secrets, home=str(self.home.root), store_url=self.store_url))
         return Session(self, session_id)
 
     def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
@@ -278,7 +288,7 @@ class Trouper:
         self._expect_sandbox(session_id, config)
         self._system.request(StartSession(
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
-            secrets=secrets, home=str(self.home.root), store_url=store_url(self.home),
+            secrets=secrets, home=str(self.home.root), store_url=self.store_url,
             restore=True))
 
     @staticmethod
@@ -300,7 +310,7 @@ class Trouper:
 
     def _resume_unfinished(self) -> None:
         for record in self.store.sessions():
-            if record.state in RESTORABLE:
+            if record.state in RESTORABLE and (self._mine is None or self._mine(record)):
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)
 

@@ -3,7 +3,8 @@
 A store is named by a URL: ``sqlite:///abs/path/trouper.db`` (the embedded default, one
 file in the home) or ``postgresql://user:password@host:5432/dbname`` (also
 ``postgres://``; one database shared by several hosts, ``store/postgres.py``).
-``open_store`` also takes a ``Home`` (its ``store_url``)::
+``open_store`` also takes a ``Home``: its store is ``$TROUPER_STORE`` when that is set,
+else the home's SQLite file (``store_url``)::
 
     store = open_store(Home.at())                  # or open_store("sqlite:///tmp/t.db")
     store.create_session("s1", config)
@@ -17,6 +18,7 @@ program on SQLite never loads psycopg.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -29,16 +31,38 @@ from .sqlite import SQLiteEventStore
 if TYPE_CHECKING:
     from .postgres import PostgresEventStore
 
-__all__ = ["EventStore", "PostgresEventStore", "SQLiteEventStore", "SessionRecord",
-           "open_store", "store_url"]
+__all__ = ["STORE_ENV", "EventStore", "PostgresEventStore", "SQLiteEventStore",
+           "SessionRecord", "is_shared", "open_store", "shown_url", "store_url"]
 
 SCHEMES = ("sqlite", "postgresql", "postgres")
 """The URL schemes ``open_store`` knows."""
 
 
-def store_url(home: Home) -> str:
-    """The URL of a home's store."""
-    return f"sqlite://{home.db_path.resolve()}"
+STORE_ENV = "TROUPER_STORE"
+"""The variable naming the store of every home this process opens (a URL); unset or
+empty: each home's own SQLite file."""
+
+
+def store_url(home: Home, given: str | None = None) -> str:
+    """The URL of a home's store: ``given``, else ``$TROUPER_STORE``, else the home's
+    SQLite file."""
+    chosen = (given or os.environ.get(STORE_ENV, "")).strip()
+    return chosen or f"sqlite://{home.db_path.resolve()}"
+
+
+def is_shared(url: str) -> bool:
+    """Whether the store at ``url`` can be shared by several hosts (PostgreSQL)."""
+    return urlsplit(url).scheme in ("postgresql", "postgres")
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for a message or a log: its password, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def open_store(where: Home | str, **options: Any) -> EventStore:
@@ -56,8 +80,7 @@ def open_store(where: Home | str, **options: Any) -> EventStore:
 
         return PostgresEventStore(url, **options)
     if parts.scheme not in SCHEMES:
-        shown = url if parts.password is None else url.replace(parts.password, "***")
-        raise StoreError(f"no event store for {shown!r}: the known schemes are "
+        raise StoreError(f"no event store for {shown_url(url)!r}: the known schemes are "
                          f"{', '.join(s + '://' for s in SCHEMES)}")
     path = unquote(parts.path)
     if parts.netloc or not path.startswith("/"):
