@@ -100,11 +100,11 @@ def _zombie(process: Process) -> bool:
 def _tree(daemon_pid: int, home: Home, cgroup: Path | None) -> dict[Process, str]:
     """Every live process the daemon started (the daemon too) -> its name."""
     pids = set(descendants([daemon_pid]))
-    if cgroup is not None:
-        pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())
+    pids.update(_members(cgroup))
     admin = published_pid(home.root / "actors" / "admin.pid")
     if admin is not None:
-        pids.update(session_members(os.getsid(admin)))  # the actors: setsid'd by the admin
+        with contextlib.suppress(ProcessLookupError):  # the actors: setsid'd by the admin
+            pids.update(session_members(os.getsid(admin)))
     pids.update(descendants(list(pids)))
     found = {}
     for pid in pids:
@@ -130,17 +130,29 @@ def _zombies_held(tree: dict[Process, str]) -> list[str]:
             if _zombie(p) and parent_of(p[0]) in ours]
 
 
-def _left(tree: dict[Process, str], skip: set[Process]) -> list[str]:
-    """What of ``tree`` (but ``skip``) still runs, or is a zombie of ours; [] when none."""
+def _left(tree: dict[Process, str], skip: set[Process], cgroup: Path | None) -> list[str]:
+    """What of ``tree`` (but ``skip``) still runs, or is a zombie of ours, and what runs
+    in ``cgroup`` that was not there when ``tree`` was read (started by the ending);
+    [] when none."""
     running = [f"{name} {pid}" for (pid, started), name in tree.items()
                if (pid, started) not in skip and _same((pid, started))]
-    return running + _zombies_held(tree)
+    late = [f"{process_name(pid)} {pid} (started late)" for pid in _members(cgroup)
+            if (pid, start_time(pid)) not in tree and pid_alive(pid)]
+    return running + late + _zombies_held(tree)
+
+
+def _members(cgroup: Path | None) -> list[int]:
+    if cgroup is None:
+        return []
+    return [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
 
 
 @contextlib.contextmanager
-def _daemon(tmp_path: Path, crash_hook: bool) -> Iterator[tuple[TestDaemon, Any, Path | None]]:
-    """A started daemon (in a cgroup of its own where one can be made) and its process
-    object; at the end, everything it started is gone, whatever the test did."""
+def _daemon(tmp_path: Path, crash_hook: bool
+            ) -> Iterator[tuple[TestDaemon, Any, Path | None, dict[Process, str]]]:
+    """A started daemon (in a cgroup of its own where one can be made), its process object,
+    its cgroup and the processes the test records of it; at the end, everything it
+    started is gone, whatever the test did."""
     cgroup = new_cgroup(f"trouper-test-ends-{uuid.uuid4().hex[:12]}")
     started: list[Any] = []
     env = {"TROUPER_SANDBOX_IDLE_TIMEOUT_S": str(IDLE_S),
@@ -150,7 +162,7 @@ def _daemon(tmp_path: Path, crash_hook: bool) -> Iterator[tuple[TestDaemon, Any,
     seen: dict[Process, str] = {}
     try:
         daemon.start()
-        yield daemon, started[0], cgroup
+        yield daemon, started[0], cgroup, seen
     finally:
         with contextlib.suppress(Exception):
             if started and started[0].poll() is None:
@@ -159,8 +171,7 @@ def _daemon(tmp_path: Path, crash_hook: bool) -> Iterator[tuple[TestDaemon, Any,
             daemon.close()  # stops a running daemon, then the sandboxes of the home
         if cgroup is not None:
             for _ in range(3):
-                members = {int(p): start_time(int(p)) or 0
-                           for p in (cgroup / "cgroup.procs").read_text().split()}
+                members = {pid: start_time(pid) or 0 for pid in _members(cgroup)}
                 if not members:
                     break
                 end_processes(members, 10)
@@ -207,10 +218,11 @@ ENDINGS: dict[str, tuple[Callable[[Any], None], int]] = {
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_no_process_of_a_daemon_outlives_it_but_its_sandboxes(tmp_path: Path, scripted: Any,
                                                                ending: str) -> None:
-    with _daemon(tmp_path, crash_hook=ending == "os_exit") as (daemon, proc, cgroup):
+    with _daemon(tmp_path, crash_hook=ending == "os_exit") as (daemon, proc, cgroup, seen):
         _session_at_work(daemon, scripted)
         tree = wait_until(lambda: (t := _tree(proc.pid, daemon.home, cgroup)) and
                           _sleeping(t) and t, 60, "the sandbox's command in the tree")
+        seen.update(tree)  # ended at the end, whatever happens
         names = set(tree.values())
         assert set(ACTOR_SYSTEM) | {SANDBOX} <= names, names
         allowed = _allowed(tree)
@@ -222,9 +234,12 @@ def test_no_process_of_a_daemon_outlives_it_but_its_sandboxes(tmp_path: Path, sc
         assert proc.wait(60) == status
         if ending == "sigterm":  # a graceful stop: its lock freed as it exits
             assert not lock_is_held(daemon.files)
-        wait_until(lambda: not _left(tree, allowed), DEADLINE_S,
-                   f"the daemon's processes to end after its {ending}: {_left(tree, allowed)}")
-        # what was left, the sandbox server, goes once idle; its command with it
-        wait_until(lambda: not _left(tree, set()), IDLE_S * 3 + DEADLINE_S,
-                   f"the sandbox to end once idle: {_left(tree, set())}")
+        try:
+            wait_until(lambda: not _left(tree, allowed, cgroup), DEADLINE_S,
+                       f"the daemon's processes to end after its {ending}")
+            # what was left, the sandbox server, goes once idle; its command with it
+            wait_until(lambda: not _left(tree, set(), cgroup), IDLE_S * 3 + DEADLINE_S,
+                       "the sandbox to end once idle")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; still there: {_left(tree, set(), cgroup)}") from None
 
