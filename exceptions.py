@@ -65,6 +65,11 @@ class InvalidRequest(TrouperError):
     """A request that cannot apply to the session as it is."""
 
 
+class Conflict(InvalidRequest):
+    """A create with a client-chosen id whose session was made by another request (the
+    daemon's 409)."""
+
+
 class RequestTimeout(TrouperError):
     """An actor did not answer within the deadline."""
 

@@ -38,6 +38,62 @@ def _running(home: Path | None) -> dict[str, Any] | None:
 
 # -- trouper daemon ... ---------------------------------------------------------------
 
+PASSWORD_IN_ARGV = ("--store: a password on the command line is readable by every user of "
+                    "this machine (ps); set TROUPER_STORE instead, or keep the password in "
+                    "~/.pgpass (PGPASSFILE)")
+
+
+def _store_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--store URL``: checked, then set as ``TROUPER_STORE`` for this process and the
+    daemon it starts (its actors read it there, never on a command line)."""
+    import os
+    from urllib.parse import urlsplit
+
+    if not value:
+        return None
+    source = ctx.get_parameter_source(param.name or "store")
+    if source == click.core.ParameterSource.COMMANDLINE and urlsplit(value).password:
+        raise click.BadParameter(PASSWORD_IN_ARGV.removeprefix("--store: "))
+    os.environ["TROUPER_STORE"] = value
+    return value
+
+
+def cluster_options(command: Any) -> Any:
+    """The options of a daemon on a shared store (docs/cluster.md)."""
+    options = [
+        click.option("--store", envvar="TROUPER_STORE", callback=_store_given,
+                     expose_value=False, metavar="URL",
+                     help="The event store: postgresql://user@host/db makes this daemon one "
+                          "of the cluster on it (env TROUPER_STORE; default: the home's "
+                          "SQLite file)."),
+        click.option("--name", default=None,
+                     help="This daemon's name in the cluster (default host:home-folder)."),
+        click.option("--capability", "capabilities", multiple=True, metavar="NAME",
+                     help="A capability to declare besides those found (local; docker "
+                          "when its engine answers). Repeatable."),
+        click.option("--label", "labels", multiple=True, metavar="NAME=VALUE",
+                     help="A label a session may ask for (gpu=a100). Repeatable."),
+        click.option("--heartbeat", "heartbeat_s", default=1.0, show_default=True,
+                     type=click.FloatRange(0.05, 60.0),
+                     help="Seconds between heartbeats; silent for 3 of them, a daemon is "
+                          "declared dead and its sessions taken over."),
+        click.option("--cluster-key", "key_file", default=None,
+                     envvar="TROUPER_CLUSTER_KEY_FILE", metavar="FILE",
+                     help="The cluster key (default <home>/cluster.key)."),
+        click.option("--no-detect", "no_detect", is_flag=True, hidden=True),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _cluster(name: str | None, capabilities: tuple[str, ...], labels: tuple[str, ...],
+             heartbeat_s: float, key_file: str | None, no_detect: bool) -> Any:
+    from ..daemon.cluster_setup import ClusterOptions
+
+    return ClusterOptions(name=name, capabilities=capabilities, labels=labels,
+                          heartbeat_s=heartbeat_s, key_file=key_file, detect=not no_detect)
+
 
 @click.group()
 def daemon() -> None:
@@ -50,15 +106,18 @@ def daemon() -> None:
               help="Address to listen on; anything but loopback is reachable by others.")
 @click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: a free one, written to <home>/daemon.json).")
-def start(home: Path | None, host: str, port: int) -> None:
-    """Start the daemon of the home; return once it answers."""
+@cluster_options
+def start(home: Path | None, host: str, port: int, **cluster: Any) -> None:
+    """Start the daemon of the home; return once it answers. On a shared store
+    (--store postgresql://...) it joins the cluster of daemons there."""
     from ..daemon.process import start as start_daemon
     from .support import debug_enabled
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"trouper: warning: listening on {host}, not only on loopback: anyone "
                    "who reaches it and holds the token drives your sessions", err=True)
-    info = start_daemon(open_home(home), host, port, debug=debug_enabled())
+    info = start_daemon(open_home(home), host, port, debug=debug_enabled(),
+                        cluster=_cluster(**cluster))
     click.echo(f"trouper daemon running at {info['url']} (pid {info['pid']}); "
                f"the web page: trouper daemon open")
 
@@ -134,7 +193,9 @@ def open_page(home: Path | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--ready-fd", type=int, hidden=True)
-def run_foreground(home: Path | None, host: str, port: int, ready_fd: int | None) -> None:
+@cluster_options
+def run_foreground(home: Path | None, host: str, port: int, ready_fd: int | None,
+                   **cluster: Any) -> None:
     """Run the daemon in the foreground (as 'start' does, detached); Ctrl-C stops it."""
     from ..daemon.server import log_to_stderr, ready_writer
     from ..daemon.server import run as serve
@@ -142,7 +203,7 @@ def run_foreground(home: Path | None, host: str, port: int, ready_fd: int | None
 
     remove_cli_logging()
     log_to_stderr(debug_enabled())
-    code = serve(open_home(home), host, port, ready_writer(ready_fd))
+    code = serve(open_home(home), host, port, ready_writer(ready_fd), _cluster(**cluster))
     click.get_current_context().exit(code)
 
 

@@ -76,6 +76,9 @@ class Trouper:
         mine: which stored sessions this Trouper carries on when it opens (``resume``)
             or when its root is started again; default all. A daemon of a cluster gives
             the sessions placed on it.
+        placed: told ``(session_id, config)`` of each session this Trouper starts, once
+            its row is in the store and before its actors start (a cluster's daemon
+            records where it runs); what it raises refuses the start.
 
     Raises:
         ConfigError: ``home`` exists and is not a folder, ``ask_timeout_s`` is not
@@ -95,12 +98,13 @@ class Trouper:
         admin_port: int | None = None,
         store: str | None = None,
         mine: Callable[[SessionRecord], bool] | None = None,
+        placed: Callable[[str, SessionConfig], None] | None = None,
     ) -> None:
         check_trouper_args(home, ask_timeout_s)
         Settings.from_env()  # the actors read these after the fork: refuse here
         self.home = Home.at(home)
         self.store_url = store_url(self.home, store)
-        self._mine = mine
+        self._mine, self._placed = mine, placed
         open_store(self.store_url).close()  # a store that cannot open fails before a fork
         self._system = ActorSystemHandle(
             self.home, policy or RestartPolicy(), ask_timeout_s, system_base, admin_port)
@@ -210,6 +214,8 @@ class Trouper:
         write_session_secrets(self.home, session_id, secrets, config.llm, runtime_token=token)
         # the task and every other field stored masked; the keys are left out
         self.store.create_session(session_id, to_mask.mask_event(without_runtime_token(config)))
+        if self._placed is not None:
+            self._placed(session_id, config)
         # before the actors, so before any action; a file holding a secret is not copied
         take_baseline(self.home, session_id, config,
                       secrets=[value for _, value in to_mask.pairs])

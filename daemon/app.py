@@ -37,6 +37,7 @@ from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_lo
 
 if TYPE_CHECKING:
     from ..client.embedded import Trouper
+    from ..cluster.member import Member
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,15 @@ def http_limits(given: Settings | None = None) -> HttpLimits:
 
 
 def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
-               limits: StreamLimits | None = None, http: HttpLimits | None = None) -> Any:
+               limits: StreamLimits | None = None, http: HttpLimits | None = None,
+               member: Member | None = None) -> Any:
     """The ASGI app: the FastAPI app inside ``RequestLimits`` (sizes) inside its ``Guard``
     (the token first). ``app.state`` of the inner app holds the ``Service`` and the
-    ``Streams`` (``.fastapi`` reaches it)."""
+    ``Streams`` (``.fastapi`` reaches it). ``member``: this daemon's membership of a
+    cluster, if it is in one."""
     api = FastAPI(title="trouper daemon", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/v1/openapi.json")
-    service = Service(trouper, token)
+    service = Service(trouper, token, member)
     streams = Streams(limits or StreamLimits.from_env())
     api.state.service, api.state.streams, api.state.started = service, streams, time.time()
 
@@ -123,6 +126,15 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         """The daemon answers: its pid, uptime, sessions and open streams."""
         return {"ok": True, "pid": os.getpid(), "uptime_s": time.time() - api.state.started,
                 "sessions": len(service.store.sessions()), "streams": streams.count}
+
+    @api.get("/v1/cluster")
+    def cluster() -> dict[str, Any]:
+        """The daemons on this store: their state, heartbeat, capabilities and sessions
+        (``cluster`` false, and this daemon alone, on a store of its own)."""
+        if member is None:
+            return {"cluster": False, "me": None, "daemons": []}
+        return {"cluster": True, "me": member.name,
+                "daemons": [d.to_json() for d in member.daemons()]}
 
     @api.post("/v1/sessions", status_code=201)
     def create_session(body: CreateSession) -> JSONResponse:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..home.paths import Home, private_file
 from ..security.tls import default_ssl_context
+from .cluster_setup import ClusterOptions
 from .files import DaemonFiles, lock_is_held, read_token, running_info
 from .server import DaemonError
 
@@ -32,8 +33,12 @@ START_TIMEOUT_S = 120.0
 
 def start(home: Home, host: str = "127.0.0.1", port: int = 0,
           timeout_s: float = START_TIMEOUT_S, debug: bool = False,
-          popen: Callable[..., Any] = subprocess.Popen) -> dict[str, Any]:
+          popen: Callable[..., Any] = subprocess.Popen,
+          cluster: ClusterOptions | None = None) -> dict[str, Any]:
     """Start the home's daemon; return its info (url, pid, port...). Raises DaemonError.
+
+    The store is this process's ``$TROUPER_STORE`` (inherited; never on the command line,
+    a URL may hold a password); ``cluster``: its place in the cluster on a shared store.
 
     ``popen`` starts the process (``subprocess.Popen``'s arguments; a test harness may
     pass its own, as trouper's suite passes its fork server's, ``tests/accel/``)."""
@@ -46,7 +51,7 @@ def start(home: Home, host: str = "127.0.0.1", port: int = 0,
     read_end, write_end = os.pipe()
     command = [sys.executable, "-m", "trouper", *(["--debug"] if debug else []), "daemon",
                "run", "--home", str(home.root), "--host", host, "--port", str(port),
-               "--ready-fd", str(write_end)]
+               "--ready-fd", str(write_end), *(cluster.argv() if cluster else [])]
     try:
         with open(log, "ab") as out:
             proc = popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,

@@ -35,7 +35,9 @@ from ..host.processes import die_if_forked, signal_handlers
 from ..security.masking import install_log_masking
 from ..serving.limits import HttpLimits, Notes
 from ..serving.protocol import Door, guarded_protocol
+from . import cluster_setup
 from .auth import LOOPBACK_NAMES, allowed_hosts, limit_error_body
+from .cluster_setup import ClusterOptions
 from .files import DaemonFiles, HomeLock, clear_running, ensure_token, write_running
 
 logger = logging.getLogger("trouper.daemon")
@@ -80,8 +82,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(home: Home, host: str, port: int, ready: Ready) -> int:
-    """Serve until asked to stop; returns the exit code. ``ready`` is told once."""
+def run(home: Home, host: str, port: int, ready: Ready,
+        cluster: ClusterOptions | None = None) -> int:
+    """Serve until asked to stop; returns the exit code. ``ready`` is told once.
+    ``cluster``: its place in a cluster, when ``$TROUPER_STORE`` is a shared store."""
     enter_private_process()
     install_log_masking()
     files = DaemonFiles(home)
@@ -98,8 +102,9 @@ def run(home: Home, host: str, port: int, ready: Ready) -> int:
                             f"(pid {_read_pid(files)})"})
             return 3
         try:
-            return _serve_locked(home, files, host, port, ready, stop)
-        except DaemonError as exc:
+            return _serve_locked(home, files, host, port, ready, stop,
+                                 cluster or ClusterOptions())
+        except (DaemonError, ConfigError) as exc:
             ready({"error": str(exc)})
             return 3
         except BaseException as exc:
@@ -112,41 +117,70 @@ def run(home: Home, host: str, port: int, ready: Ready) -> int:
 
 
 def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: Ready,
-                  stop: _Stop) -> int:
+                  stop: _Stop, cluster: ClusterOptions) -> int:
     from ..client.embedded import Trouper
+    from ..store import is_shared, shown_url, store_url
     from .app import create_app, http_limits
 
     sock = bind(host, port)
+    member = None
     try:
         port = sock.getsockname()[1]
+        url_host = f"[{host}]" if ":" in host else host
+        url = f"http://{url_host}:{port}"
         if host not in ("127.0.0.1", "::1", "localhost"):
             logger.warning("listening on %s:%d, not only on loopback: anyone who can reach "
                            "it and has the token drives your sessions", host, port)
-        token = ensure_token(files)
+        store = store_url(home)
+        if is_shared(store):
+            member = cluster_setup.join(home, store, cluster, url)
+            token = cluster_setup.use_cluster_token(files.token, member)
+            logger.info("cluster: store %s", shown_url(store))
+        else:
+            token = ensure_token(files)
         started = time.monotonic()
-        trouper = Trouper(home=home.root, resume=True)
+        service: list[Any] = []  # the app's Service, once made: it places what it starts
+
+        def open_trouper() -> Trouper:
+            return Trouper(home=home.root, resume=member is None, placed=lambda sid, cfg:
+                           service[0].placed(sid, cfg))
+
+        trouper = open_trouper()
         logger.info("actor system open, unfinished sessions restored in %.2f s",
                     time.monotonic() - started)
         try:
             limits = http_limits()
-            app = create_app(trouper, token=token, hosts=_hosts(host, port), http=limits)
+            app = create_app(trouper, token=token, hosts=_hosts(host, port), http=limits,
+                             member=member)
+            service.append(app.fastapi.state.service)
+            if member is not None:
+                member.restore = trouper.restore
+                member.on_fenced = cluster_setup.Fencing(open_trouper, service[0], member)
+                member.serve(service[0].handle_call)
             streams = app.fastapi.state.streams
             config = uvicorn.Config(app, log_config=None, lifespan="off",
                                     timeout_graceful_shutdown=5, **uvicorn_options(limits))
             server = _Server(config)
             server.on_exit = streams.close_all  # type: ignore[method-assign]
             stop.server = server
-            url_host = f"[{host}]" if ":" in host else host
-            info = {"url": f"http://{url_host}:{port}", "pid": os.getpid(), "host": host,
-                    "port": port, "home": str(home.root),
-                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            info = {"url": url, "pid": os.getpid(), "host": host, "port": port,
+                    "home": str(home.root), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    **({"cluster": member.name} if member is not None else {})}
             if stop.requested:
                 return 0
             asyncio.run(_serve(server, sock, lambda: _published(files, info, ready)))
         finally:
-            logger.info("closing: the actors stop, the sandboxes and sessions stay")
-            trouper.close(stop_sandboxes=False)
+            current = service[0].trouper if service else trouper  # a fenced daemon's new one
+            if member is not None:
+                logger.info("closing: the sessions go to the cluster's other daemons")
+                cluster_setup.drain(member, current)
+                member = None
+            else:
+                logger.info("closing: the actors stop, the sandboxes and sessions stay")
+                current.close(stop_sandboxes=False)
     finally:
+        if member is not None:  # joined, but the actor system never opened
+            member.close()
         sock.close()
     logger.info("daemon stopped")
     return 0

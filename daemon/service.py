@@ -16,20 +16,29 @@ import json
 import os
 import re
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..client.info import SessionInfo, SessionRow, SessionSummary
-from ..client.session import Session
+from ..client.session import Session, new_session_id
 from ..core.fold import SessionView
-from ..exceptions import ConfigError, InvalidRequest, UnknownSession
+from ..exceptions import (
+    ConfigError,
+    Conflict,
+    InvalidRequest,
+    RequestTimeout,
+    UnknownSession,
+)
 from ..messages.events import EVENT_ADAPTER, AgentState, Event
 from ..security.masking import known_masker
 from ..security.secrets_file import remember_session_secrets
 
 if TYPE_CHECKING:
     from ..client.embedded import Trouper
+    from ..cluster.member import Member
+    from ..config.models import SessionConfig
     from ..store import SessionRecord
 
 REQUEST_META = "daemon.create_request"
@@ -38,10 +47,10 @@ MAX_PAGE = 500
 MAX_EVENTS_PAGE = 5000
 VIEWS_KEPT = 256
 """Sessions whose folded view the daemon keeps between GETs."""
-
-
-class Conflict(InvalidRequest):
-    """A create with a client-chosen id whose session was made by another request (409)."""
+CALL_TIMEOUT_S = 60.0
+"""How long a daemon of a cluster waits for the daemon that runs a session to answer."""
+MAX_HOPS = 3
+"""A call passed on more often than this (its session kept moving) is refused: retry."""
 
 
 class CreateSession(BaseModel):
@@ -59,6 +68,8 @@ class CreateSession(BaseModel):
     workspace: str | None = None
     secrets: dict[str, str] = Field(default_factory=dict, description=(
         "Environment variables of the sandbox's shell; write-only, masked everywhere."))
+    labels: list[str] = Field(default_factory=list, description=(
+        "In a cluster: labels (``gpu=a100``) the daemon that runs the session must have."))
 
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -82,8 +93,11 @@ class Answer(BaseModel):
 class Service:
     """The daemon's operations on one open ``Trouper``."""
 
-    def __init__(self, trouper: Trouper, token: str) -> None:
+    def __init__(self, trouper: Trouper, token: str, member: Member | None = None) -> None:
         self.trouper = trouper
+        self.member = member
+        """This daemon's membership of a cluster (None: a daemon on its own)."""
+        self._labels: dict[str, list[str]] = {}
         self._key = hashlib.sha256(b"trouper daemon idempotency\0" + token.encode()).digest()
         self._creating = threading.Lock()
         self._known: set[str] = set()
@@ -99,14 +113,29 @@ class Service:
 
     def create(self, body: CreateSession) -> tuple[dict[str, Any], bool]:
         """Start a session; returns its view and whether it was created now (False: the
-        same request was made before with this id)."""
-        fields = body.model_dump()
+        same request was made before with this id). In a cluster it starts on the live
+        daemon that can run it and runs the fewest sessions."""
         if body.workspace is not None and not os.path.isabs(body.workspace):
             raise ConfigError("workspace: must be an absolute path (the daemon's folder is "
                               "not yours)", field="workspace")
-        digest = self._digest(fields)
+        if self.member is not None:
+            if body.id is None:  # named here, so the call may be carried out again safely
+                body = body.model_copy(update={"id": new_session_id()})
+            target = self.member.place(_needs_of(body))
+            if target != self.member.name:
+                view, created = self._call(target, body.id, 0, kind="create",
+                                           body=body.model_dump())
+                return view, bool(created)
+        return self._create_here(body)
+
+    def _create_here(self, body: CreateSession) -> tuple[dict[str, Any], bool]:
+        fields = body.model_dump()
+        labels = fields.pop("labels")
+        digest = self._digest({**fields, **({"labels": labels} if labels else {})})
         options = {k: v for k, v in fields.items()
                    if k not in ("id", "task", "llm", "runtime", "workspace", "secrets")}
+        if body.id is not None:
+            self._labels[body.id] = labels
         with self._creating:
             if body.id is not None and self._exists(body.id):
                 if self.store.get_meta(body.id, REQUEST_META) != digest:
@@ -119,6 +148,38 @@ class Service:
         with self._known_lock:
             self._known.add(session.id)  # start_session taught this process its secrets
         return self.detail(session.id), True
+
+    def placed(self, session_id: str, config: SessionConfig) -> None:
+        """``Trouper``'s word that a session was made here: where it runs, in a cluster."""
+        if self.member is not None:
+            from ..cluster.member import runtime_needs
+
+            self.member.placed(session_id, runtime_needs(config.runtime.kind,
+                                                         self._labels.pop(session_id, [])))
+
+    def handle_call(self, body: dict[str, Any]) -> Any:
+        """A call from another daemon of the cluster (``cluster/calls.py``)."""
+        hops = int(body.get("hops", 0))
+        if hops > MAX_HOPS:
+            raise RequestTimeout("the session moved between daemons while the request was "
+                                 "on its way: retry")
+        if body["kind"] == "create":  # placed here by the daemon that was asked
+            return self._create_here(CreateSession(**body["body"]))
+        if body["kind"] == "diff":
+            return self.diff(body["session_id"], hops)
+        return self._command(body["session_id"], body["command"], body["text"],
+                             body["action_id"], body["request_id"], hops)
+
+    def _call(self, target: str, about: str | None, hops: int, **body: Any) -> Any:
+        assert self.member is not None
+        return self.member.calls.call(
+            target, about, {**body, "hops": hops + 1}, CALL_TIMEOUT_S,
+            still_for=lambda: self.member.registry.placement(about)[0]
+            if self.member is not None and about else None)
+
+    def daemon_of(self, session_id: str) -> str | None:
+        """The daemon that runs the session, in a cluster (None: none, or no cluster)."""
+        return None if self.member is None else self.member.registry.placement(session_id)[0]
 
     def _command_id(self, key: str, *parts: str) -> str:
         """The command's id for ``key``: the same key and the same command give the same
@@ -195,7 +256,10 @@ class Service:
         self.learn(session_id)
         with self._views_lock:  # the view is shared: read it whole under the lock
             info = SessionInfo.of(record, self._fold(session_id), fault)
-        return mask(info.to_json())  # type: ignore[no-any-return]
+        shown = info.to_json()
+        if self.member is not None:
+            shown["daemon"] = self.daemon_of(session_id)
+        return mask(shown)  # type: ignore[no-any-return]
 
     def _fold(self, session_id: str, last_seq: int | None = None) -> SessionView:
         """The session's view, kept between calls and brought up to date with the events
@@ -217,9 +281,21 @@ class Service:
         """Carry out a user command; with an ``Idempotency-Key`` (``key``), the same
         command sent again under it is answered, not carried out twice."""
         self.record(session_id)  # 404 before anything is asked of the tree
-        self.learn(session_id)
         request_id = None if key is None else self._command_id(
             key, session_id, command, text, action_id)
+        if request_id is None and self.member is not None:
+            request_id = uuid.uuid4().hex  # a call may be carried out again: never twice
+        return self._command(session_id, command, text, action_id, request_id)
+
+    def _command(self, session_id: str, command: str, text: str, action_id: str,
+                 request_id: str | None, hops: int = 0) -> dict[str, Any]:
+        if self.member is not None:
+            target = self.member.route(session_id)
+            if target is not None:
+                return self._call(target, session_id, hops, kind="command",  # type: ignore[no-any-return]
+                                  session_id=session_id, command=command, text=text,
+                                  action_id=action_id, request_id=request_id)
+        self.learn(session_id)
         seq = self.trouper.command(session_id, command, text, action_id=action_id,
                                    request_id=request_id)
         record = self.store.session(session_id)
@@ -237,11 +313,17 @@ class Service:
         return {"events": [event_json(e) for e in events],
                 "next_after": events[-1].seq if events else after, "head_seq": head}
 
-    def diff(self, session_id: str) -> dict[str, Any]:
-        """What changed in the session's workspace since it started, masked."""
+    def diff(self, session_id: str, hops: int = 0) -> dict[str, Any]:
+        """What changed in the session's workspace since it started, masked (asked of the
+        daemon that runs it, whose home holds its baseline)."""
         from ..workspace_diff import workspace_diff
 
         record = self.record(session_id)
+        if self.member is not None:
+            target = self.member.route(session_id)
+            if target is not None:
+                return self._call(target, session_id, hops, kind="diff",  # type: ignore[no-any-return]
+                                  session_id=session_id)
         self.learn(session_id)
         compared = workspace_diff(self.trouper.home, session_id, record.config)
         return mask(compared.to_json())  # type: ignore[no-any-return]
@@ -259,6 +341,16 @@ class Service:
             if session_id not in self._known:
                 remember_session_secrets(self.trouper.home, session_id)
                 self._known.add(session_id)
+
+
+def _needs_of(body: CreateSession) -> list[str]:
+    """What a daemon must have to run the session ``body`` asks for (its runtime's kind,
+    the labels it names)."""
+    from ..cluster.member import runtime_needs
+
+    runtime = body.runtime
+    kind = runtime if isinstance(runtime, str) else str(runtime.get("kind", "local"))
+    return runtime_needs(kind, body.labels)
 
 
 def event_json(event: Event) -> dict[str, Any]:

@@ -55,6 +55,39 @@ MIGRATIONS: dict[int, list[str]] = {
             PRIMARY KEY (session_id, key)
         )""",
     ],
+    2: [  # the cluster of daemons on this store (cluster/)
+        """CREATE TABLE daemons (
+            name TEXT PRIMARY KEY,
+            generation BIGINT NOT NULL,
+            state TEXT NOT NULL,
+            url TEXT NOT NULL DEFAULT '',
+            host TEXT NOT NULL DEFAULT '',
+            home TEXT NOT NULL DEFAULT '',
+            pid INTEGER NOT NULL DEFAULT 0,
+            capabilities TEXT[] NOT NULL DEFAULT '{}',
+            heartbeat_s DOUBLE PRECISION NOT NULL,
+            dead_after_s DOUBLE PRECISION NOT NULL,
+            started_at TIMESTAMPTZ NOT NULL,
+            heartbeat_at TIMESTAMPTZ NOT NULL,
+            ended_at TIMESTAMPTZ,
+            end_reason TEXT NOT NULL DEFAULT ''
+        )""",
+        "ALTER TABLE sessions ADD COLUMN daemon TEXT",
+        "ALTER TABLE sessions ADD COLUMN needs TEXT[] NOT NULL DEFAULT '{}'",
+        "CREATE INDEX sessions_by_daemon ON sessions (daemon)",
+        """CREATE TABLE daemon_calls (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            daemon TEXT NOT NULL,
+            session_id TEXT,
+            sealed BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            taken_at TIMESTAMPTZ,
+            answered_at TIMESTAMPTZ,
+            answer BYTEA
+        )""",
+        "CREATE INDEX daemon_calls_waiting ON daemon_calls (daemon) WHERE answered_at IS NULL",
+        "CREATE TABLE cluster_facts (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ],
 }
 """Version -> the statements that take the version before it to it."""
 

@@ -36,7 +36,8 @@ class TestDaemon:
     pre-imported zygote), so that its daemons skip the imports."""
 
     def __init__(self, home: Path, port: int = 0, env: dict[str, str] | None = None,
-                 popen: Callable[..., Any] | None = None) -> None:
+                 popen: Callable[..., Any] | None = None, cluster: Any = None) -> None:
+        """``cluster``: a ``ClusterOptions`` (its store is ``env``'s ``TROUPER_STORE``)."""
         from ..daemon.files import DaemonFiles
 
         self.home = Home.at(home)
@@ -44,6 +45,7 @@ class TestDaemon:
         self.port = port
         self.env = dict(env or {})
         self._popen = popen or type(self).popen
+        self.cluster = cluster
         self.info: dict[str, Any] = {}
         self._clients: list[Any] = []
 
@@ -67,7 +69,7 @@ class TestDaemon:
 
         with _environment(self.env):
             self.info = start(self.home, "127.0.0.1", self.port, timeout_s=timeout_s,
-                              popen=self._popen)
+                              popen=self._popen, cluster=self.cluster)
         self.port = int(self.info["port"])
         return self
 
@@ -146,9 +148,10 @@ def _admin_pid(home: Home) -> int | None:
 
 @contextlib.contextmanager
 def running_daemon(home: Path, port: int = 0, env: dict[str, str] | None = None,
-                   popen: Callable[..., Any] | None = None) -> Iterator[TestDaemon]:
+                   popen: Callable[..., Any] | None = None, cluster: Any = None
+                   ) -> Iterator[TestDaemon]:
     """A started ``TestDaemon``, stopped (or killed) at the end, whatever happened."""
-    daemon = TestDaemon(home, port, env, popen)
+    daemon = TestDaemon(home, port, env, popen, cluster)
     try:
         yield daemon.start()
     finally:

@@ -67,29 +67,32 @@ def test_open_store_picks_postgresql_for_both_schemes(postgres_url: str):
 
 
 def test_an_older_schema_is_upgraded_in_one_transaction(postgres_url: str, monkeypatch):
+    real = dict(schema.MIGRATIONS)
+    for version in [v for v in real if v > 1]:  # a database made by the first schema
+        monkeypatch.delitem(schema.MIGRATIONS, version)
     store = open_store(postgres_url)
     store.create_session("s1", make_config())
     store.append("s1", [msg("kept")])
     store.close()
     assert raw_version(postgres_url) == 1
-    monkeypatch.setitem(schema.MIGRATIONS, 2, [
-        "ALTER TABLE sessions ADD COLUMN note TEXT NOT NULL DEFAULT 'migrated'",
-        "SELECT 1 / 0",  # a migration that fails half-way
-    ])
+    note = "ALTER TABLE sessions ADD COLUMN note TEXT NOT NULL DEFAULT 'migrated'"
+    monkeypatch.setitem(schema.MIGRATIONS, 2, [*real[2], note, "SELECT 1 / 0"])  # fails late
     with pytest.raises(StoreError, match="division by zero"):
         open_store(postgres_url).last_seq("s1")
     assert raw_version(postgres_url) == 1
-    with psycopg.connect(postgres_url) as conn:  # the first statement was rolled back too
+    with psycopg.connect(postgres_url) as conn:  # the first statements were rolled back too
         columns = {r[0] for r in conn.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'sessions'")}
-    assert "note" not in columns
-    monkeypatch.setitem(schema.MIGRATIONS, 2, [schema.MIGRATIONS[2][0]])
+        daemons = conn.execute("SELECT to_regclass('daemons')").fetchone()
+    assert "note" not in columns and "daemon" not in columns and daemons == (None,)
+    monkeypatch.setitem(schema.MIGRATIONS, 2, [*real[2], note])
     store = open_store(postgres_url)
     try:
         assert [e.text for e in store.read("s1")] == ["kept"]
         assert raw_version(postgres_url) == 2
         with psycopg.connect(postgres_url) as conn:
-            assert conn.execute("SELECT note FROM sessions").fetchone() == ("migrated",)
+            assert conn.execute("SELECT note, daemon FROM sessions").fetchone() == \
+                ("migrated", None)
     finally:
         store.close()
 
@@ -101,8 +104,8 @@ def test_a_newer_schema_is_refused_naming_both_versions(postgres_url: str):
     set_raw_version(postgres_url, 99)
     store = open_store(postgres_url)
     try:
-        with pytest.raises(StoreError, match=r"schema version 99, newer than the 1 .*upgrade "
-                                             r"trouper"):
+        with pytest.raises(StoreError, match=rf"schema version 99, newer than the "
+                                             rf"{schema.SCHEMA_VERSION} .*upgrade trouper"):
             store.sessions()
     finally:
         store.close()

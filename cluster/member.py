@@ -1,0 +1,267 @@
+"""A daemon as a member of a cluster: it joins, beats, places sessions, takes over the
+sessions of peers that died, answers their calls, and hands its own over when it stops.
+
+One thread beats every ``heartbeat_s`` (database time). At each beat it also declares
+dead every peer whose heartbeat is older than that peer's ``dead_after_s``, and adopts
+its share of the working sessions of gone daemons: each is restored here, which claims
+its log (a new owner token: anything the old host still runs can no longer append, and
+its Controller stands down at its next write). A member that finds itself fenced (its
+row declared dead while it could not beat, or another start of its name) stops running
+sessions at once (``on_fenced``), then joins again as a new generation.
+
+``drain()`` (SIGTERM) marks the member draining, lets its owner stop the actors, then
+places each working session on a live peer, whose calls are sent on; no heartbeat has to
+lapse.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config.models import SessionConfig
+from ..core.states import Why
+from ..exceptions import ConfigError, StoreError, TrouperError
+from ..home.paths import Home, private_dir, write_private
+from ..messages.events import AgentState, StateChanged
+from ..store import open_store
+from ..store.postgres import PostgresEventStore
+from .calls import Calls, CallTaker, Handler
+from .key import ClusterKey
+from .registry import DRAINING, GONE, STOPPED, DaemonRecord, Me, Registry
+
+logger = logging.getLogger(__name__)
+
+SECRETS_META = "cluster.secrets"
+"""Session meta key: the session's secrets file, sealed with the cluster key."""
+_SEALED_SECRETS = "session secrets"
+
+
+def runtime_needs(kind: str, labels: Sequence[str] = ()) -> list[str]:
+    """What a daemon must have to run a session whose runtime is of this kind (``local``,
+    ``docker``; a remote runtime runs anywhere) with these labels (``gpu=a100``)."""
+    needs = [] if kind == "remote" else [kind]
+    return sorted({*needs, *(f"label:{label}" for label in labels)})
+
+
+def default_name(home: Home) -> str:
+    """A daemon's name unless given: this host's name and its home's folder name."""
+    return f"{socket.gethostname()}:{home.root.name}"
+
+
+class Member:
+    """One daemon's membership; see the module docstring."""
+
+    def __init__(self, store_url: str, key: ClusterKey, home: Home, *, name: str,
+                 url: str, capabilities: Sequence[str], heartbeat_s: float,
+                 dead_after_s: float) -> None:
+        if heartbeat_s <= 0 or dead_after_s <= heartbeat_s:
+            raise ConfigError("the heartbeat must be above 0 s and shorter than the time "
+                              "after which a silent daemon is declared dead",
+                              field="heartbeat")
+        store = open_store(store_url)
+        assert isinstance(store, PostgresEventStore), "a cluster shares a PostgreSQL store"
+        self.store, self.key, self.home = store, key, home
+        self.registry = Registry(store)
+        self.calls = Calls(store, key)
+        self.me = Me(name=name, url=url, host=socket.gethostname(), home=str(home.root),
+                     pid=os.getpid(), capabilities=tuple(sorted(set(capabilities))),
+                     heartbeat_s=heartbeat_s, dead_after_s=dead_after_s)
+        self.generation = 0
+        self.restore: Callable[[str], None] = lambda session_id: None
+        """Carries a session on here (set by the daemon: ``Trouper.restore``)."""
+        self.on_fenced: Callable[[], None] = lambda: None
+        """Stops running every session here (set by the daemon)."""
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._taker: CallTaker | None = None
+
+    @property
+    def name(self) -> str:
+        return self.me.name
+
+    # -- joining and leaving ---------------------------------------------------------
+
+    def join(self) -> None:
+        """Check the key and register (refused with ConfigError: another key, the name
+        taken by a live daemon elsewhere)."""
+        self.registry.check_key(self.key)
+        self.generation = self.registry.register(self.me)
+        logger.info("cluster: joined as %s (generation %d), capabilities %s", self.name,
+                    self.generation, ", ".join(self.me.capabilities))
+
+    def serve(self, handler: Handler) -> None:
+        """Carry on the sessions placed here, then beat and take calls until ``leave``."""
+        self._taker = CallTaker(self.store, self.key, self.name, handler)
+        self._taker.start()
+        for session_id in self.registry.placed_on(self.name):
+            self._carry_on(session_id)
+        self._beat = threading.Thread(target=self._beating, name="cluster-heartbeat",
+                                      daemon=True)
+        self._beat.start()
+
+    def drain(self, stop_actors: Callable[[], None]) -> dict[str, str]:
+        """Hand every working session to a live peer: no new session comes here, the
+        actors stop (``stop_actors``), then the sessions are placed on peers, which carry
+        them on at once. Returns session id -> its new daemon."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=10)
+        self.registry.end(self.name, self.generation, DRAINING, "draining: SIGTERM")
+        if self._taker is not None:
+            self._taker.stop()
+        stop_actors()
+        moved = self.registry.hand_over(self.name)
+        self.registry.end(self.name, self.generation, STOPPED, "stopped")
+        logger.info("cluster: %s stopped; %d sessions handed over", self.name, len(moved))
+        return moved
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._taker is not None:
+            self._taker.stop()
+        self.store.close()
+
+    # -- placement -------------------------------------------------------------------
+
+    def place(self, needs: Sequence[str]) -> str:
+        """The daemon a new session with these needs goes to; ConfigError when none of
+        the live ones can run it."""
+        chosen = self.registry.place(needs)
+        if chosen is None:
+            live = [d for d in self.registry.daemons() if d.state == "alive"]
+            raise ConfigError(
+                f"no live daemon of the cluster can run this session: it needs "
+                f"{', '.join(needs) or 'nothing'}; the live daemons have "
+                + ("; ".join(f"{d.name}: {', '.join(d.capabilities)}" for d in live)
+                   or "none"), field="runtime")
+        return chosen
+
+    def placed(self, session_id: str, needs: Sequence[str]) -> None:
+        """A session made here: placed here, its secrets file sealed into the store so a
+        peer that takes it over can carry it on."""
+        path = self.home.secrets_path(session_id)
+        try:
+            plain = json.loads(path.read_text())
+        except FileNotFoundError:
+            plain = None
+        if plain is not None:
+            sealed = self.key.seal(_SEALED_SECRETS, session_id, plain)
+            self.store.put_meta(session_id, SECRETS_META, base64.b64encode(sealed).decode())
+        self.registry.set_placement(session_id, self.name, needs)
+
+    def route(self, session_id: str) -> str | None:
+        """Where a call about this session is carried out: None for here (a session of
+        this daemon, one of a gone daemon taken over now, or one no daemon ever ran), or
+        the name of the live daemon that runs it. Raises ConfigError when its daemon is
+        gone and this one cannot run it."""
+        daemon, state, needs = self.registry.placement(session_id)
+        if daemon is None or daemon == self.name:
+            return None
+        if state not in GONE:
+            return daemon
+        if self.registry.take(session_id, self.name, self.me.capabilities):
+            logger.info("cluster: took session %s over from %s (%s)", session_id, daemon,
+                        state)
+            self._bring_secrets(session_id)
+            return None
+        daemon, state, needs = self.registry.placement(session_id)  # a peer took it
+        if daemon is not None and state not in GONE:
+            return daemon
+        raise ConfigError(f"session {session_id!r} ran on {daemon!r}, which is {state}, and "
+                          f"this daemon cannot run it (it needs {', '.join(needs)})",
+                          field="runtime")
+
+    def daemons(self) -> list[DaemonRecord]:
+        return self.registry.daemons()
+
+    # -- the beat --------------------------------------------------------------------
+
+    def _beating(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self.me.heartbeat_s):
+            try:
+                if not self.registry.heartbeat(self.name, self.generation):
+                    self._fenced("the cluster declared it dead")
+                    continue
+                last_ok = time.monotonic()
+                for name in self.registry.declare_dead():
+                    logger.warning("cluster: daemon %s is dead (its heartbeat lapsed)", name)
+                for session_id in self.registry.adopt(self.name, self.me.capabilities):
+                    logger.info("cluster: adopting session %s", session_id)
+                    self._carry_on(session_id)
+            except StoreError as exc:
+                silent = time.monotonic() - last_ok
+                logger.warning("cluster: cannot beat (%.1f s): %s", silent, exc)
+                if silent > self.me.dead_after_s:
+                    self._fenced(f"no heartbeat reached the store for {silent:.1f} s")
+                    last_ok = time.monotonic()
+
+    def _fenced(self, why: str) -> None:
+        """Peers may run this daemon's sessions now: stop ours, join again."""
+        logger.error("cluster: %s is fenced (%s): it stops running its sessions", self.name,
+                     why)
+        try:
+            self.on_fenced()
+            self.generation = self.registry.register(self.me)
+            for session_id in self.registry.placed_on(self.name):
+                self._carry_on(session_id)
+        except TrouperError as exc:
+            logger.error("cluster: joining again failed: %s", exc)
+
+    # -- carrying a session on -------------------------------------------------------
+
+    def _carry_on(self, session_id: str) -> None:
+        try:
+            self._bring_secrets(session_id)
+            record = self.store.session(session_id)
+            missing = _unreachable_workspace(record.config)
+            if missing is not None:
+                self._record_unreachable(session_id, missing)
+                return
+            self.restore(session_id)
+        except TrouperError as exc:
+            logger.error("cluster: session %s cannot be carried on here: %s", session_id, exc)
+
+    def _bring_secrets(self, session_id: str) -> None:
+        """The session's secrets file in this home, from the store, if it is not here."""
+        path = self.home.secrets_path(session_id)
+        if path.exists():
+            return
+        private_dir(self.home.session_dir(session_id))
+        value = self.store.get_meta(session_id, SECRETS_META)
+        if value is None:
+            return
+        plain = self.key.open(_SEALED_SECRETS, session_id, base64.b64decode(value))
+        write_private(path, json.dumps(plain), durable=True)
+
+    def _record_unreachable(self, session_id: str, workspace: str) -> None:
+        reason = (f"its workspace {workspace} is not reachable from daemon {self.name}: "
+                  f"share workspaces between the daemons (the same path on each), or resume "
+                  f"the session on the daemon that has it")
+        owner = self.store.claim_owner(session_id)
+        if self.store.session(session_id).state == AgentState.ERROR:
+            return
+        self.store.append(session_id, [StateChanged(
+            source="environment", state=AgentState.ERROR, reason=reason,
+            cause=Why.RUNTIME_MISCONFIGURED)], owner=owner)
+        logger.error("cluster: session %s: %s", session_id, reason)
+
+
+def _unreachable_workspace(config: SessionConfig) -> str | None:
+    """The session's workspace when its sandbox would run here and it is not here."""
+    if config.runtime.kind == "remote":
+        return None
+    return None if Path(config.workspace).is_dir() else str(config.workspace)
+
+
+def call_body(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, **fields}

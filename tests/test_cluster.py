@@ -1,0 +1,154 @@
+"""Three daemons on one PostgreSQL store: sessions placed on all of them, any daemon
+answering for any session, and a daemon's loss (SIGKILL, SIGTERM) survived with nothing
+run twice, nothing lost and every event streamed once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trouper import AgentState
+from trouper.client.sse_reading import parse_sse
+from trouper.daemon.cluster_setup import ClusterOptions
+from trouper.messages.events import ActionEvent, ObservationEvent
+from trouper.store import open_store
+from trouper.testing import check_log, wait_until
+from trouper.testing.daemon import TestDaemon
+
+pytestmark = pytest.mark.slow  # daemon processes on a database server
+
+FINISH = {"tool": "finish", "args": {"message": "done"}}
+HEARTBEAT_S = 0.5
+
+
+def slow_steps(n: int, delay_s: float = 0.2) -> list[dict[str, Any]]:
+    return [{"tool": "run", "args": {"command": f"echo step {i}"}, "delay_s": delay_s}
+            for i in range(n)] + [FINISH]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Callable[..., list[TestDaemon]]]:
+    """``cluster(n, docker_on=())`` starts n daemons d0..dn-1 on one store and one key;
+    all are ended at the test's end."""
+    daemons: list[TestDaemon] = []
+    env = {"TROUPER_STORE": postgres_url,
+           "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "cluster.key")}
+
+    def start(n: int, docker_on: tuple[int, ...] = ()) -> list[TestDaemon]:
+        for i in range(n):
+            options = ClusterOptions(name=f"d{i}", heartbeat_s=HEARTBEAT_S, detect=False,
+                                     capabilities=("docker",) if i in docker_on else ())
+            daemon = TestDaemon(tmp_path / f"h{i}", env=env, cluster=options)
+            daemons.append(daemon)
+            daemon.start()
+        return daemons
+
+    try:
+        yield start
+    finally:
+        for daemon in daemons:
+            daemon.close()
+
+
+def stored(url: str, session_id: str) -> tuple[Any, list[Any], str | None]:
+    store = open_store(url)
+    try:
+        with store.pooled("test") as conn:  # type: ignore[attr-defined]
+            row = conn.execute("SELECT daemon FROM sessions WHERE id = %s",
+                               (session_id,)).fetchone()
+        return store.session(session_id), store.read(session_id), row[0]
+    finally:
+        store.close()
+
+
+def one_outcome_each(log: list[Any]) -> None:
+    assert check_log(log) == []  # seq contiguous, every action exactly one outcome
+    actions = [e.action_id for e in log if isinstance(e, ActionEvent)]
+    outcomes = [e.action_id for e in log if isinstance(e, ObservationEvent)]
+    assert len(actions) == len(set(actions)) and sorted(actions) == sorted(outcomes)
+
+
+def test_sessions_spread_over_the_daemons_and_any_daemon_answers_for_any(
+        cluster, scripted, postgres_url):
+    d = cluster(3)
+    _, llm = scripted([{"say": "What next?"}, FINISH])
+    ids = [d[0].client().start_session(f"task {i}", llm=llm).id for i in range(6)]
+    placed = {sid: d[0].http().get(f"/v1/sessions/{sid}").json()["daemon"] for sid in ids}
+    assert sorted(placed.values()) == ["d0", "d0", "d1", "d1", "d2", "d2"]  # least loaded
+    for sid in ids:
+        assert d[1].client().session(sid).wait(timeout=90) == AgentState.AWAITING_USER_INPUT
+    # a message through a daemon that does not run the session reaches the one that does
+    for i, sid in enumerate(ids):
+        d[i % 3].client().session(sid).send("go on")
+    for sid in ids:
+        assert d[2].client().session(sid).wait(timeout=90) == AgentState.FINISHED
+        record, log, daemon = stored(postgres_url, sid)
+        assert daemon == placed[sid]
+        assert [e.text for e in log if getattr(e, "source", "") == "user"
+                and e.kind == "message"][-1] == "go on"
+    view = d[1].http().get("/v1/cluster").json()
+    assert view["me"] == "d1" and view["cluster"] is True
+    assert sorted((x["name"], x["state"]) for x in view["daemons"]) == \
+        [("d0", "alive"), ("d1", "alive"), ("d2", "alive")]
+    assert all(x["heartbeat_age_s"] < 10 for x in view["daemons"])
+
+
+def test_a_session_that_needs_docker_is_placed_only_where_docker_is(cluster, scripted):
+    d = cluster(3, docker_on=(2,))
+    _, llm = scripted([FINISH])
+    for i in range(3):
+        answer = d[i].http().post("/v1/sessions", json={
+            "task": "t", "llm": llm, "runtime": {"kind": "docker", "image": "no-such:image"}})
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["daemon"] == "d2"
+    refused = d[0].http().post("/v1/sessions", json={"task": "t", "llm": llm,
+                                                     "labels": ["gpu=a100"]})
+    assert refused.status_code == 422
+    assert "label:gpu=a100" in refused.json()["error"]["message"]
+
+
+def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_once(
+        cluster, scripted, postgres_url):
+    d = cluster(3)
+    _, llm = scripted(slow_steps(15))
+    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100).id
+           for i in range(3)]
+    on = {sid: d[0].http().get(f"/v1/sessions/{sid}").json()["daemon"] for sid in ids}
+    victim_name = "d1"
+    victim = d[1]
+    doomed = [sid for sid in ids if on[sid] == victim_name]
+    assert doomed  # one session each (least loaded)
+    sid = doomed[0]
+    followed: list[Any] = []
+    stop = threading.Event()
+
+    def follow() -> None:  # a client streaming from the daemon that dies, then another
+        try:
+            for event in victim.client().session(sid).events(follow=True, stop=stop):
+                followed.append(event)
+        except Exception:  # noqa: BLE001 - the connection dies with the daemon
+            pass
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    wait_until(lambda: len(followed) >= 8, 60, "the session midway")
+    victim.kill()  # the daemon and its actor processes, as a host's crash
+    follower.join(timeout=30)
+    after = followed[-1].seq if followed else 0
+    with d[2].http(timeout=None) as http, http.stream(
+            "GET", f"/v1/sessions/{sid}/events/stream",
+            params={"until_settled": "true"}, headers={"Last-Event-ID": str(after)}) as got:
+        resumed = [data["seq"] for kind, data in parse_sse(got.iter_lines())
+                   if kind == "message"]
+    for other in ids:
+        assert d[2].client().session(other).wait(timeout=120) == AgentState.FINISHED
+        record, log, daemon = stored(postgres_url, other)
+        one_outcome_each(log)
+        assert daemon != victim_name
+    _, log, _ = stored(postgres_url, sid)
+    seqs = [e.seq for e in followed] + resumed
+    assert seqs == list(range(1, len(log) + 1))  # every event exactly once, in order
