@@ -62,14 +62,7 @@ class Calls:
         withdrawn if nobody took it). ``still_for``: who the call is for now (the daemon
         the session moved to), asked while waiting, for the message only."""
         subject = session_id or "-"
-        sealed = self.key.seal(_CALL, subject, body)
-        with self.store.pooled("make a daemon call in") as conn, conn.transaction():
-            row = conn.execute(
-                "INSERT INTO daemon_calls (daemon, session_id, sealed) VALUES (%s, %s, %s)"
-                " RETURNING id", (daemon, session_id, sealed)).fetchone()
-            assert row is not None
-            call_id = int(row[0])
-            conn.execute("SELECT pg_notify(%s, %s)", (self.store.channel, f"call:{daemon}"))
+        call_id = self.post(daemon, session_id, body)
         try:
             answer = self._wait(call_id, subject, timeout_s)
         finally:
@@ -83,6 +76,18 @@ class Calls:
             kind = ERRORS.get(answer["error"].get("type"), TrouperError)
             raise kind(answer["error"].get("message", "the daemon failed"))
         return answer.get("ok")
+
+    def post(self, daemon: str, session_id: str | None, body: dict[str, Any]) -> int:
+        """Make a call and return its id without waiting. A body with ``"reply": False``
+        is answered by no one: its row goes once it is carried out."""
+        sealed = self.key.seal(_CALL, session_id or "-", body)
+        with self.store.pooled("make a daemon call in") as conn, conn.transaction():
+            row = conn.execute(
+                "INSERT INTO daemon_calls (daemon, session_id, sealed) VALUES (%s, %s, %s)"
+                " RETURNING id", (daemon, session_id, sealed)).fetchone()
+            assert row is not None
+            conn.execute("SELECT pg_notify(%s, %s)", (self.store.channel, f"call:{daemon}"))
+        return int(row[0])
 
     def _wait(self, call_id: int, subject: str, timeout_s: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout_s
@@ -142,8 +147,10 @@ class CallTaker:
 
     def _carry_out(self, call_id: int, session_id: str | None, sealed: bytes) -> None:
         subject = session_id or "-"
+        body: dict[str, Any] = {}
         try:
-            answer: dict[str, Any] = {"ok": self.handler(self.key.open(_CALL, subject, sealed))}
+            body = self.key.open(_CALL, subject, sealed)
+            answer: dict[str, Any] = {"ok": self.handler(body)}
         except TrouperError as exc:
             answer = {"error": {"type": _known_type(exc), "message": str(exc)}}
         except Exception as exc:  # noqa: BLE001 - the caller is told, as a 500 would
@@ -151,6 +158,10 @@ class CallTaker:
             answer = {"error": {"type": "TrouperError",
                                 "message": f"{type(exc).__name__}: {exc}"}}
         try:
+            if body.get("reply") is False:
+                with self.store.pooled("end a daemon call in") as conn:
+                    conn.execute("DELETE FROM daemon_calls WHERE id = %s", (call_id,))
+                return
             with self.store.pooled("answer a daemon call in") as conn, conn.transaction():
                 conn.execute("UPDATE daemon_calls SET answered_at = now(), answer = %s"
                              " WHERE id = %s AND daemon = %s",

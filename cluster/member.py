@@ -103,7 +103,7 @@ class Member:
         self._taker = CallTaker(self.store, self.key, self.name, handler)
         self._taker.start()
         for session_id in self.registry.placed_on(self.name):
-            self._carry_on(session_id)
+            self.carry_on(session_id)
         self._beat = threading.Thread(target=self._beating, name="cluster-heartbeat",
                                       daemon=True)
         self._beat.start()
@@ -120,6 +120,9 @@ class Member:
             self._taker.stop()
         stop_actors()
         moved = self.registry.hand_over(self.name)
+        for session_id, peer in moved.items():  # each peer carries its share on at once
+            self.calls.post(peer, session_id, {"kind": "carry_on", "session_id": session_id,
+                                               "reply": False})
         self.registry.end(self.name, self.generation, STOPPED, "stopped")
         logger.info("cluster: %s stopped; %d sessions handed over", self.name, len(moved))
         return moved
@@ -197,7 +200,7 @@ class Member:
                     logger.warning("cluster: daemon %s is dead (its heartbeat lapsed)", name)
                 for session_id in self.registry.adopt(self.name, self.me.capabilities):
                     logger.info("cluster: adopting session %s", session_id)
-                    self._carry_on(session_id)
+                    self.carry_on(session_id)
             except StoreError as exc:
                 silent = time.monotonic() - last_ok
                 logger.warning("cluster: cannot beat (%.1f s): %s", silent, exc)
@@ -213,13 +216,15 @@ class Member:
             self.on_fenced()
             self.generation = self.registry.register(self.me)
             for session_id in self.registry.placed_on(self.name):
-                self._carry_on(session_id)
+                self.carry_on(session_id)
         except TrouperError as exc:
             logger.error("cluster: joining again failed: %s", exc)
 
     # -- carrying a session on -------------------------------------------------------
 
-    def _carry_on(self, session_id: str) -> None:
+    def carry_on(self, session_id: str) -> None:
+        """Carry the session on here (restored from its log; a session already running
+        here is left as it is), or record ERROR when its workspace is not here."""
         try:
             self._bring_secrets(session_id)
             record = self.store.session(session_id)

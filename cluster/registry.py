@@ -285,9 +285,6 @@ class Registry:
                              (peer[0], session_id))
                 _retarget_calls(conn, [session_id], peer[0])
                 moved[session_id] = peer[0]
-            for target in set(moved.values()):
-                conn.execute("SELECT pg_notify(%s, %s)", (self.store.channel,
-                                                          f"call:{target}"))
         return moved
 
     def placed_on(self, me: str) -> list[str]:

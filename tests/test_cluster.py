@@ -152,3 +152,63 @@ def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_
     _, log, _ = stored(postgres_url, sid)
     seqs = [e.seq for e in followed] + resumed
     assert seqs == list(range(1, len(log) + 1))  # every event exactly once, in order
+
+
+def test_sigterm_drains_a_daemon_its_sessions_go_on_at_once_on_its_peers(
+        cluster, scripted, postgres_url):
+    d = cluster(3)
+    _, llm = scripted(slow_steps(12))
+    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100).id
+           for i in range(3)]
+    on = {sid: d[0].http().get(f"/v1/sessions/{sid}").json()["daemon"] for sid in ids}
+    drained = [sid for sid in ids if on[sid] == "d0"]
+    assert drained
+    wait_until(lambda: all(d[1].client().session(s).info().actions >= 2 for s in ids), 90,
+               "two actions in each session")
+    d[0].stop()  # SIGTERM; returns once the daemon is gone
+    for sid in drained:  # handed over in the drain, not after a heartbeat lapsed
+        assert stored(postgres_url, sid)[2] in ("d1", "d2")
+    view = d[1].http().get("/v1/cluster").json()
+    assert {x["name"]: x["state"] for x in view["daemons"]}["d0"] == "stopped"
+    for sid in ids:
+        assert d[2].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        one_outcome_each(stored(postgres_url, sid)[1])
+
+
+def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_comes_back(
+        cluster, scripted, postgres_url, tmp_path):
+    import contextlib
+
+    import psycopg
+
+    from trouper.testing.postgres import database_role
+
+    d = cluster(1)  # d0 makes the schema; "cut" reaches the store as a role of its own
+    _, waiting = scripted([{"say": "What next?"}])
+    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is cut's
+    with contextlib.ExitStack() as ends:
+        cut_url, role = ends.enter_context(contextlib.contextmanager(database_role)(
+            postgres_url))
+        cut = TestDaemon(tmp_path / "hc", env={**d[0].env, "TROUPER_STORE": cut_url},
+                         cluster=ClusterOptions(name="cut", heartbeat_s=HEARTBEAT_S,
+                                                detect=False))
+        ends.callback(cut.close)
+        cut.start()
+        _, llm = scripted(slow_steps(20, delay_s=0.3))
+        sid = cut.client().start_session("count", llm=llm, max_iterations=100).id
+        assert stored(postgres_url, sid)[2] == "cut"
+        wait_until(lambda: cut.client().session(sid).info().actions >= 3, 90, "3 actions")
+        with psycopg.connect(postgres_url, autocommit=True) as admin:  # the partition
+            admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE usename = %s", (role,))
+        wait_until(lambda: stored(postgres_url, sid)[2] == "d0", 60,
+                   "d0 to take the session over")
+        with psycopg.connect(postgres_url, autocommit=True) as admin:  # healed
+            admin.execute(f'ALTER ROLE "{role}" LOGIN')
+        assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        wait_until(lambda: {x["name"]: x for x in d[0].http().get("/v1/cluster").json()[
+            "daemons"]}["cut"]["generation"] == 2, 60, "the cut-off daemon to join again")
+        one_outcome_each(stored(postgres_url, sid)[1])
+        assert stored(postgres_url, sid)[2] == "d0"
+
