@@ -151,7 +151,21 @@ def status(home: Path | None, as_json: bool) -> None:
         click.echo(f"trouper daemon: running at {info['url']} (pid {info['pid']}), "
                    f"{health.get('sessions', '?')} sessions, {health.get('streams', '?')} "
                    f"streams, up {health.get('uptime_s', 0):.0f} s")
+        if info.get("cluster"):
+            _print_cluster(info["cluster"], info.get("daemons") or [])
     click.get_current_context().exit(OK if info else SESSION_FAILED)
+
+
+def _print_cluster(me: str, daemons: list[dict[str, Any]]) -> None:
+    """The cluster's daemons, a line each: this one marked with ``*``."""
+    click.echo(f"cluster of {len(daemons)} daemon(s); this one is {me}:")
+    click.echo(f"  {'NAME':<20} {'STATE':<9} {'HEARTBEAT':>9} {'SESSIONS':>8}  "
+               "CAPABILITIES  URL")
+    for d in daemons:
+        mark = "*" if d.get("name") == me else " "
+        click.echo(f"{mark} {d.get('name', '?'):<20} {d.get('state', '?'):<9} "
+                   f"{d.get('heartbeat_age_s', 0):>8.1f}s {d.get('sessions', 0):>8}  "
+                   f"{','.join(d.get('capabilities', []))}  {d.get('url', '')}")
 
 
 @daemon.command()

@@ -164,8 +164,24 @@ def status(home: Home) -> dict[str, Any] | None:
     info = running_info(files)
     if info is None:
         return None
+    token = read_token(files) or ""
     try:
-        info["health"] = health(info["url"], read_token(files) or "", timeout_s=2.0)
+        info["health"] = health(info["url"], token, timeout_s=2.0)
     except DaemonError as exc:
         info["health"] = {"ok": False, "error": str(exc)}
+    if info.get("cluster") and info["health"].get("ok"):
+        info["daemons"] = _cluster_view(info["url"], token)
     return info
+
+
+def _cluster_view(url: str, token: str) -> list[dict[str, Any]]:
+    """``GET /v1/cluster``'s daemons (empty when it does not answer)."""
+    import httpx
+
+    try:
+        answer = httpx.get(f"{url}/v1/cluster", timeout=5.0, trust_env=False,
+                           verify=default_ssl_context(),
+                           headers={"Authorization": f"Bearer {token}"})
+        return list(answer.json().get("daemons", [])) if answer.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return []

@@ -4,6 +4,7 @@ run twice, nothing lost and every event streamed once."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -149,7 +150,11 @@ def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_
         record, log, daemon = stored(postgres_url, other)
         one_outcome_each(log)
         assert daemon != victim_name
-    _, log, _ = stored(postgres_url, sid)
+    _, log, adopter = stored(postgres_url, sid)
+    # the adopter had no secrets file of the session: it came sealed through the store
+    secrets_file = d[int(adopter[1:])].home.secrets_path(sid)
+    assert json.loads(secrets_file.read_text())["llm_api_key"] == "test-key"
+    assert secrets_file.stat().st_mode & 0o777 == 0o600
     seqs = [e.seq for e in followed] + resumed
     assert seqs == list(range(1, len(log) + 1))  # every event exactly once, in order
 
@@ -212,3 +217,29 @@ def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_com
         one_outcome_each(stored(postgres_url, sid)[1])
         assert stored(postgres_url, sid)[2] == "d0"
 
+
+
+def test_status_shows_the_cluster_and_the_store_holds_no_secret_in_clear(
+        cluster, scripted, postgres_url):
+    import psycopg
+    from click.testing import CliRunner
+
+    from trouper.cli.main import main
+
+    d = cluster(2)
+    assert d[0].token == d[1].token  # one cluster token: a client may go to either
+    _, llm = scripted([FINISH])
+    sids = [d[0].http().post("/v1/sessions", json={
+        "task": "t", "llm": {**llm, "api_key": "sk-cluster-secret-1"},
+        "secrets": {"DEPLOY": "hush-cluster-value"}}).json()["id"] for _ in range(2)]
+    for sid in sids:
+        assert d[1].client().session(sid).wait(timeout=90) == AgentState.FINISHED
+    with psycopg.connect(postgres_url) as conn:
+        for table in ("sessions", "events", "session_meta", "daemon_calls", "daemons"):
+            dump = str(conn.execute(f"SELECT * FROM {table}").fetchall())
+            assert "sk-cluster-secret-1" not in dump and "hush-cluster-value" not in dump
+    shown = CliRunner().invoke(main, ["daemon", "status", "--home", str(d[1].home.root)])
+    assert shown.exit_code == 0, shown.output
+    assert "cluster of 2 daemon(s); this one is d1" in shown.output
+    rows = [line.split() for line in shown.output.splitlines() if " alive " in line]
+    assert sorted(row[1] if row[0] == "*" else row[0] for row in rows) == ["d0", "d1"]
