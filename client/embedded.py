@@ -125,6 +125,11 @@ class Trouper:
             self.close()
             raise
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
     def __enter__(self) -> Trouper:
         return self
 

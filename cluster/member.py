@@ -67,7 +67,8 @@ class Member:
             raise ConfigError("the heartbeat must be above 0 s and shorter than the time "
                               "after which a silent daemon is declared dead",
                               field="heartbeat")
-        store = open_store(store_url)
+        # a beat that cannot get a connection fails within the time peers wait, not later
+        store = open_store(store_url, timeout_s=max(1.0, dead_after_s))
         assert isinstance(store, PostgresEventStore), "a cluster shares a PostgreSQL store"
         self.store, self.key, self.home = store, key, home
         self.registry = Registry(store)
@@ -80,6 +81,9 @@ class Member:
         """Carries a session on here (set by the daemon: ``Trouper.restore``)."""
         self.on_fenced: Callable[[], None] = lambda: None
         """Stops running every session here (set by the daemon)."""
+        self.on_rejoin: Callable[[], None] = lambda: None
+        """Makes ready to run sessions again after ``on_fenced`` (set by the daemon);
+        a StoreError it raises is tried again at the next beat."""
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._taker: CallTaker | None = None
@@ -190,10 +194,19 @@ class Member:
 
     def _beating(self) -> None:
         last_ok = time.monotonic()
+        rejoin = False
         while not self._stop.wait(self.me.heartbeat_s):
             try:
-                if not self.registry.heartbeat(self.name, self.generation):
-                    self._fenced("the cluster declared it dead")
+                if rejoin:  # fenced before: join as a new generation, carry on what is ours
+                    self.on_rejoin()
+                    self.generation = self.registry.register(self.me)
+                    rejoin = False
+                    logger.info("cluster: %s joined again (generation %d)", self.name,
+                                self.generation)
+                    for session_id in self.registry.placed_on(self.name):
+                        self.carry_on(session_id)
+                elif not self.registry.heartbeat(self.name, self.generation):
+                    rejoin = self._fenced("the cluster declared it dead")
                     continue
                 last_ok = time.monotonic()
                 for name in self.registry.declare_dead():
@@ -204,21 +217,20 @@ class Member:
             except StoreError as exc:
                 silent = time.monotonic() - last_ok
                 logger.warning("cluster: cannot beat (%.1f s): %s", silent, exc)
-                if silent > self.me.dead_after_s:
-                    self._fenced(f"no heartbeat reached the store for {silent:.1f} s")
-                    last_ok = time.monotonic()
+                if silent > self.me.dead_after_s and not rejoin:
+                    # the peers may have declared this daemon dead by now: stop as if they had
+                    rejoin = self._fenced(f"no heartbeat reached the store for {silent:.1f} s")
 
-    def _fenced(self, why: str) -> None:
-        """Peers may run this daemon's sessions now: stop ours, join again."""
+    def _fenced(self, why: str) -> bool:
+        """Peers may run this daemon's sessions now: stop running ours (the beat joins
+        again once the store answers). Returns True."""
         logger.error("cluster: %s is fenced (%s): it stops running its sessions", self.name,
                      why)
         try:
             self.on_fenced()
-            self.generation = self.registry.register(self.me)
-            for session_id in self.registry.placed_on(self.name):
-                self.carry_on(session_id)
-        except TrouperError as exc:
-            logger.error("cluster: joining again failed: %s", exc)
+        except Exception:  # noqa: BLE001 - the beat must go on, to join again
+            logger.exception("cluster: stopping the sessions failed")
+        return True
 
     # -- carrying a session on -------------------------------------------------------
 

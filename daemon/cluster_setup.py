@@ -110,15 +110,21 @@ def use_cluster_token(token_path: Any, member: Member) -> str:
 
 class Fencing:
     """A fenced daemon's way back: its actors stop (so nothing it ran goes on beside the
-    peers that took its sessions), and a fresh tree opens for what is placed on it now."""
+    peers that took its sessions), and once the store answers a fresh tree opens for what
+    is placed on it then. Meanwhile its routes answer that the daemon is closed."""
 
     def __init__(self, open_trouper: Callable[[], Trouper], service: Any, member: Member) -> None:
         self._open, self._service, self._member = open_trouper, service, member
+        member.on_fenced, member.on_rejoin = self.fence, self.reopen
 
-    def __call__(self) -> None:
-        old = self._service.trouper
+    def fence(self) -> None:
         with contextlib.suppress(TrouperError):
-            old.close(stop_sandboxes=False)
+            self._service.trouper.close(stop_sandboxes=False)
+
+    def reopen(self) -> None:
+        """A new tree, unless one is open (raises StoreError while the store is away)."""
+        if not self._service.trouper.closed:
+            return
         fresh = self._open()
         self._service.trouper = fresh
         self._member.restore = fresh.restore

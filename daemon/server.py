@@ -155,7 +155,7 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
             service.append(app.fastapi.state.service)
             if member is not None:
                 member.restore = trouper.restore
-                member.on_fenced = cluster_setup.Fencing(open_trouper, service[0], member)
+                cluster_setup.Fencing(open_trouper, service[0], member)
                 member.serve(service[0].handle_call)
             streams = app.fastapi.state.streams
             config = uvicorn.Config(app, log_config=None, lifespan="off",

@@ -243,3 +243,38 @@ def test_status_shows_the_cluster_and_the_store_holds_no_secret_in_clear(
     assert "cluster of 2 daemon(s); this one is d1" in shown.output
     rows = [line.split() for line in shown.output.splitlines() if " alive " in line]
     assert sorted(row[1] if row[0] == "*" else row[0] for row in rows) == ["d0", "d1"]
+
+
+def test_a_lone_daemon_cut_off_from_its_store_carries_its_sessions_on_once_it_is_back(
+        scripted, postgres_url, tmp_path):
+    import contextlib
+
+    import psycopg
+
+    from trouper.testing.postgres import database_role
+
+    store = open_store(postgres_url)
+    store.sessions()  # the schema is made: the daemon's own role may use its tables
+    store.close()
+    with contextlib.ExitStack() as ends:
+        url, role = ends.enter_context(contextlib.contextmanager(database_role)(postgres_url))
+        lone = TestDaemon(tmp_path / "h", env={
+            "TROUPER_STORE": url, "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "k")},
+            cluster=ClusterOptions(name="lone", heartbeat_s=HEARTBEAT_S, detect=False))
+        ends.callback(lone.close)
+        lone.start()
+        _, llm = scripted(slow_steps(16, delay_s=0.3))
+        sid = lone.client().start_session("count", llm=llm, max_iterations=100).id
+        wait_until(lambda: lone.client().session(sid).info().actions >= 3, 90, "3 actions")
+        log = lone.home.root / "logs" / "daemon.log"
+        with psycopg.connect(postgres_url, autocommit=True) as admin:  # the store goes away
+            admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                          " WHERE usename = %s", (role,))
+        wait_until(lambda: "is fenced (no heartbeat reached the store" in log.read_text(),
+                   60, "the daemon to stop its sessions by itself")
+        with psycopg.connect(postgres_url, autocommit=True) as admin:  # and comes back
+            admin.execute(f'ALTER ROLE "{role}" LOGIN')
+        assert lone.client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        one_outcome_each(stored(postgres_url, sid)[1])
+        assert stored(postgres_url, sid)[2] == "lone"
