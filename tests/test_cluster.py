@@ -278,3 +278,30 @@ def test_a_lone_daemon_cut_off_from_its_store_carries_its_sessions_on_once_it_is
         assert lone.client().session(sid).wait(timeout=120) == AgentState.FINISHED
         one_outcome_each(stored(postgres_url, sid)[1])
         assert stored(postgres_url, sid)[2] == "lone"
+
+
+def test_a_remote_sandbox_outlives_its_daemon_and_its_action_keeps_its_real_outcome(
+        cluster, scripted, postgres_url, remote_server, monkeypatch, tmp_path):
+    monkeypatch.delenv("TROUPER_RUNTIME_TOKEN", raising=False)
+    server = remote_server()
+    d = cluster(2)
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "touch started; sleep 3; echo one >> ledger.txt"}},
+        {"tool": "run", "args": {"command": "cat ledger.txt"}},
+        FINISH,
+    ])
+    sid = d[0].client().start_session("t", llm=llm, runtime=server.runtime(),
+                                      workspace=str(tmp_path / "unused")).id
+    host = stored(postgres_url, sid)[2]
+    victim, peer = (d[0], "d1") if host == "d0" else (d[1], "d0")
+    workspace = server.workspace(sid)
+    wait_until(lambda: (workspace / "started").exists(), 60, "the slow command to start")
+    victim.kill()  # mid-command: the command goes on in the runtime server
+    survivor = d[int(peer[1:])]
+    assert survivor.client().session(sid).wait(timeout=120) == AgentState.FINISHED
+    record, log, daemon = stored(postgres_url, sid)
+    assert daemon == peer
+    one_outcome_each(log)
+    first = [e for e in log if isinstance(e, ObservationEvent)][0].outcome
+    assert (first.status, first.exit_code) == ("ok", 0)  # resolved from the journal
+    assert (workspace / "ledger.txt").read_text() == "one\n"  # run once, not again
