@@ -350,6 +350,12 @@ def _daemon_lines(r: dict[str, Any]) -> list[str]:
     return lines(r)
 
 
+def _cluster_lines(r: dict[str, Any]) -> list[str]:
+    from cluster_failover import lines
+
+    return lines(r)
+
+
 def render(results: dict[str, Any]) -> str:
     m = results["machine"]
     oh = results["openhands_env"]
@@ -388,6 +394,7 @@ def render(results: dict[str, Any]) -> str:
         ("remote_runtime", _remote_lines),
         ("daemon", _daemon_lines),
         ("idle", _idle_lines),
+        ("cluster", _cluster_lines),
     ]
     for name, render_section in sections:
         if name in w and "error" not in w[name]:

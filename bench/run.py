@@ -10,7 +10,9 @@ OpenHands SDK), ``start`` (start_session to the first model request), ``concurre
 latency on SQLite and PostgreSQL: bench/store_latency.py), ``daemon`` (events to a
 streaming client, SIGKILL to the next step: bench/daemon_bench.py), ``docker`` (the Docker
 runtime next to the local one; skipped without an engine), ``idle`` (the CPU of sessions
-that wait for the user or have finished: bench/idle.py). Every workload uses
+that wait for the user or have finished: bench/idle.py), ``cluster`` (three daemons on one
+PostgreSQL store, one SIGKILLed: the time until its sessions run on the others; and a
+session's step on PostgreSQL beside SQLite: bench/cluster_failover.py). Every workload uses
 the same scripted ``FakeLLMServer`` over HTTP on loopback. Results go to
 ``bench/results/bench-<time>.json`` and ``bench/results/latest.json``; their ``targets``
 are the bench's goals with the run's values, and their ``tree_goals`` the goals of the
@@ -36,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cluster_failover  # noqa: E402
 import concurrency  # noqa: E402
 import daemon_bench  # noqa: E402
 import docker_runtime  # noqa: E402
@@ -52,7 +55,7 @@ from report import render  # noqa: E402
 from targets import targets, tree_goals  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
-             "daemon", "idle")
+             "daemon", "idle", "cluster")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="model latency for the concurrency workload (default 50)",
     )
     parser.add_argument("--trials", type=int, help="recovery trials per killed role")
+    parser.add_argument("--cluster-reps", type=int,
+                        help="SIGKILLs of a daemon per heartbeat (cluster; default 5, quick 2)")
     parser.add_argument("--idle-sessions", type=int, help="sessions of the idle workload")
     parser.add_argument("--idle-window-s", type=float, help="the idle workload's window")
     parser.add_argument(
@@ -112,9 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--postgres-url",
-        help="a PostgreSQL server for the eventlog workload's store backends (a user that "
-        "may CREATE DATABASE; default TROUPER_TEST_POSTGRES_URL, else a throwaway cluster "
-        "from scripts/postgres when its binaries are installed, never in --quick)",
+        help="a PostgreSQL server for the eventlog workload's store backends and the cluster "
+        "workload (a user that may CREATE DATABASE; default TROUPER_TEST_POSTGRES_URL, else, "
+        "for eventlog only, a throwaway cluster from scripts/postgres when its binaries are "
+        "installed, never in --quick)",
     )
     parser.add_argument("--out", type=Path, help="where to write the JSON (default: results/)")
     args = parser.parse_args(argv)
@@ -152,6 +158,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         # quick: a loaded machine (the suite) may never let the trouper look quiet
         "idle_quiet_max_s": 1.0 if quick else idle.QUIET_MAX_S,
         "mem_floor_mb": args.mem_floor_mb,
+        "cluster_reps": args.cluster_reps or (2 if quick else 5),
+        "cluster_step_k": 3 if quick else 20,
+        "cluster_step_rounds": 1 if quick else 3,
     }
 
 
@@ -203,6 +212,13 @@ def run_workloads(
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
         "remote": ("remote_runtime", lambda: remote_runtime.run(workdir=workdir, **cfg["remote"])),
         "daemon": ("daemon", lambda: daemon_bench.run(cfg["daemon_quick"])),
+        "cluster": (
+            "cluster",
+            lambda: cluster_failover.run(
+                cfg["cluster_reps"], workdir, args.postgres_url, cfg["cluster_step_k"],
+                cfg["cluster_step_rounds"],
+            ),
+        ),
         "eventlog": (
             "event_log",
             lambda: event_log.run(

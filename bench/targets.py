@@ -30,10 +30,12 @@ TARGETS: dict[str, tuple[str, float]] = {
     "RuntimeProxy kill -> RUNNING, median ms": ("<=", 50.0),
     "README's first command on a fresh machine, s": ("<=", 45.0),
     "PostgreSQL append median, 1 event, loopback, ms": ("<=", 2.0),
+    "cluster failover, default heartbeat, median s": ("<=", 5.0),
+    "cluster failover, 0.5 s heartbeat, median s": ("<=", 2.0),
     "openhands / trouper per step, K=200": (">=", 3.0),
     "openhands (subprocess terminal) / trouper per step, K=200": (">=", 3.0),
 }
-"""Name -> (comparison, limit). The first thirteen are bench/README.md's goal table, in order."""
+"""Name -> (comparison, limit). The first fifteen are bench/README.md's goal table, in order."""
 INSTALL = "README's first command on a fresh machine, s"
 """Timed outside the bench (a fresh machine): given to ``run.py --install-s``."""
 
@@ -93,6 +95,16 @@ def _postgres_append_ms(w: Workloads) -> float | None:
     return value
 
 
+def _failover_s(heartbeat: str) -> Callable[[Workloads], float | None]:
+    """The cluster workload's median failover at that heartbeat (None if skipped)."""
+    def value(w: Workloads) -> float | None:
+        by = w.get("cluster", {}).get("by_heartbeat", {}).get(heartbeat, {})
+        median_s: float | None = by.get("median_s")
+        return median_s
+
+    return value
+
+
 VALUES: dict[str, Callable[[Workloads], float | None]] = {
     "trouper / bare loop per step, K=200": _ratio("trouper/bare", 200),
     "trouper / bare loop per step, K=20": _ratio("trouper/bare", 20),
@@ -108,6 +120,8 @@ VALUES: dict[str, Callable[[Workloads], float | None]] = {
     "RuntimeProxy kill -> RUNNING, median ms": lambda w: w.get("recovery", {})
     .get("by_role", {}).get("runtime", {}).get("median_running_ms"),
     "PostgreSQL append median, 1 event, loopback, ms": _postgres_append_ms,
+    "cluster failover, default heartbeat, median s": _failover_s("1"),
+    "cluster failover, 0.5 s heartbeat, median s": _failover_s("0.5"),
     "openhands / trouper per step, K=200": _ratio("openhands/trouper", 200),
     "openhands (subprocess terminal) / trouper per step, K=200": _ratio(
         "openhands-subprocess/trouper", 200),

@@ -18,7 +18,10 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 
 GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog,idle", "docker,remote"]
-"""Every workload, in three runs the suite's workers share (all in one run: ~22 s alone)."""
+"""Every workload, in three runs the suite's workers share (all in one run: ~22 s alone),
+but those that need a server the suite may lack (``ON_THEIR_OWN``)."""
+ON_THEIR_OWN = ["cluster"]
+"""Run by a test of their own, skipped without PostgreSQL."""
 
 
 def test_the_groups_cover_every_workload():
@@ -28,16 +31,20 @@ def test_the_groups_cover_every_workload():
     workloads = next(ast.literal_eval(node.value) for node in tree.body
                      if isinstance(node, ast.Assign)
                      and getattr(node.targets[0], "id", "") == "WORKLOADS")
-    assert sorted(",".join(GROUPS).split(",")) == sorted(workloads)
+    assert sorted(",".join(GROUPS + ON_THEIR_OWN).split(",")) == sorted(workloads)
+
+
+def quick_bench(out: Path, only: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return forkserver.run(  # forked: the bench's own trouper imports are paid once
+        [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--only", only,
+         "--out", str(out), *extra],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("only", GROUPS)
 def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
     out = tmp_path / "bench.json"
-    result = forkserver.run(  # forked: the bench's own trouper imports are paid once
-        [sys.executable, str(BENCH), "--quick", "--openhands", "skip", "--only", only,
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    result = quick_bench(out, only)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["leftover_sandbox_pids"] == []
@@ -58,3 +65,30 @@ def test_quick_bench_runs_and_leaves_nothing_behind(tmp_path, only):
             assert set(postgres) == set(backends["sqlite"]), postgres
         else:
             assert postgres["skipped"].startswith("no PostgreSQL ("), postgres
+
+
+def test_quick_cluster_bench_kills_a_daemon_at_each_heartbeat_and_compares_the_stores(
+        tmp_path, postgres_server):
+    """The cluster workload in its quick form: two SIGKILLs of a daemon per heartbeat, and
+    a session's steps on each store; what it reports, never how fast."""
+    out = tmp_path / "bench.json"
+    result = quick_bench(out, "cluster", "--postgres-url", postgres_server)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["leftover_sandbox_pids"] == []
+    cluster = figures["workloads"]["cluster"]
+    assert "error" not in cluster and "skipped" not in cluster, cluster
+    assert set(cluster["by_heartbeat"]) == {"1", "0.5"}
+    for by in cluster["by_heartbeat"].values():
+        assert len(by["trials"]) == by["repetitions"] == 2
+        for trial in by["trials"]:  # each kill moved the victim's sessions to its peers
+            assert trial.get("error") is None, trial
+            assert trial["sessions_moved"] >= 1
+            assert trial["victim"] not in trial["adopted_by"].values()
+    steps = cluster["step_by_store"]
+    assert steps["sqlite"]["ok_runs"] == steps["postgresql"]["ok_runs"] == 1, steps
+    targets = figures["targets"]
+    for row in ("cluster failover, default heartbeat, median s",
+                "cluster failover, 0.5 s heartbeat, median s"):
+        assert set(targets[row]) == {"target", "value", "met"}
+        assert targets[row]["value"] is not None
