@@ -48,6 +48,10 @@ class SessionView:
     actions: int = 0
     approved: set[str] = field(default_factory=set)
     """Actions the user approved (confirmation mode) that have no outcome yet."""
+    before_store_fault: tuple[AgentState, str, datetime | None] | None = None
+    """Where the session was before the store-fault records that end its log (a shared
+    store may keep a record whose writer heard a failure, and the fault is then recorded
+    again); None when its last state change is not a store fault."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> SessionView:
@@ -90,6 +94,10 @@ class SessionView:
             self.approved.add(event.action_id)
 
     def _apply_state(self, event: StateChanged) -> None:
+        if event.cause != Why.STORE_FAULT:
+            self.before_store_fault = None
+        elif self.before_store_fault is None:
+            self.before_store_fault = (self.state, self.reason, self.resumes_at)
         self.state = event.state
         self.reason = event.reason
         self.resumes_at = event.resumes_at

@@ -108,7 +108,8 @@ class SessionCore(UserCommands):
         ran ahead of it when the write failed); ``store_back`` follows the record."""
         with self._step(now):
             view = self.view
-            self.interrupted = (view.state, view.reason, view.resumes_at)
+            self.interrupted = view.before_store_fault or (view.state, view.reason,
+                                                           view.resumes_at)
             self._move(Why.STORE_FAULT, f"{cause}; nothing could be recorded from "
                        f"{since:%H:%M:%S} UTC until now", resumes_at=now)
         return self._take()

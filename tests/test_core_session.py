@@ -544,6 +544,26 @@ def test_back_from_a_store_fault_a_session_returns_where_it_was():
     only(effects, AskModel)
 
 
+def test_back_from_a_store_fault_whose_records_the_store_kept_unacknowledged():
+    """On a shared store a record can be written while its writer hears an error (the
+    answer to the commit was lost): the probe then records the fault again. Back from
+    it, the session returns to where it was before the first record, not to ERROR."""
+    core, clock, _ = running()
+    log = _log_of(core)
+    for _ in range(2):  # two fault records the store kept, each heard as a failure
+        fresh, _ = make()
+        fresh.restore(log)
+        log += appended(fresh.store_fault("the server does not answer", clock.now,
+                                          clock.tick()))
+    fresh, _ = make()
+    fresh.restore(log)
+    fresh.runtime_ready = True
+    fresh.store_fault("the server does not answer", clock.now, clock.tick())
+    effects = fresh.store_back(clock.tick())
+    assert fresh.view.state == S.RUNNING and "store" in fresh.view.reason
+    only(effects, AskModel)
+
+
 def test_inputs_the_core_has_no_use_for_change_nothing():
     core, clock, _ = running()
     before = (core.view.last_seq, core.view.state)
