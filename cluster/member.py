@@ -36,7 +36,7 @@ from ..store import open_store
 from ..store.postgres import PostgresEventStore
 from .calls import Calls, CallTaker, Handler
 from .key import ClusterKey
-from .registry import DRAINING, GONE, STOPPED, DaemonRecord, Me, Registry
+from .registry import ALIVE, DRAINING, GONE, STOPPED, DaemonRecord, Me, Registry
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,8 @@ class Member:
         """Makes ready to run sessions again after ``on_fenced`` (set by the daemon);
         a StoreError it raises is tried again at the next beat."""
         self._stop = threading.Event()
+        self._serving = threading.Event()
+        """Set once the daemon runs sessions: until then the beat only says it lives."""
         self._beat: threading.Thread | None = None
         self._taker: CallTaker | None = None
 
@@ -101,6 +103,11 @@ class Member:
         self.generation = self.registry.register(self.me)
         logger.info("cluster: joined as %s (generation %d), capabilities %s", self.name,
                     self.generation, ", ".join(self.me.capabilities))
+        # beating from now on: a daemon whose actor system takes seconds to open must not
+        # be declared dead meanwhile (it takes no session over before ``serve``)
+        self._beat = threading.Thread(target=self._beating, name="cluster-heartbeat",
+                                      daemon=True)
+        self._beat.start()
 
     def serve(self, handler: Handler) -> None:
         """Carry on the sessions placed here, then beat and take calls until ``leave``."""
@@ -108,9 +115,8 @@ class Member:
         self._taker.start()
         for session_id in self.registry.placed_on(self.name):
             self.carry_on(session_id)
-        self._beat = threading.Thread(target=self._beating, name="cluster-heartbeat",
-                                      daemon=True)
-        self._beat.start()
+        self.registry.set_state(self.name, self.generation, ALIVE)
+        self._serving.set()
 
     def drain(self, stop_actors: Callable[[], None]) -> dict[str, str]:
         """Hand every working session to a live peer: no new session comes here, the
@@ -119,7 +125,7 @@ class Member:
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=10)
-        self.registry.end(self.name, self.generation, DRAINING, "draining: SIGTERM")
+        self.registry.set_state(self.name, self.generation, DRAINING, "draining: SIGTERM")
         if self._taker is not None:
             self._taker.stop()
         stop_actors()
@@ -127,12 +133,14 @@ class Member:
         for session_id, peer in moved.items():  # each peer carries its share on at once
             self.calls.post(peer, session_id, {"kind": "carry_on", "session_id": session_id,
                                                "reply": False})
-        self.registry.end(self.name, self.generation, STOPPED, "stopped")
+        self.registry.set_state(self.name, self.generation, STOPPED, "stopped")
         logger.info("cluster: %s stopped; %d sessions handed over", self.name, len(moved))
         return moved
 
     def close(self) -> None:
         self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=10)
         if self._taker is not None:
             self._taker.stop()
         self.store.close()
@@ -200,15 +208,20 @@ class Member:
                 if rejoin:  # fenced before: join as a new generation, carry on what is ours
                     self.on_rejoin()
                     self.generation = self.registry.register(self.me)
+                    if self._serving.is_set():
+                        self.registry.set_state(self.name, self.generation, ALIVE)
                     rejoin = False
                     logger.info("cluster: %s joined again (generation %d)", self.name,
                                 self.generation)
                     for session_id in self.registry.placed_on(self.name):
                         self.carry_on(session_id)
+                    last_ok = time.monotonic()
                 elif not self.registry.heartbeat(self.name, self.generation):
                     rejoin = self._fenced("the cluster declared it dead")
                     continue
                 last_ok = time.monotonic()
+                if not self._serving.is_set():
+                    continue
                 for name in self.registry.declare_dead():
                     logger.warning("cluster: daemon %s is dead (its heartbeat lapsed)", name)
                 for session_id in self.registry.adopt(self.name, self.me.capabilities):

@@ -7,7 +7,8 @@ still agree on whose heartbeat lapsed.
 
 A daemon's row: its ``name`` (unique in the cluster), ``generation`` (one more at every
 start: the fence), ``state`` (``alive``, ``draining`` while it hands its sessions over,
-``stopped`` once it has, ``dead`` when its heartbeat lapsed), its address, its
+``stopped`` once it has, ``dead`` when its heartbeat lapsed; ``starting`` until its
+actor system is open: it beats, but no session is placed on it yet), its address, its
 capabilities (``local``, ``docker``, ``label:gpu=a100``...) and its heartbeat. A session's
 ``daemon`` column names the daemon that runs it; ``needs`` lists what a daemon must have
 to run it.
@@ -30,7 +31,7 @@ from ..messages.events import AgentState
 from ..store.postgres import PostgresEventStore
 from .key import ClusterKey
 
-ALIVE, DRAINING, STOPPED, DEAD = "alive", "draining", "stopped", "dead"
+STARTING, ALIVE, DRAINING, STOPPED, DEAD = "starting", "alive", "draining", "stopped", "dead"
 GONE = (STOPPED, DEAD)
 """A daemon in these states runs nothing: its sessions are for the others to take."""
 SETTLED_FOR_GOOD = (AgentState.FINISHED.value, AgentState.STOPPED.value)
@@ -134,7 +135,7 @@ class Registry:
                 " dead_after_s FROM daemons WHERE name = %s FOR UPDATE", (me.name,)).fetchone()
             if row is not None:
                 state, host, home, age, dead_after = row
-                if state in (ALIVE, DRAINING) and age < dead_after and \
+                if state in (STARTING, ALIVE, DRAINING) and age < dead_after and \
                         (host, home) != (me.host, me.home):
                     raise ConfigError(
                         f"a daemon named {me.name!r} runs on {host} ({home}), its heartbeat "
@@ -144,9 +145,9 @@ class Registry:
             got = conn.execute(
                 "INSERT INTO daemons (name, generation, state, url, host, home, pid,"
                 " capabilities, heartbeat_s, dead_after_s, started_at, heartbeat_at)"
-                " VALUES (%s, 1, 'alive', %s, %s, %s, %s, %s, %s, %s, now(), now())"
+                " VALUES (%s, 1, 'starting', %s, %s, %s, %s, %s, %s, %s, now(), now())"
                 " ON CONFLICT (name) DO UPDATE SET generation = daemons.generation + 1,"
-                " state = 'alive', url = excluded.url, host = excluded.host,"
+                " state = 'starting', url = excluded.url, host = excluded.host,"
                 " home = excluded.home, pid = excluded.pid,"
                 " capabilities = excluded.capabilities, heartbeat_s = excluded.heartbeat_s,"
                 " dead_after_s = excluded.dead_after_s, started_at = now(),"
@@ -161,7 +162,8 @@ class Registry:
         with self._tx("beat in") as conn:
             row = conn.execute(
                 "UPDATE daemons SET heartbeat_at = now() WHERE name = %s AND generation = %s"
-                " AND state IN ('alive', 'draining') RETURNING 1", (name, generation)
+                " AND state IN ('starting', 'alive', 'draining') RETURNING 1",
+                (name, generation)
             ).fetchone()
         return row is not None
 
@@ -170,15 +172,16 @@ class Registry:
         with self._tx("find lapsed daemons in") as conn:
             rows = conn.execute(
                 "UPDATE daemons SET state = 'dead', ended_at = now(),"
-                " end_reason = 'its heartbeat lapsed' WHERE state IN ('alive', 'draining')"
+                " end_reason = 'its heartbeat lapsed'"
+                " WHERE state IN ('starting', 'alive', 'draining')"
                 " AND heartbeat_at < now() - dead_after_s * interval '1 second'"
                 " RETURNING name").fetchall()
         return [r[0] for r in rows]
 
-    def end(self, name: str, generation: int, state: str, reason: str) -> None:
-        """This start of ``name`` ends: ``draining`` (no more sessions placed on it) or
-        ``stopped``."""
-        with self._tx("end a daemon in") as conn:
+    def set_state(self, name: str, generation: int, state: str, reason: str = "") -> None:
+        """This start of ``name`` is ``alive`` (it serves), ``draining`` (no more sessions
+        placed on it) or ``stopped``."""
+        with self._tx("set a daemon's state in") as conn:
             conn.execute("UPDATE daemons SET state = %s, end_reason = %s,"
                          " ended_at = CASE WHEN %s = 'stopped' THEN now() END"
                          " WHERE name = %s AND generation = %s",
