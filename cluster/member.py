@@ -175,13 +175,13 @@ class Member:
 
     def route(self, session_id: str) -> str | None:
         """Where a call about this session is carried out: None for here (a session of
-        this daemon, one of a gone daemon taken over now, or one no daemon ever ran), or
-        the name of the live daemon that runs it. Raises ConfigError when its daemon is
-        gone and this one cannot run it."""
+        this daemon, or one taken over now: its daemon is gone, or no daemon ever ran it),
+        or the name of the live daemon that runs it. Raises ConfigError when its daemon
+        is gone and this one cannot run it."""
         daemon, state, needs = self.registry.placement(session_id)
-        if daemon is None or daemon == self.name:
+        if daemon == self.name:
             return None
-        if state not in GONE:
+        if daemon is not None and state not in GONE:
             return daemon
         if self.registry.take(session_id, self.name, self.me.capabilities):
             logger.info("cluster: took session %s over from %s (%s)", session_id, daemon,

@@ -227,12 +227,13 @@ class Registry:
         return row[0], row[1], tuple(row[2] or ())
 
     def take(self, session_id: str, me: str, capabilities: Sequence[str]) -> bool:
-        """Move the session to ``me`` when the daemon it is on is gone and ``me`` has what
+        """Move the session to ``me`` when the daemon it is on is gone (or it was never on
+        one: an embedded program's, now commanded through the cluster) and ``me`` has what
         it needs; True when it is ``me``'s now (or was already)."""
         with self._tx("take a session in") as conn:
             row = conn.execute(
                 "UPDATE sessions s SET daemon = %s WHERE s.id = %s AND s.needs <@ %s::text[]"
-                " AND (s.daemon = %s OR EXISTS (SELECT 1 FROM daemons d"
+                " AND (s.daemon = %s OR s.daemon IS NULL OR EXISTS (SELECT 1 FROM daemons d"
                 " WHERE d.name = s.daemon AND d.state IN ('stopped', 'dead')))"
                 " RETURNING 1", (me, session_id, list(capabilities), me)).fetchone()
             if row is not None:

@@ -134,16 +134,22 @@ class Service:
         digest = self._digest({**fields, **({"labels": labels} if labels else {})})
         options = {k: v for k, v in fields.items()
                    if k not in ("id", "task", "llm", "runtime", "workspace", "secrets")}
-        if body.id is not None:
-            self._labels[body.id] = labels
+        if labels and self.member is None:
+            raise ConfigError("labels: only a daemon of a cluster places sessions by label "
+                              "(docs/cluster.md)", field="labels")
         with self._creating:
             if body.id is not None and self._exists(body.id):
                 if self.store.get_meta(body.id, REQUEST_META) != digest:
                     raise Conflict(f"session {body.id!r} exists, made by another request")
                 return self.detail(body.id), False
-            session = self.trouper.start_session(
-                body.task, llm=body.llm, runtime=body.runtime, workspace=body.workspace,
-                secrets=body.secrets, session_id=body.id, **options)
+            if body.id is not None:
+                self._labels[body.id] = labels  # for ``placed``, told during the start
+            try:
+                session = self.trouper.start_session(
+                    body.task, llm=body.llm, runtime=body.runtime, workspace=body.workspace,
+                    secrets=body.secrets, session_id=body.id, **options)
+            finally:
+                self._labels.pop(body.id or "", None)
             self.store.put_meta(session.id, REQUEST_META, digest)
         with self._known_lock:
             self._known.add(session.id)  # start_session taught this process its secrets
@@ -155,7 +161,7 @@ class Service:
             from ..cluster.member import runtime_needs
 
             self.member.placed(session_id, runtime_needs(config.runtime.kind,
-                                                         self._labels.pop(session_id, [])))
+                                                         self._labels.get(session_id, [])))
 
     def handle_call(self, body: dict[str, Any]) -> Any:
         """A call from another daemon of the cluster (``cluster/calls.py``)."""

@@ -39,9 +39,10 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Callable[..., list[Te
     env = {"TROUPER_STORE": postgres_url,
            "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "cluster.key")}
 
-    def start(n: int, docker_on: tuple[int, ...] = ()) -> list[TestDaemon]:
+    def start(n: int, docker_on: tuple[int, ...] = (),
+              heartbeat_s: float = HEARTBEAT_S) -> list[TestDaemon]:
         for i in range(n):
-            options = ClusterOptions(name=f"d{i}", heartbeat_s=HEARTBEAT_S, detect=False,
+            options = ClusterOptions(name=f"d{i}", heartbeat_s=heartbeat_s, detect=False,
                                      capabilities=("docker",) if i in docker_on else ())
             daemon = TestDaemon(tmp_path / f"h{i}", env=env, cluster=options)
             daemons.append(daemon)
@@ -305,3 +306,30 @@ def test_a_remote_sandbox_outlives_its_daemon_and_its_action_keeps_its_real_outc
     first = [e for e in log if isinstance(e, ObservationEvent)][0].outcome
     assert (first.status, first.exit_code) == ("ok", 0)  # resolved from the journal
     assert (workspace / "ledger.txt").read_text() == "one\n"  # run once, not again
+
+
+def test_a_session_whose_workspace_stayed_with_its_dead_daemon_is_an_error_saying_so(
+        cluster, scripted, postgres_url, tmp_path):
+    d = cluster(2, heartbeat_s=2.0)  # dead after 6 s: time to take the workspace away
+    _, waiting = scripted([{"say": "What next?"}])
+    d[0].client().start_session("wait", llm=waiting, session_id="busy")  # d0 the busier
+    wait_until(lambda: stored(postgres_url, "busy")[2] == "d0", 30, "d0's session")
+    _, llm = scripted(slow_steps(12, delay_s=0.3))
+    workspace = tmp_path / "on-d1"
+    workspace.mkdir()
+    sid = d[1].client().start_session("count", llm=llm, workspace=str(workspace),
+                                      max_iterations=100).id
+    assert stored(postgres_url, sid)[2] == "d1"
+    wait_until(lambda: d[1].client().session(sid).info().actions >= 2, 90, "2 actions")
+    d[1].kill()
+    away = workspace.rename(tmp_path / "elsewhere")  # the disk went with its host
+    wait_until(lambda: stored(postgres_url, sid)[0].state == AgentState.ERROR, 60,
+               "the session in ERROR")
+    record, _, daemon = stored(postgres_url, sid)
+    assert daemon == "d0"
+    assert f"workspace {workspace} is not reachable from daemon d0" in record.state_reason
+    assert not workspace.exists()  # no empty folder made in its place
+    away.rename(workspace)  # shared again: a resume carries it on
+    d[0].client().session(sid).resume()
+    assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+    one_outcome_each(stored(postgres_url, sid)[1])

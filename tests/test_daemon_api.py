@@ -358,3 +358,15 @@ def test_the_list_gives_cost_and_steps_only_when_asked_for_usage(daemon, scripte
     info = session.info()
     assert (row["cost_usd"], row["iterations"]) == (info.cost_usd, info.iterations) \
         and info.iterations == 2
+
+
+def test_a_daemon_on_its_own_store_says_it_is_in_no_cluster_and_refuses_labels(
+        daemon, scripted):
+    assert daemon.http().get("/v1/cluster").json() == {"cluster": False, "me": None,
+                                                       "daemons": []}
+    _, llm = scripted([FINISH])
+    refused = daemon.http().post("/v1/sessions", json={"task": "t", "llm": llm,
+                                                       "labels": ["gpu=a100"]})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["field"] == "labels"
+    assert "only a daemon of a cluster" in refused.json()["error"]["message"]
