@@ -12,8 +12,11 @@ process is named by its pid and start time, so a recycled pid is never taken for
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,7 +39,7 @@ from trouper.host.processes import (
     stat_fields,
 )
 from trouper.testing import wait_until
-from trouper.testing.cgroups import new_cgroup, remove_cgroup
+from trouper.testing.cgroups import join_cgroup, new_cgroup, remove_cgroup
 from trouper.testing.daemon import TestDaemon
 
 from accel import forkserver
@@ -70,16 +73,20 @@ Process = tuple[int, int]
 """A process for good: (pid, start time)."""
 
 
-def _starter(cgroup: Path | None, crash_hook: bool, started: list[Any]) -> Callable[..., Any]:
-    """``TestDaemon``'s ``popen``: the suite's fork server's, in ``cgroup``, keeping the
-    process object (for its exit status); with ``crash_hook``, the command above."""
+def _starter(cgroup: Path | None, crash_hook: bool, started: list[Any], forked: bool = True
+             ) -> Callable[..., Any]:
+    """``TestDaemon``'s ``popen``: the suite's fork server's (``forked``, else a process
+    started afresh), in ``cgroup``, keeping the process object (for its exit status); with
+    ``crash_hook``, the command above."""
     def popen(args: list[str], **kwargs: Any) -> Any:
         if crash_hook:
             assert args[1:3] == ["-m", "trouper"], args
             args = [args[0], "-c", CRASH_ON_SIGUSR1, *args[3:]]
-        if cgroup is not None:
-            kwargs["cgroup"] = str(cgroup)
-        proc = forkserver.Popen(args, **kwargs)
+        if forked:
+            proc = forkserver.Popen(args, cgroup=cgroup, **kwargs)
+        else:
+            join = functools.partial(join_cgroup, cgroup) if cgroup is not None else None
+            proc = subprocess.Popen(args, preexec_fn=join, **kwargs)  # noqa: PLW1509
         started.append(proc)
         return proc
 
@@ -148,21 +155,23 @@ def _members(cgroup: Path | None) -> list[int]:
 
 
 @contextlib.contextmanager
-def _daemon(tmp_path: Path, crash_hook: bool
-            ) -> Iterator[tuple[TestDaemon, Any, Path | None, dict[Process, str]]]:
-    """A started daemon (in a cgroup of its own where one can be made), its process object,
-    its cgroup and the processes the test records of it; at the end, everything it
-    started is gone, whatever the test did."""
+def _daemon(tmp_path: Path, crash_hook: bool, start: bool = True, forked: bool = True
+            ) -> Iterator[tuple[TestDaemon, list[Any], Path | None, dict[Process, str]]]:
+    """A daemon (in a cgroup of its own where one can be made), started unless ``start``
+    is False (``forked`` from the suite's fork server, else afresh), the list its process
+    object goes in, its cgroup and the processes the test
+    records of it; at the end, everything it started is gone, whatever the test did."""
     cgroup = new_cgroup(f"trouper-test-ends-{uuid.uuid4().hex[:12]}")
     started: list[Any] = []
     env = {"TROUPER_SANDBOX_IDLE_TIMEOUT_S": str(IDLE_S),
            "TROUPER_SANDBOX_WATCHED_HEALTH_EVERY_S": str(IDLE_S / 4)}
     daemon = TestDaemon(tmp_path / "home", env=env,
-                        popen=_starter(cgroup, crash_hook, started))
+                        popen=_starter(cgroup, crash_hook, started, forked))
     seen: dict[Process, str] = {}
     try:
-        daemon.start()
-        yield daemon, started[0], cgroup, seen
+        if start:
+            daemon.start()
+        yield daemon, started, cgroup, seen
     finally:
         with contextlib.suppress(Exception):
             if started and started[0].poll() is None:
@@ -218,7 +227,8 @@ ENDINGS: dict[str, tuple[Callable[[Any], None], int]] = {
 @pytest.mark.parametrize("ending", list(ENDINGS))
 def test_no_process_of_a_daemon_outlives_it_but_its_sandboxes(tmp_path: Path, scripted: Any,
                                                                ending: str) -> None:
-    with _daemon(tmp_path, crash_hook=ending == "os_exit") as (daemon, proc, cgroup, seen):
+    with _daemon(tmp_path, crash_hook=ending == "os_exit") as (daemon, procs, cgroup, seen):
+        proc = procs[0]
         _session_at_work(daemon, scripted)
         tree = wait_until(lambda: (t := _tree(proc.pid, daemon.home, cgroup)) and
                           _sleeping(t) and t, 60, "the sandbox's command in the tree")
@@ -243,3 +253,64 @@ def test_no_process_of_a_daemon_outlives_it_but_its_sandboxes(tmp_path: Path, sc
         except TimeoutError as exc:
             raise AssertionError(f"{exc}; still there: {_left(tree, set(), cgroup)}") from None
 
+
+
+@pytest.mark.parametrize("role", ["controller", "runtime", "session"])
+def test_a_stopped_daemon_leaves_no_actor_it_found_hung(tmp_path: Path, scripted: Any,
+                                                      role: str) -> None:
+    """SIGTERM while one of a session's actors hangs (SIGSTOPped): it cannot take part in
+    the graceful close, and still does not outlive the daemon."""
+    with _daemon(tmp_path, crash_hook=False) as (daemon, procs, cgroup, seen):
+        proc = procs[0]
+        sid = _session_at_work(daemon, scripted)
+        tree = wait_until(lambda: (t := _tree(proc.pid, daemon.home, cgroup)) and
+                          _sleeping(t) and t, 60, "the sandbox's command in the tree")
+        seen.update(tree)
+        allowed = _allowed(tree)
+        hung = published_pid(daemon.home.actor_pid_path(role, sid))
+        assert hung is not None
+        os.kill(hung, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(120) == 0
+        try:
+            wait_until(lambda: not _left(tree, allowed, cgroup), DEADLINE_S,
+                       f"the daemon's processes to end, its {role} hung")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; still there: {_left(tree, set(), cgroup)}") from None
+
+
+@pytest.mark.parametrize("stage", ["admin", "root", "broker"])
+def test_a_daemon_killed_while_starting_leaves_no_process(tmp_path: Path, stage: str) -> None:
+    """SIGKILL as soon as its actor system's ``stage`` has published its pid, before the
+    daemon answers: nothing of it stays."""
+    # started afresh: the suite's fork server stopped forking after one daemon it forked
+    # was killed this early (a matter of the test harness, not of trouper)
+    with _daemon(tmp_path, crash_hook=False, start=False, forked=False
+                 ) as (daemon, procs, cgroup, seen):
+        starting = threading.Thread(target=_start_quietly, args=(daemon,), daemon=True)
+        starting.start()
+        published = daemon.home.actor_pid_path(stage)
+        try:
+            pid = wait_until(lambda: procs and published_pid(published), 120,
+                             f"the starting daemon's {stage}")
+        except TimeoutError as exc:
+            log = daemon.files.log.read_text() if daemon.files.log.exists() else ""
+            status = procs[0].poll() if procs else "not started"
+            raise AssertionError(f"{exc} (daemon: {status}); its log: {log[-2000:]}") from None
+        tree = _tree(procs[0].pid, daemon.home, cgroup)
+        seen.update(tree)
+        assert process_name(pid) in set(tree.values())
+        os.kill(procs[0].pid, signal.SIGKILL)
+        assert procs[0].wait(60) == -signal.SIGKILL
+        starting.join(150)
+        try:
+            wait_until(lambda: not _left(tree, set(), cgroup), DEADLINE_S,
+                       f"the daemon's processes to end after a SIGKILL at its {stage}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; still there: {_left(tree, set(), cgroup)}") from None
+
+
+def _start_quietly(daemon: TestDaemon) -> None:
+    """``daemon.start()``, which the test makes fail by killing the daemon."""
+    with contextlib.suppress(Exception):
+        daemon.start()
