@@ -24,19 +24,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
-from ..config.models import SessionConfig
-from ..core.states import Why
 from ..exceptions import ConfigError, StoreError, TrouperError
 from ..home.paths import Home, private_dir, write_private
-from ..messages.events import AgentState, StateChanged
 from ..store import open_store
 from ..store.postgres import PostgresEventStore
 from .calls import Calls, CallTaker, Handler
 from .key import ClusterKey
 from .registry import ALIVE, DRAINING, GONE, STOPPED, DaemonRecord, Me, Registry
+from .takeover import (
+    journal_is_elsewhere,
+    record_unreachable,
+    settle_lost,
+    unreachable_workspace,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class Member:
         moved = self.registry.hand_over(self.name)
         for session_id, peer in moved.items():  # each peer carries its share on at once
             self.calls.post(peer, session_id, {"kind": "carry_on", "session_id": session_id,
+                                               "left_on": str(self.home.root),
                                                "reply": False})
         self.registry.set_state(self.name, self.generation, STOPPED, "stopped")
         logger.info("cluster: %s stopped; %d sessions handed over", self.name, len(moved))
@@ -183,10 +185,11 @@ class Member:
             return None
         if daemon is not None and state not in GONE:
             return daemon
-        if self.registry.take(session_id, self.name, self.me.capabilities):
+        left_on = self.registry.take(session_id, self.name, self.me.capabilities)
+        if left_on is not None:
             logger.info("cluster: took session %s over from %s (%s)", session_id, daemon,
                         state)
-            self._bring_secrets(session_id)
+            self._arrive(session_id, left_on)
             return None
         daemon, state, needs = self.registry.placement(session_id)  # a peer took it
         if daemon is not None and state not in GONE:
@@ -224,9 +227,10 @@ class Member:
                     continue
                 for name in self.registry.declare_dead():
                     logger.warning("cluster: daemon %s is dead (its heartbeat lapsed)", name)
-                for session_id in self.registry.adopt(self.name, self.me.capabilities):
+                for session_id, left_on in self.registry.adopt(self.name,
+                                                               self.me.capabilities):
                     logger.info("cluster: adopting session %s", session_id)
-                    self.carry_on(session_id)
+                    self.carry_on(session_id, left_on)
             except StoreError as exc:
                 silent = time.monotonic() - last_ok
                 logger.warning("cluster: cannot beat (%.1f s): %s", silent, exc)
@@ -247,19 +251,45 @@ class Member:
 
     # -- carrying a session on -------------------------------------------------------
 
-    def carry_on(self, session_id: str) -> None:
+    def carry_on(self, session_id: str, left_on: str | None = None) -> None:
         """Carry the session on here (restored from its log; a session already running
-        here is left as it is), or record ERROR when its workspace is not here."""
+        here is left as it is), or record ERROR when its workspace is not here.
+        ``left_on``: the home of the daemon it ran on ('' unknown; None: this one's)."""
         try:
-            self._bring_secrets(session_id)
+            self._arrive(session_id, left_on)
             record = self.store.session(session_id)
-            missing = _unreachable_workspace(record.config)
+            missing = unreachable_workspace(record.config)
             if missing is not None:
-                self._record_unreachable(session_id, missing)
+                record_unreachable(self.store, session_id, missing, self.name)
                 return
             self.restore(session_id)
         except TrouperError as exc:
             logger.error("cluster: session %s cannot be carried on here: %s", session_id, exc)
+
+    def _arrive(self, session_id: str, left_on: str | None) -> None:
+        """A session comes here from the daemon whose home is ``left_on`` (None: it was
+        this daemon's; '': no daemon's, an embedded program's): its secrets here, the
+        old host's containers gone, and what the old host may have run recorded lost
+        (``cluster/takeover.py``) unless its journal is this home's."""
+        self._bring_secrets(session_id)
+        here = str(self.home.root)
+        if left_on is None or left_on == here:
+            return
+        self._retire_leftovers(session_id, left_on)
+        config = self.store.session(session_id).config
+        if left_on == "" and self.home.runtime_dir(session_id).exists():
+            return  # an embedded program's on this very home: its journal is here
+        if journal_is_elsewhere(config):
+            settle_lost(self.store, session_id)
+
+    def _retire_leftovers(self, session_id: str, left_on: str) -> None:
+        """The containers the session's last daemon left (SIGKILLed, it could not remove
+        them), where this daemon's engine reaches them: the session gets a fresh one here,
+        and an old one must not run on beside it."""
+        if left_on and "docker" in self.me.capabilities:
+            from .leftovers import remove_containers
+
+            remove_containers(session_id, left_on)
 
     def _bring_secrets(self, session_id: str) -> None:
         """The session's secrets file in this home, from the store, if it is not here."""
@@ -272,26 +302,3 @@ class Member:
             return
         plain = self.key.open(_SEALED_SECRETS, session_id, base64.b64decode(value))
         write_private(path, json.dumps(plain), durable=True)
-
-    def _record_unreachable(self, session_id: str, workspace: str) -> None:
-        reason = (f"its workspace {workspace} is not reachable from daemon {self.name}: "
-                  f"share workspaces between the daemons (the same path on each), or resume "
-                  f"the session on the daemon that has it")
-        owner = self.store.claim_owner(session_id)
-        if self.store.session(session_id).state == AgentState.ERROR:
-            return
-        self.store.append(session_id, [StateChanged(
-            source="environment", state=AgentState.ERROR, reason=reason,
-            cause=Why.RUNTIME_MISCONFIGURED)], owner=owner)
-        logger.error("cluster: session %s: %s", session_id, reason)
-
-
-def _unreachable_workspace(config: SessionConfig) -> str | None:
-    """The session's workspace when its sandbox would run here and it is not here."""
-    if config.runtime.kind == "remote":
-        return None
-    return None if Path(config.workspace).is_dir() else str(config.workspace)
-
-
-def call_body(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"kind": kind, **fields}

@@ -226,24 +226,28 @@ class Registry:
             return None, None, ()
         return row[0], row[1], tuple(row[2] or ())
 
-    def take(self, session_id: str, me: str, capabilities: Sequence[str]) -> bool:
+    def take(self, session_id: str, me: str, capabilities: Sequence[str]) -> str | None:
         """Move the session to ``me`` when the daemon it is on is gone (or it was never on
         one: an embedded program's, now commanded through the cluster) and ``me`` has what
-        it needs; True when it is ``me``'s now (or was already)."""
+        it needs. Returns the home of the daemon it was on ('' for none, or ``me``'s own),
+        or None when it is not ``me``'s."""
         with self._tx("take a session in") as conn:
             row = conn.execute(
-                "UPDATE sessions s SET daemon = %s WHERE s.id = %s AND s.needs <@ %s::text[]"
-                " AND (s.daemon = %s OR s.daemon IS NULL OR EXISTS (SELECT 1 FROM daemons d"
-                " WHERE d.name = s.daemon AND d.state IN ('stopped', 'dead')))"
-                " RETURNING 1", (me, session_id, list(capabilities), me)).fetchone()
+                "WITH was AS (SELECT s.id, coalesce(d.home, '') AS home FROM sessions s"
+                " LEFT JOIN daemons d ON d.name = s.daemon WHERE s.id = %s"
+                " AND s.needs <@ %s::text[] AND (s.daemon = %s OR s.daemon IS NULL"
+                " OR d.state IN ('stopped', 'dead')) FOR UPDATE OF s)"
+                " UPDATE sessions SET daemon = %s FROM was WHERE sessions.id = was.id"
+                " RETURNING was.home", (session_id, list(capabilities), me, me)).fetchone()
             if row is not None:
                 _retarget_calls(conn, [session_id], me)
-        return row is not None
+        return None if row is None else str(row[0])
 
-    def adopt(self, me: str, capabilities: Sequence[str]) -> list[str]:
+    def adopt(self, me: str, capabilities: Sequence[str]) -> list[tuple[str, str]]:
         """Take this daemon's share of the working sessions of gone daemons (those it can
-        run); their ids. Shares: the orphans divided by the live daemons, rounded up, so
-        peers that adopt at once split them; SKIP LOCKED keeps two from taking one."""
+        run); each one's id and the home of the daemon it was on. Shares: the orphans
+        divided by the live daemons, rounded up, so peers that adopt at once split them;
+        SKIP LOCKED keeps two from taking one."""
         restorable = [s.value for s in RESTORABLE]
         with self._tx("adopt sessions in") as conn:
             counts = conn.execute(
@@ -256,15 +260,15 @@ class Registry:
             if not orphans:
                 return []
             rows = conn.execute(
-                "WITH mine AS (SELECT s.id FROM sessions s JOIN daemons d ON d.name = s.daemon"
-                " WHERE d.state IN ('stopped', 'dead') AND s.state = ANY(%s)"
-                " AND s.needs <@ %s::text[] ORDER BY s.updated_at LIMIT %s"
-                " FOR UPDATE OF s SKIP LOCKED)"
+                "WITH mine AS (SELECT s.id, d.home FROM sessions s JOIN daemons d"
+                " ON d.name = s.daemon WHERE d.state IN ('stopped', 'dead')"
+                " AND s.state = ANY(%s) AND s.needs <@ %s::text[] ORDER BY s.updated_at"
+                " LIMIT %s FOR UPDATE OF s SKIP LOCKED)"
                 " UPDATE sessions SET daemon = %s FROM mine WHERE sessions.id = mine.id"
-                " RETURNING sessions.id",
+                " RETURNING sessions.id, mine.home",
                 (restorable, list(capabilities), math.ceil(orphans / live), me)).fetchall()
-            adopted = [r[0] for r in rows]
-            _retarget_calls(conn, adopted, me)
+            adopted = [(str(r[0]), str(r[1])) for r in rows]
+            _retarget_calls(conn, [session_id for session_id, _ in adopted], me)
         return adopted
 
     def hand_over(self, me: str) -> dict[str, str]:

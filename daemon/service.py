@@ -172,7 +172,7 @@ class Service:
         if body["kind"] == "create":  # placed here by the daemon that was asked
             return self._create_here(CreateSession(**body["body"]))
         if body["kind"] == "carry_on" and self.member is not None:  # handed over in a drain
-            return self.member.carry_on(body["session_id"])
+            return self.member.carry_on(body["session_id"], body.get("left_on", ""))
         if body["kind"] == "diff":
             return self.diff(body["session_id"], hops)
         return self._command(body["session_id"], body["command"], body["text"],

@@ -27,21 +27,28 @@ HEARTBEAT_S = 0.5
 
 
 def slow_steps(n: int, delay_s: float = 0.2) -> list[dict[str, Any]]:
-    return [{"tool": "run", "args": {"command": f"echo step {i}"}, "delay_s": delay_s}
-            for i in range(n)] + [FINISH]
+    """n steps, each a line in ``ledger.txt`` (and a moment's work), then finish."""
+    return [{"tool": "run", "args": {"command": f"echo step {i} >> ledger.txt; sleep 0.1"},
+             "delay_s": delay_s} for i in range(n)] + [FINISH]
+
+
+def ran_once(workspace: Path) -> None:
+    """No command of ``slow_steps`` ran twice (a lost one may not have run at all)."""
+    lines = (workspace / "ledger.txt").read_text().splitlines()
+    assert len(lines) == len(set(lines)), lines
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Callable[..., list[TestDaemon]]]:
-    """``cluster(n, docker_on=())`` starts n daemons d0..dn-1 on one store and one key;
-    all are ended at the test's end."""
+    """``cluster(n, docker_on=())`` starts n more daemons (d0, d1... on from the last one
+    started) on one store and one key; returns them all; all end at the test's end."""
     daemons: list[TestDaemon] = []
     env = {"TROUPER_STORE": postgres_url,
            "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "cluster.key")}
 
     def start(n: int, docker_on: tuple[int, ...] = (),
               heartbeat_s: float = HEARTBEAT_S) -> list[TestDaemon]:
-        for i in range(n):
+        for i in range(len(daemons), len(daemons) + n):
             options = ClusterOptions(name=f"d{i}", heartbeat_s=heartbeat_s, detect=False,
                                      capabilities=("docker",) if i in docker_on else ())
             daemon = TestDaemon(tmp_path / f"h{i}", env=env, cluster=options)
@@ -114,10 +121,11 @@ def test_a_session_that_needs_docker_is_placed_only_where_docker_is(cluster, scr
 
 
 def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_once(
-        cluster, scripted, postgres_url):
+        cluster, scripted, postgres_url, tmp_path):
     d = cluster(3)
     _, llm = scripted(slow_steps(15))
-    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100).id
+    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100,
+                                       workspace=str(tmp_path / f"ws{i}")).id
            for i in range(3)]
     on = {sid: d[0].http().get(f"/v1/sessions/{sid}").json()["daemon"] for sid in ids}
     victim_name = "d1"
@@ -146,10 +154,11 @@ def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_
             params={"until_settled": "true"}, headers={"Last-Event-ID": str(after)}) as got:
         resumed = [data["seq"] for kind, data in parse_sse(got.iter_lines())
                    if kind == "message"]
-    for other in ids:
+    for i, other in enumerate(ids):
         assert d[2].client().session(other).wait(timeout=120) == AgentState.FINISHED
         record, log, daemon = stored(postgres_url, other)
         one_outcome_each(log)
+        ran_once(tmp_path / f"ws{i}")
         assert daemon != victim_name
     _, log, adopter = stored(postgres_url, sid)
     # the adopter had no secrets file of the session: it came sealed through the store
@@ -161,10 +170,11 @@ def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_
 
 
 def test_sigterm_drains_a_daemon_its_sessions_go_on_at_once_on_its_peers(
-        cluster, scripted, postgres_url):
+        cluster, scripted, postgres_url, tmp_path):
     d = cluster(3)
     _, llm = scripted(slow_steps(12))
-    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100).id
+    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100,
+                                       workspace=str(tmp_path / f"ws{i}")).id
            for i in range(3)]
     on = {sid: d[0].http().get(f"/v1/sessions/{sid}").json()["daemon"] for sid in ids}
     drained = [sid for sid in ids if on[sid] == "d0"]
@@ -176,9 +186,10 @@ def test_sigterm_drains_a_daemon_its_sessions_go_on_at_once_on_its_peers(
         assert stored(postgres_url, sid)[2] in ("d1", "d2")
     view = d[1].http().get("/v1/cluster").json()
     assert {x["name"]: x["state"] for x in view["daemons"]}["d0"] == "stopped"
-    for sid in ids:
+    for i, sid in enumerate(ids):
         assert d[2].client().session(sid).wait(timeout=120) == AgentState.FINISHED
         one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(tmp_path / f"ws{i}")
 
 
 def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_comes_back(
@@ -216,6 +227,7 @@ def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_com
         wait_until(lambda: {x["name"]: x for x in d[0].http().get("/v1/cluster").json()[
             "daemons"]}["cut"]["generation"] == 2, 60, "the cut-off daemon to join again")
         one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(cut.home.default_workspace(sid))
         assert stored(postgres_url, sid)[2] == "d0"
 
 
@@ -278,6 +290,7 @@ def test_a_lone_daemon_cut_off_from_its_store_carries_its_sessions_on_once_it_is
             admin.execute(f'ALTER ROLE "{role}" LOGIN')
         assert lone.client().session(sid).wait(timeout=120) == AgentState.FINISHED
         one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(lone.home.default_workspace(sid))
         assert stored(postgres_url, sid)[2] == "lone"
 
 
@@ -310,10 +323,10 @@ def test_a_remote_sandbox_outlives_its_daemon_and_its_action_keeps_its_real_outc
 
 def test_a_session_whose_workspace_stayed_with_its_dead_daemon_is_an_error_saying_so(
         cluster, scripted, postgres_url, tmp_path):
-    d = cluster(2, heartbeat_s=2.0)  # dead after 6 s: time to take the workspace away
+    d = cluster(1, heartbeat_s=2.0)  # dead after 6 s: time to take the workspace away
     _, waiting = scripted([{"say": "What next?"}])
-    d[0].client().start_session("wait", llm=waiting, session_id="busy")  # d0 the busier
-    wait_until(lambda: stored(postgres_url, "busy")[2] == "d0", 30, "d0's session")
+    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is d1's
+    d = cluster(1, heartbeat_s=2.0)
     _, llm = scripted(slow_steps(12, delay_s=0.3))
     workspace = tmp_path / "on-d1"
     workspace.mkdir()
@@ -333,3 +346,46 @@ def test_a_session_whose_workspace_stayed_with_its_dead_daemon_is_an_error_sayin
     d[0].client().session(sid).resume()
     assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
     one_outcome_each(stored(postgres_url, sid)[1])
+    ran_once(workspace)
+
+
+@pytest.mark.docker
+def test_a_docker_session_of_a_killed_daemon_goes_on_in_a_new_container_and_the_old_goes(
+        cluster, scripted, postgres_url, tmp_path, docker_homes, docker_client):
+    from trouper.runtimes.docker_support import (
+        LABEL_OWNER,
+        LABEL_SESSION,
+        list_containers,
+        owner_of_home,
+    )
+
+    homes = [docker_homes(tmp_path / f"h{i}") for i in range(2)]  # the fixture's paths
+    d = cluster(1, docker_on=(0,))
+    _, waiting = scripted([{"say": "What next?"}])
+    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is d1's
+    d = cluster(1, docker_on=(1,))
+    steps = [{"tool": "run", "args": {"command": f"echo {i} >> steps.txt; sleep 0.2"}}
+             for i in range(15)]
+    _, llm = scripted([*steps, FINISH])
+    workspace = tmp_path / "ws"
+    sid = d[1].client().start_session(
+        "count", llm=llm, runtime={"kind": "docker", "image": "trouper-test-busybox:latest"},
+        workspace=str(workspace), max_iterations=100).id
+    assert stored(postgres_url, sid)[2] == "d1"
+    wait_until(lambda: d[1].client().session(sid).info().actions >= 3, 120, "3 actions")
+
+    def of(home: Path) -> list[Any]:
+        return list_containers(docker_client, [f"{LABEL_SESSION}={sid}",
+                                               f"{LABEL_OWNER}={owner_of_home(home)}"])
+
+    assert len(of(homes[1])) == 1
+    d[1].kill()  # its container is left running: no daemon of that home sweeps it
+    assert d[0].client().session(sid).wait(timeout=180) == AgentState.FINISHED
+    assert stored(postgres_url, sid)[2] == "d0"
+    assert of(homes[1]) == []  # removed by the daemon that took the session over
+    log = stored(postgres_url, sid)[1]
+    one_outcome_each(log)
+    lines = (workspace / "steps.txt").read_text().splitlines()
+    assert len(lines) == len(set(lines)), lines  # no step ran twice
+    lost = [e for e in log if isinstance(e, ObservationEvent) and e.outcome.status == "lost"]
+    assert len(lost) <= 1  # the one in flight at the kill, if any: never run again
