@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from ..exceptions import ConfigError, StoreError, TrouperError
 from ..home.paths import Home, private_dir, write_private
-from ..store import open_store
+from ..store import SessionRecord, open_store
 from ..store.postgres import PostgresEventStore
 from .calls import Calls, CallTaker, Handler
 from .key import ClusterKey
@@ -86,6 +86,11 @@ class Member:
         """Makes ready to run sessions again after ``on_fenced`` (set by the daemon);
         a StoreError it raises is tried again at the next beat."""
         self._stop = threading.Event()
+        self._last_ok = time.monotonic()
+        """When a beat last reached the store."""
+        self._rejoin = False
+        """Fenced: the beat joins again (a new generation) once the store answers."""
+        self._fence_lock = threading.Lock()
         self._serving = threading.Event()
         """Set once the daemon runs sessions: until then the beat only says it lives."""
         self._beat: threading.Thread | None = None
@@ -198,31 +203,34 @@ class Member:
                           f"this daemon cannot run it (it needs {', '.join(needs)})",
                           field="runtime")
 
+    def runs(self, record: SessionRecord) -> bool:
+        """Whether the stored session is placed on this daemon."""
+        return self.registry.placement(record.session_id)[0] == self.name
+
     def daemons(self) -> list[DaemonRecord]:
         return self.registry.daemons()
 
     # -- the beat --------------------------------------------------------------------
 
     def _beating(self) -> None:
-        last_ok = time.monotonic()
-        rejoin = False
+        self._last_ok = time.monotonic()
+        threading.Thread(target=self._watching, name="cluster-watchdog", daemon=True).start()
         while not self._stop.wait(self.me.heartbeat_s):
             try:
-                if rejoin:  # fenced before: join as a new generation, carry on what is ours
+                if self._rejoin:  # fenced before: join as a new generation, carry on ours
                     self.on_rejoin()
                     self.generation = self.registry.register(self.me)
                     if self._serving.is_set():
                         self.registry.set_state(self.name, self.generation, ALIVE)
-                    rejoin = False
+                    self._rejoin = False
                     logger.info("cluster: %s joined again (generation %d)", self.name,
                                 self.generation)
                     for session_id in self.registry.placed_on(self.name):
                         self.carry_on(session_id)
-                    last_ok = time.monotonic()
                 elif not self.registry.heartbeat(self.name, self.generation):
-                    rejoin = self._fenced("the cluster declared it dead")
+                    self._fence("the cluster declared it dead")
                     continue
-                last_ok = time.monotonic()
+                self._last_ok = time.monotonic()
                 if not self._serving.is_set():
                     continue
                 for name in self.registry.declare_dead():
@@ -232,11 +240,27 @@ class Member:
                     logger.info("cluster: adopting session %s", session_id)
                     self.carry_on(session_id, left_on)
             except StoreError as exc:
-                silent = time.monotonic() - last_ok
-                logger.warning("cluster: cannot beat (%.1f s): %s", silent, exc)
-                if silent > self.me.dead_after_s and not rejoin:
-                    # the peers may have declared this daemon dead by now: stop as if they had
-                    rejoin = self._fenced(f"no heartbeat reached the store for {silent:.1f} s")
+                logger.warning("cluster: cannot beat (%.1f s): %s",
+                               time.monotonic() - self._last_ok, exc)
+                self._fence_if_silent()
+
+    def _watching(self) -> None:
+        """A beat that hangs (a partition that swallows packets: the query waits for the
+        TCP timeouts) must not keep this daemon running sessions its peers took."""
+        while not self._stop.wait(self.me.heartbeat_s):
+            if self._serving.is_set():
+                self._fence_if_silent()
+
+    def _fence_if_silent(self) -> None:
+        silent = time.monotonic() - self._last_ok
+        if silent > self.me.dead_after_s:  # the peers may have declared it dead by now
+            self._fence(f"no heartbeat reached the store for {silent:.1f} s")
+
+    def _fence(self, why: str) -> None:
+        """Fenced once until it joins again (the beat and the watchdog may both see it)."""
+        with self._fence_lock:
+            if not self._rejoin:
+                self._rejoin = self._fenced(why)
 
     def _fenced(self, why: str) -> bool:
         """Peers may run this daemon's sessions now: stop running ours (the beat joins

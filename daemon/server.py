@@ -142,8 +142,10 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
         service: list[Any] = []  # the app's Service, once made: it places what it starts
 
         def open_trouper() -> Trouper:
-            return Trouper(home=home.root, resume=member is None, placed=lambda sid, cfg:
-                           service[0].placed(sid, cfg))
+            # in a cluster a new root (after one died) resumes this daemon's sessions only
+            mine = None if member is None else member.runs
+            return Trouper(home=home.root, resume=member is None, mine=mine,
+                           placed=lambda sid, cfg: service[0].placed(sid, cfg))
 
         trouper = open_trouper()
         logger.info("actor system open, unfinished sessions restored in %.2f s",

@@ -44,8 +44,10 @@ _INHERITED: list[Any] = []
 _RETIRED: list[ConnectionPool] = []
 """Pools replaced after an outage, while they close in the background."""
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-               "keepalives_count": 3}
-"""A server that vanished (a host down, a partition) is noticed in ~25 s, not hours."""
+               "keepalives_count": 3, "tcp_user_timeout": 10_000}
+"""A server that vanished (a host down, a partition) is noticed in ~25 s, not hours: by
+the keepalives while a connection waits for an answer, by ``tcp_user_timeout`` (ms) while
+what it sent is not acknowledged (a partition that swallows packets)."""
 
 _READ_COMMITTED = {"options": "-c default_transaction_isolation=read\\ committed"}
 """The owner fence reads the owner after the row lock is granted, which only READ COMMITTED

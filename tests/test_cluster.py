@@ -5,6 +5,7 @@ run twice, nothing lost and every event streamed once."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +62,23 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Callable[..., list[Te
     finally:
         for daemon in daemons:
             daemon.close()
+
+
+def actors_alive(daemon: TestDaemon) -> list[str]:
+    """The actor processes the daemon's home published that still run (its admin, root,
+    broker, and each session's supervisor, Controller and RuntimeProxy)."""
+    from trouper.host.processes import published_pid
+
+    root = daemon.home.root
+    files = [*root.glob("actors/*.pid"), *root.glob("sessions/*/actors/*.pid")]
+    return [f"{path.relative_to(root)}: {pid}" for path in files
+            if (pid := published_pid(path)) is not None]
+
+
+def generation_of(http: Any, name: str) -> int:
+    """The generation of the daemon ``name`` as ``GET /v1/cluster`` shows it."""
+    return int({x["name"]: x for x in http.get("/v1/cluster").json()["daemons"]}[name][
+        "generation"])
 
 
 def stored(url: str, session_id: str) -> tuple[Any, list[Any], str | None]:
@@ -146,7 +164,9 @@ def test_a_daemon_killed_mid_session_its_sessions_finish_on_the_others_streamed_
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     wait_until(lambda: len(followed) >= 8, 60, "the session midway")
+    assert actors_alive(victim)  # (the check below can see them)
     victim.kill()  # the daemon and its actor processes, as a host's crash
+    wait_until(lambda: not actors_alive(victim), 30, "no actor of the killed daemon left")
     follower.join(timeout=30)
     after = followed[-1].seq if followed else 0
     with d[2].http(timeout=None) as http, http.stream(
@@ -182,6 +202,7 @@ def test_sigterm_drains_a_daemon_its_sessions_go_on_at_once_on_its_peers(
     wait_until(lambda: all(d[1].client().session(s).info().actions >= 2 for s in ids), 90,
                "two actions in each session")
     d[0].stop()  # SIGTERM; returns once the daemon is gone
+    assert actors_alive(d[0]) == []  # none outlives a drain
     for sid in drained:  # handed over in the drain, not after a heartbeat lapsed
         assert stored(postgres_url, sid)[2] in ("d1", "d2")
     view = d[1].http().get("/v1/cluster").json()
@@ -224,8 +245,9 @@ def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_com
         with psycopg.connect(postgres_url, autocommit=True) as admin:  # healed
             admin.execute(f'ALTER ROLE "{role}" LOGIN')
         assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
-        wait_until(lambda: {x["name"]: x for x in d[0].http().get("/v1/cluster").json()[
-            "daemons"]}["cut"]["generation"] == 2, 60, "the cut-off daemon to join again")
+        http = d[0].http()  # one client: each of d.http() holds its connections
+        wait_until(lambda: generation_of(http, "cut") == 2, 60,
+                   "the cut-off daemon to join again")
         one_outcome_each(stored(postgres_url, sid)[1])
         ran_once(cut.home.default_workspace(sid))
         assert stored(postgres_url, sid)[2] == "d0"
@@ -389,3 +411,84 @@ def test_a_docker_session_of_a_killed_daemon_goes_on_in_a_new_container_and_the_
     assert len(lines) == len(set(lines)), lines  # no step ran twice
     lost = [e for e in log if isinstance(e, ObservationEvent) and e.outcome.status == "lost"]
     assert len(lost) <= 1  # the one in flight at the kill, if any: never run again
+
+
+def test_a_partition_that_swallows_the_store_packets_fences_the_daemon_behind_it(
+        cluster, scripted, postgres_url, tmp_path):
+    """A real partition: the packets between one daemon and the store are dropped (an
+    iptables rule on the port it alone uses), so its queries hang instead of failing."""
+    import contextlib
+    import shutil
+    import subprocess
+
+    from trouper.testing.pg_proxy import AckDropper
+
+    if shutil.which("iptables") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iptables to drop a daemon's packets to the store")
+    d = cluster(1)
+    _, waiting = scripted([{"say": "What next?"}])
+    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is cut's
+    with contextlib.ExitStack() as ends:
+        link = ends.enter_context(AckDropper(postgres_url))  # never armed: a plain relay
+        port = link.url.rpartition(":")[2].split("/")[0]
+        rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", port],
+                 ["OUTPUT", "-o", "lo", "-p", "tcp", "--sport", port]]
+
+        def iptables(action: str) -> None:
+            for rule in rules:
+                subprocess.run(["iptables", action, *rule, "-m", "comment", "--comment",
+                                f"trouper-test-{port}", "-j", "DROP"], check=True,
+                               capture_output=True)
+
+        cut = TestDaemon(tmp_path / "hp", env={**d[0].env, "TROUPER_STORE": link.url},
+                         cluster=ClusterOptions(name="cut", heartbeat_s=HEARTBEAT_S,
+                                                detect=False))
+        ends.callback(cut.close)
+        cut.start()
+        _, llm = scripted(slow_steps(20, delay_s=0.3))
+        sid = cut.client().start_session("count", llm=llm, max_iterations=100).id
+        assert stored(postgres_url, sid)[2] == "cut"
+        wait_until(lambda: cut.client().session(sid).info().actions >= 3, 90, "3 actions")
+        iptables("-A")  # the partition
+        try:
+            wait_until(lambda: stored(postgres_url, sid)[2] == "d0", 60,
+                       "d0 to take the session over")
+            assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        finally:
+            iptables("-D")  # healed
+        http = d[0].http()
+        wait_until(lambda: generation_of(http, "cut") == 2, 120,
+                   "the daemon behind it to join again")
+        one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(cut.home.default_workspace(sid))
+        assert stored(postgres_url, sid)[2] == "d0"
+
+
+def test_a_daemon_whose_root_dies_resumes_its_own_sessions_only(
+        cluster, scripted, postgres_url, tmp_path):
+    import signal
+
+    from trouper.host.processes import published_pid
+
+    d = cluster(2)
+    _, llm = scripted(slow_steps(10))
+    ids = [d[0].client().start_session(f"count {i}", llm=llm, max_iterations=100,
+                                       workspace=str(tmp_path / f"ws{i}")).id
+           for i in range(2)]
+    on = {sid: stored(postgres_url, sid)[2] for sid in ids}
+    assert sorted(on.values()) == ["d0", "d1"]
+    theirs = next(sid for sid in ids if on[sid] == "d1")
+    wait_until(lambda: all(d[0].client().session(s).info().actions >= 2 for s in ids), 90,
+               "two actions in each session")
+    root = published_pid(d[0].home.root / "actors" / "root.pid")
+    assert root is not None
+    os.kill(root, signal.SIGKILL)  # d0's program starts a new root, which resumes
+    for i, sid in enumerate(ids):
+        assert d[1].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(tmp_path / f"ws{i}")
+    store = open_store(postgres_url)
+    try:  # d1's session was claimed by d1's Controller alone: d0 never took it
+        assert store.get_meta(theirs, "owner") == "1"
+    finally:
+        store.close()
