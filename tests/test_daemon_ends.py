@@ -254,7 +254,6 @@ def test_no_process_of_a_daemon_outlives_it_but_its_sandboxes(tmp_path: Path, sc
             raise AssertionError(f"{exc}; still there: {_left(tree, set(), cgroup)}") from None
 
 
-
 @pytest.mark.parametrize("role", ["controller", "runtime", "session"])
 def test_a_stopped_daemon_leaves_no_actor_it_found_hung(tmp_path: Path, scripted: Any,
                                                       role: str) -> None:
