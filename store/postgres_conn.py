@@ -49,9 +49,17 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
 the keepalives while a connection waits for an answer, by ``tcp_user_timeout`` (ms) while
 what it sent is not acknowledged (a partition that swallows packets)."""
 
-_READ_COMMITTED = {"options": "-c default_transaction_isolation=read\\ committed"}
-"""The owner fence reads the owner after the row lock is granted, which only READ COMMITTED
-sees fresh: a database or role set to REPEATABLE READ would let a superseded owner append."""
+_SESSION_OPTIONS = {"options": "-c default_transaction_isolation=read\\ committed"
+                               " -c idle_in_transaction_session_timeout=5000"
+                               " -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5"
+                               " -c tcp_keepalives_count=3"}
+"""Set on every connection. READ COMMITTED: the owner fence reads the owner after the row
+lock is granted, which only READ COMMITTED sees fresh (a database or role set to
+REPEATABLE READ would let a superseded owner append). The server's own timeouts: a
+writer cut off in the middle of an append (a partition) leaves its backend idle in its
+transaction, holding the session's row lock, and no other host could claim the session
+until the server noticed; the server now ends such a backend after 5 s, and notices a
+vanished client in ~25 s."""
 
 
 def _forget_after_fork() -> None:
@@ -142,7 +150,7 @@ class PostgresConnections:
 
     def _kwargs(self) -> dict[str, Any]:
         return {**_KEEPALIVES, "application_name": "trouper", **self._params,
-                **_READ_COMMITTED,
+                **_SESSION_OPTIONS,
                 "connect_timeout": max(1, round(self._timeout_s)), "autocommit": True}
 
     def connect(self, *, role: str = "") -> psycopg.Connection:

@@ -414,3 +414,38 @@ def test_a_forked_child_cannot_end_the_parents_connection(postgres_url: str):
         assert store.append("s1", [msg("after the child")])[0].seq == 1
     finally:
         store.close()
+
+
+def test_a_writer_cut_off_mid_append_cannot_keep_its_session_locked(postgres_url: str):
+    """A host cut off in the middle of an append leaves its backend idle in the
+    transaction, holding the session's row lock: the server ends such a backend after
+    a few seconds (the store's session settings), so another host's claim goes through."""
+    holder, claimer = open_store(postgres_url), open_store(postgres_url)
+    holder.create_session("s1", make_config())
+    release = threading.Event()
+    locked = threading.Event()
+    ended: list[BaseException | None] = []
+
+    def hold() -> None:  # begins an append-like transaction, then says nothing more
+        try:
+            with holder.pooled("hold") as conn, conn.transaction():  # type: ignore[attr-defined]
+                conn.execute("SELECT last_seq FROM sessions WHERE id = 's1' FOR UPDATE")
+                locked.set()
+                release.wait(60)
+                conn.execute("SELECT 1")  # the server ended it meanwhile
+            ended.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            ended.append(e)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        token = claimer.claim_owner("s1")  # blocks until the server ends the idle holder
+        assert token >= 1
+    finally:
+        release.set()
+        thread.join(timeout=30)
+        holder.close()
+        claimer.close()
+    assert ended and ended[0] is not None  # the held transaction did not commit
