@@ -116,7 +116,8 @@ class Member:
         self._beat.start()
 
     def serve(self, handler: Handler) -> None:
-        """Carry on the sessions placed here, then beat and take calls until ``leave``."""
+        """Take calls, carry on the sessions placed here, then take sessions over from
+        gone peers at each beat, until ``drain`` or ``close``."""
         self._taker = CallTaker(self.store, self.key, self.name, handler)
         self._taker.start()
         for session_id in self.registry.placed_on(self.name):
@@ -128,9 +129,7 @@ class Member:
         """Hand every working session to a live peer: no new session comes here, the
         actors stop (``stop_actors``), then the sessions are placed on peers, which carry
         them on at once. Returns session id -> its new daemon."""
-        self._stop.set()
-        if self._beat is not None:
-            self._beat.join(timeout=10)
+        self._serving.clear()  # the beat goes on (no peer takes over meanwhile), alone
         self.registry.set_state(self.name, self.generation, DRAINING, "draining: SIGTERM")
         if self._taker is not None:
             self._taker.stop()
@@ -140,6 +139,9 @@ class Member:
             self.calls.post(peer, session_id, {"kind": "carry_on", "session_id": session_id,
                                                "left_on": str(self.home.root),
                                                "reply": False})
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=10)
         self.registry.set_state(self.name, self.generation, STOPPED, "stopped")
         logger.info("cluster: %s stopped; %d sessions handed over", self.name, len(moved))
         return moved
@@ -218,15 +220,17 @@ class Member:
         while not self._stop.wait(self.me.heartbeat_s):
             try:
                 if self._rejoin:  # fenced before: join as a new generation, carry on ours
-                    self.on_rejoin()
+                    serving = self._serving.is_set()  # (not before it serves, nor draining)
+                    if serving:
+                        self.on_rejoin()
                     self.generation = self.registry.register(self.me)
-                    if self._serving.is_set():
-                        self.registry.set_state(self.name, self.generation, ALIVE)
                     self._rejoin = False
                     logger.info("cluster: %s joined again (generation %d)", self.name,
                                 self.generation)
-                    for session_id in self.registry.placed_on(self.name):
-                        self.carry_on(session_id)
+                    if serving:
+                        self.registry.set_state(self.name, self.generation, ALIVE)
+                        for session_id in self.registry.placed_on(self.name):
+                            self.carry_on(session_id)
                 elif not self.registry.heartbeat(self.name, self.generation):
                     self._fence("the cluster declared it dead")
                     continue
