@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..messages.base import Frozen
 from ..messages.text import storable
 from ..runtimes.sandbox.owners import checked_user
 from .confirmation import ConfirmationPolicy
@@ -210,6 +211,29 @@ def _runtime_by_name(value: Any) -> Any:
     return {"kind": value} if isinstance(value, str) else value
 
 
+class StuckPolicy(Frozen):
+    """When the agent counts as stuck (``core/stuck.py``): the session is then PAUSED with
+    cause ``stuck`` and a reason naming the pattern and the actions. ``False`` turns the
+    detection off, ``True`` or ``{}`` takes the defaults."""
+
+    enabled: bool = True
+    repeat: int = Field(default=4, ge=2)
+    """The same action with the same outcome, this many times in a row."""
+    error_repeat: int = Field(default=3, ge=2)
+    """The same action failing with the same error, this many times in a row."""
+    alternate: int = Field(default=6, ge=4)
+    """Two actions and their outcomes taking turns, this many actions long."""
+    think: int = Field(default=6, ge=2)
+    """``think`` actions and nothing else, this many in a row."""
+    condense: int = Field(default=3, ge=1)
+    """Condensations of the prompt with no action in between."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
 class SessionConfig(Config):
     """Everything that defines a session; stored with it (secrets excluded)."""
 
@@ -251,6 +275,8 @@ class SessionConfig(Config):
     """Hard limit for the clone and for the setup script, each."""
     confirm: ConfirmationPolicy = ConfirmationPolicy()
     """Confirmation mode: which actions wait for the user's approval (default: none)."""
+    stuck: StuckPolicy = StuckPolicy()
+    """Stuck detection: which loops pause the session (default on; ``False`` off)."""
 
     _task_given = field_validator("task")(_not_blank)
 

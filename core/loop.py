@@ -105,8 +105,16 @@ class SessionLoop(SessionMachine):
             return
         if self.view.pending:
             self._handle_action(next(iter(self.view.pending.values())))
-        elif not self._limit_reached():
+        elif not self._limit_reached() and not self._stuck():
             self._ask_model()
+
+    def _stuck(self) -> bool:
+        """Pause an agent that repeats itself (``core/stuck.py``): checked before each
+        question to the model, from the log's steps, so a restored core decides alike."""
+        verdict = self.stuck.verdict(self.config.stuck)
+        if verdict is None:
+            return False
+        return self._move(Why.STUCK, f"{verdict}; send a hint and resume")
 
     def _limit_reached(self) -> bool:
         config = self.config

@@ -36,6 +36,7 @@ from .effects import (
 )
 from .fold import SessionView
 from .states import AS_BEFORE, STAY, Why, row_for
+from .stuck import StuckWatch
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class SessionMachine:
             system_prompt=self._masked(config.system_prompt),
             workspace_instructions=self._masked(instructions))
         self.cut = 0
+        self.stuck = StuckWatch()
+        """The agent's recent steps, for stuck detection (``core/stuck.py``)."""
         self.runtime_ready = False
         self.runtime_down = False
         self.llm_request: Complete | None = None
@@ -162,6 +165,7 @@ class SessionMachine:
 
     def _fold(self, event: Event) -> None:
         self.view.apply(event)
+        self.stuck.add(event)
         if isinstance(event, CarriesCommand) and event.command_id is not None:
             self.taken[event.command_id] = event.seq
             if len(self.taken) > TAKEN_KEPT:

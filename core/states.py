@@ -56,6 +56,7 @@ class Why(StrEnum):
     MAX_COST = "max_cost"
     FINISHED = "finished"  # the agent called finish
     BREAKER = "breaker"  # too many commands in a row timed out
+    STUCK = "stuck"  # the agent repeats itself without progress (core/stuck.py)
     TEXT_REPLY = "text_reply"  # the model answered with text only
     RATE_LIMITED = "rate_limited"  # the broker's retries were spent on 429s
     LIMIT_LIFTED = "limit_lifted"  # the rate limit's timer fired
@@ -179,6 +180,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.FINISHED: Row(S.FINISHED),
         Why.RATE_LIMITED: Row(S.RATE_LIMITED, LIFT_TIMER),
         Why.BREAKER: Row(S.PAUSED),
+        Why.STUCK: Row(S.PAUSED),
         Why.MAX_ITERATIONS: Row(S.STOPPED, END_SANDBOX),
         Why.MAX_COST: Row(S.STOPPED, END_SANDBOX),
         Why.RUNTIME_FAILED: FAIL,
