@@ -276,7 +276,7 @@ def print_summary(outcome: Outcome, elapsed_s: float) -> None:
     if outcome.in_daemon and not info.settled:  # it works on in the daemon
         rows.append(("follow", f"trouper events {info.id} --follow"))
     elif not outcome.finished:
-        rows += next_rows(info.id, info.state, outcome.begun.flags)
+        rows += next_rows(info.id, info.state, outcome.begun.flags, info.cause)
     style = "green" if outcome.finished else "yellow"
     console.print(Text("── summary", style=f"bold {style}"))
     for key, value in rows:  # never wrapped: a command must paste whole
@@ -300,7 +300,7 @@ def _left(outcome: Outcome | None) -> str:
     info = outcome.info
     if outcome.finished:
         return f"session {info.id} had finished"
-    return f"session {info.id} {how_to_go_on(info.id, info.state, outcome.begun.flags)}"
+    return f"session {info.id} {how_to_go_on(info.id, info.state, outcome.begun.flags, info.cause)}"
 
 
 __all__ = ["DETACHED", "Begun", "Interrupts", "Outcome", "console", "drive", "print_summary",

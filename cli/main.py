@@ -21,6 +21,7 @@ import click
 
 from ..config.files import KEYS
 from ..home.paths import Home
+from ..messages.events import AgentState
 from .carry_on import DAEMON_SCRIPT, carry_on
 from .clients import driving
 from .drive import Begun, console, drive
@@ -212,7 +213,8 @@ def _start(home: Path | None, task: str, llm: dict[str, Any], script: Path | Non
 
 @main.command()
 @click.argument("session_id")
-@click.option("--message", "-m", help="Send this message to the agent instead of resuming.")
+@click.option("--message", "-m", help="Send this message to the agent (an answer, a hint); "
+                                      "a paused session is resumed with it.")
 @click.option("--approve", is_flag=True, help="Run the action waiting for your approval.")
 @click.option("--reject", metavar="WHY", help="Do not run the action waiting for approval; "
                                               "the agent reads WHY.")
@@ -236,8 +238,9 @@ def resume(session_id: str, message: str | None, approve: bool, reject: str | No
     timeout_s = chosen(click.get_current_context(), files, "timeout")["timeout"].value
 
     def act(session: SessionHandle) -> object:
-        if message:
-            return session.send(message)
+        if message:  # a paused session takes the message and waits: resume it too
+            seq = session.send(message)
+            return session.resume() if session.info().state == AgentState.PAUSED else seq
         if approve:
             return session.approve()
         if reject is not None:

@@ -45,26 +45,30 @@ def resume_command(session_id: str, flags: str = "") -> str:
     return f"trouper resume {session_id}{flags}"
 
 
-def next_rows(session_id: str, state: AgentState, flags: str = "") -> list[tuple[str, str]]:
+def next_rows(session_id: str, state: AgentState, flags: str = "",
+              cause: str | None = None) -> list[tuple[str, str]]:
     """The summary's rows that say how to go on from ``state``: ``approve`` and ``reject``
     for an action waiting for approval, else ``resume`` (with a message where the agent
-    asked for one)."""
+    asked for one, or where it was paused as stuck: the user's hint)."""
     if state == AgentState.AWAITING_USER_CONFIRMATION:
         return [("approve", approve_command(session_id, flags)),
                 ("reject", reject_command(session_id, flags))]
     command = resume_command(session_id, flags)
     if state == AgentState.AWAITING_USER_INPUT:
         command += " -m 'YOUR ANSWER'"
+    elif state == AgentState.PAUSED and cause == "stuck":
+        command += " -m 'YOUR HINT'"
     return [("resume", command)]
 
 
-def how_to_go_on(session_id: str, state: AgentState, flags: str = "") -> str:
+def how_to_go_on(session_id: str, state: AgentState, flags: str = "",
+                 cause: str | None = None) -> str:
     """``next_rows`` as the end of a sentence about the session, for a line on stderr:
     ``waits for your approval: trouper approve ...`` or ``can be resumed with: ...``."""
     if state == AgentState.AWAITING_USER_CONFIRMATION:
         return (f"waits for your approval: {approve_command(session_id, flags)}  (or, to "
                 f"refuse it: {reject_command(session_id, flags)})")
-    return f"can be resumed with: {next_rows(session_id, state, flags)[0][1]}"
+    return f"can be resumed with: {next_rows(session_id, state, flags, cause)[0][1]}"
 
 
 __all__ = ["REASON_PLACEHOLDER", "approve_command", "carry_on_flags", "how_to_go_on",

@@ -109,7 +109,7 @@ def _say_if_waiting(session: SessionHandle, home: Home, in_daemon: bool) -> None
         return
     scripted = not in_daemon and info.config.llm.model == SCRIPTED_MODEL
     flags = carry_on_flags(home, "FILE" if scripted else None)
-    click.echo(f"trouper: session {info.id} {how_to_go_on(info.id, info.state, flags)}",
+    click.echo(f"trouper: session {info.id} {how_to_go_on(info.id, info.state, flags, info.cause)}",
                err=True)
 
 

@@ -78,6 +78,10 @@ class SessionInfo(SessionSummary):
     log's latest state."""
     reason: str
     """The storage fault while one lasts, else the reason of the log's latest state."""
+    cause: str | None = None
+    """What moved the session to its state, for code (``stuck``, ``max_cost``,
+    ``user_pause``...: the ``Why`` of the core's table); None for a storage fault or a
+    log older than causes."""
     last_seq: int
     """The seq of the latest event."""
     resumes_at: datetime | None
@@ -107,6 +111,7 @@ class SessionInfo(SessionSummary):
         summary = SessionSummary.of_record(record).model_dump()
         summary.update(
             state=AgentState.ERROR if fault else view.state, reason=fault or view.reason,
+            cause=None if fault or view.cause is None else view.cause.value,
             last_seq=max(view.last_seq, record.last_seq), resumes_at=view.resumes_at,
             fault=fault, settled=view.settled and view.last_seq >= record.last_seq and not fault,
             cost_usd=view.cost_usd, prompt_tokens=view.prompt_tokens,

@@ -33,6 +33,8 @@ class SessionView:
 
     state: AgentState = AgentState.LOADING
     reason: str = ""
+    cause: Why | None = None
+    """What moved the session to its state (``StateChanged.cause``; None in old logs)."""
     resumes_at: datetime | None = None
     last_seq: int = 0
     iterations: int = 0
@@ -100,6 +102,7 @@ class SessionView:
             self.before_store_fault = (self.state, self.reason, self.resumes_at)
         self.state = event.state
         self.reason = event.reason
+        self.cause = event.cause
         self.resumes_at = event.resumes_at
         if event.cause == Why.USER_RESUME or (event.cause is None
                                               and event.reason == RESUMED_BY_USER):

@@ -243,3 +243,23 @@ def test_run_from_a_repository_waits_for_approval_and_resume_answers_it(tmp_path
     assert "user rejected the action" in rejected.stdout and "keep the file" in rejected.stdout
     assert "from the repo" in rejected.stdout and "prepared" in rejected.stdout
     assert (workspace / "hello.txt").exists()
+
+
+def test_a_looping_agent_is_paused_and_the_summary_asks_for_a_hint(tmp_path):
+    script = tmp_path / "script.json"
+    loop = {"tool": "run", "args": {"command": "echo still waiting"}}
+    script.write_text(json.dumps([loop] * 4 + [{"tool": "finish",
+                                                "args": {"message": "done"}}]))
+    home = tmp_path / "home"
+    result = trouper_cmd("run", "wait for it", "--script", str(script),
+                         "--workspace", str(tmp_path / "ws"), home=home)
+    assert result.returncode == 1
+    rows = summary(result.stdout)
+    assert rows["state"] == "paused"
+    assert "stuck: the same action gave the same result 4 times" in result.stdout
+    assert rows["resume"] == (f"trouper resume {rows['session']} --script {script} "
+                              "-m 'YOUR HINT'")
+    resumed = trouper_cmd("resume", rows["session"], "--script", str(script), "-m",
+                          "it is up already: finish", home=home)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert summary(resumed.stdout)["state"] == "finished"
