@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .answer import approve, reject
+from .budget import budget
 from .clients import daemon_client
 from .support import ENVIRONMENT, OK, SESSION_FAILED, CliError, home_option, open_home
 
@@ -256,6 +257,7 @@ def register(main: click.Group) -> None:
     main.add_command(send)
     main.add_command(approve)
     main.add_command(reject)
+    main.add_command(budget)
     main.add_command(_session_command("pause", "Pause a session in the daemon."))
     main.add_command(_session_command("stop", "Stop a session in the daemon."))
 

@@ -109,6 +109,10 @@ def main(debug: bool) -> None:
               help="Answer with a scripted LLM server (a JSON script) instead of a model.")
 @click.option("--max-iterations", default=KEYS["max_iterations"].default, show_default=True,
               type=click.IntRange(1), envvar=KEYS["max_iterations"].env)
+@click.option("--on-budget", type=click.Choice(["stop", "ask"]), default="stop",
+              show_default=True,
+              help="When --max-iterations runs out: stop the session, or ask (it pauses "
+                   "until 'trouper budget ID' raises it).")
 @click.option("--repo", help="Clone this git repository (URL or path) into the empty "
                              "workspace before the first step.")
 @click.option("--branch", help="The branch or tag of --repo to check out.")
@@ -126,7 +130,8 @@ def main(debug: bool) -> None:
 def run(task: str | None, model: str | None, base_url: str | None, api_key: str | None,
         api_key_env: str | None, runtime: str, image: str | None, runtime_url: str | None,
         no_network: bool, unconfined: bool, workspace: Path | None, home: Path | None,
-        script: Path | None, max_iterations: int, repo: str | None, branch: str | None,
+        script: Path | None, max_iterations: int, on_budget: str, repo: str | None,
+        branch: str | None,
         setup: str | None, confirm: str, daemon: bool, timeout_s: float,
         verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
@@ -157,6 +162,8 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         llm["api_key"] = key
     extra = {name: value for name, value in
              (("repo", repo), ("branch", branch), ("setup", setup)) if value is not None}
+    if on_budget != "stop":
+        extra["on_budget"] = on_budget
     _exit(_start(home, task, llm, script, daemon=daemon, timeout_s=keys["timeout"].value,
                  verbose=verbose, runtime=runtime_config(keys), workspace=workspace,
                  max_iterations=keys["max_iterations"].value,

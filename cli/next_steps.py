@@ -58,6 +58,9 @@ def next_rows(session_id: str, state: AgentState, flags: str = "",
         command += " -m 'YOUR ANSWER'"
     elif state == AgentState.PAUSED and cause == "stuck":
         command += " -m 'YOUR HINT'"
+    elif state == AgentState.PAUSED and cause == "budget_ask":
+        return [("budget", f"trouper budget {session_id} --max-cost-usd USD "
+                           f"--max-iterations N{flags}")]
     return [("resume", command)]
 
 

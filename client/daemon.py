@@ -310,6 +310,12 @@ class RemoteSession:
         """Do not run the action waiting for approval: recorded ``rejected``."""
         return self._command("reject", {"action_id": action_id, "reason": reason})
 
+    def budget(self, max_cost_usd: float | None = None,
+               max_iterations: int | None = None) -> int:
+        """Set the session's budget from now on (``POST .../budget``)."""
+        return self._command("budget", {"max_cost_usd": max_cost_usd,
+                                        "max_iterations": max_iterations})
+
     def events(self, since: int = 0, *, follow: bool = False, until_settled: bool = True,
                timeout_s: float | None = None, stop: threading.Event | None = None
                ) -> Iterator[Event]:

@@ -101,7 +101,8 @@ class SessionInfo(SessionSummary):
     """The action waiting for the user's approval, or None."""
     commands: tuple[str, ...] = ()
     """The user's commands that would do something now (of pause, resume, stop, approve,
-    reject: the session core's table for its state); ``send`` is always taken."""
+    reject: the session core's table for its state); ``send`` and ``budget`` are always
+    taken."""
     config: SessionConfig
     """The session's config as stored: never the API key nor a runtime's token."""
 

@@ -113,6 +113,12 @@ class SessionHandle(Protocol):
         ``reason`` (the agent reads it) and the session carries on."""
         ...
 
+    def budget(self, max_cost_usd: float | None = None,
+               max_iterations: int | None = None) -> int:
+        """Set the budget from now on; a session paused for a spent budget carries on if
+        the new one lasts (else InvalidRequest)."""
+        ...
+
     def events(self, since: int = 0, *, follow: bool = False, until_settled: bool = True,
                timeout_s: float | None = None, stop: threading.Event | None = None
                ) -> Iterator[Event]:

@@ -8,6 +8,7 @@ method raises UnknownSession for an id the store does not hold.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -129,6 +130,14 @@ class Session:
         ``reason`` (the agent reads it) and the session carries on."""
         return self._trouper.command(self.id, "reject", reason, action_id=action_id)
 
+    def budget(self, max_cost_usd: float | None = None,
+               max_iterations: int | None = None) -> int:
+        """Set the session's budget from now on (either limit, or both). A session paused
+        because a budget ran out (``on_budget="ask"``) carries on if the new one lasts;
+        one that would still be spent is refused (InvalidRequest, nothing changed)."""
+        return self._trouper.command(self.id, "budget", budget_text(max_cost_usd,
+                                                                     max_iterations))
+
     @property
     def awaiting_confirmation(self) -> ActionEvent | None:
         """The action waiting for the user's approval, or None."""
@@ -212,3 +221,9 @@ class Session:
             view.apply(event)
             if self._caught_up_and_settled(view):
                 return
+
+
+def budget_text(max_cost_usd: float | None, max_iterations: int | None) -> str:
+    """A ``budget`` command's text: the limits given, as JSON."""
+    limits = {"max_cost_usd": max_cost_usd, "max_iterations": max_iterations}
+    return json.dumps({k: v for k, v in limits.items() if v is not None})

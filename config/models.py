@@ -275,6 +275,10 @@ class SessionConfig(Config):
     """Hard limit for the clone and for the setup script, each."""
     confirm: ConfirmationPolicy = ConfirmationPolicy()
     """Confirmation mode: which actions wait for the user's approval (default: none)."""
+    on_budget: Literal["stop", "ask"] = "stop"
+    """When ``max_cost_usd`` or ``max_iterations`` runs out: ``stop`` the session, or
+    ``ask``: PAUSE it saying which budget ran out and by how much, until the user raises
+    it (``Session.budget``) or stops it."""
     stuck: StuckPolicy = StuckPolicy()
     """Stuck detection: which loops pause the session (default on; ``False`` off)."""
 

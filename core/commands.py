@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import logging
 
-from ..messages.events import AgentState, ConfirmationEvent, MessageEvent, ObservationEvent
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..messages.events import (
+    AgentState,
+    BudgetChanged,
+    ConfirmationEvent,
+    MessageEvent,
+    ObservationEvent,
+)
 from ..messages.outcomes import Outcome
 from ..messages.protocol import UserCommand
 from .effects import Answer
@@ -19,6 +27,24 @@ from .fold import RESUMED_BY_USER
 from .states import Why
 
 logger = logging.getLogger(__name__)
+
+
+class BudgetLimits(BaseModel):
+    """A ``budget`` command's limits (its text, as JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_iterations: int | None = Field(default=None, gt=0)
+
+
+def pydantic_text(exc: ValueError) -> str:
+    """A refused budget in one line: the field and why."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return f"{where}: {first['msg']}"
+    return str(exc)
 
 NOT_RUN_STOPPED = "Not run: the user stopped the session first."
 REFUSALS = {(AgentState.FINISHED, "resume"):
@@ -54,6 +80,7 @@ class UserCommands(SandboxEnding):
             "stop": self._cmd_stop,
             "approve": self._cmd_answer,
             "reject": self._cmd_answer,
+            "budget": self._cmd_budget,
         }[cmd.command](cmd)
 
     def _refusal(self, cmd: UserCommand) -> str:
@@ -106,6 +133,30 @@ class UserCommands(SandboxEnding):
                 status="rejected", content=f"The user rejected this action: {reason}"))
             self._move(Why.USER_REJECT, f"rejected by the user: {reason}",
                        along=[answer, rejected])
+        return None
+
+    def _cmd_budget(self, cmd: UserCommand) -> str | None:
+        """Set the budget (``max_cost_usd``, ``max_iterations``) from now on; a session
+        paused because one ran out (``on_budget="ask"``) carries on if the new one lasts."""
+        try:
+            limits = BudgetLimits.model_validate_json(cmd.text or "{}")
+        except ValueError as exc:
+            return f"budget: {pydantic_text(exc)}"
+        if limits.max_cost_usd is None and limits.max_iterations is None:
+            return "budget: give max_cost_usd, max_iterations or both"
+        event = BudgetChanged(max_cost_usd=limits.max_cost_usd,
+                              max_iterations=limits.max_iterations)
+        said = ", ".join(f"{name} {value}" for name, value in
+                         (("max_cost_usd", limits.max_cost_usd),
+                          ("max_iterations", limits.max_iterations)) if value is not None)
+        if self.view.state == AgentState.PAUSED and self.view.cause == Why.BUDGET_ASK:
+            still = self._budget_spent(limits.max_cost_usd, limits.max_iterations)  # type: ignore[attr-defined]
+            if still is not None:
+                return f"the budget would still be spent: {still[1]}; nothing was changed"
+            self._move(Why.USER_BUDGET, f"budget raised ({said}); carrying on",
+                       along=[event])
+        else:
+            self._append(event)
         return None
 
     # -- what follows a resume (``Then`` steps of its rows) -------------------------------

@@ -13,6 +13,7 @@ from datetime import datetime
 from ..messages.events import (
     ActionEvent,
     AgentState,
+    BudgetChanged,
     ConfirmationEvent,
     Event,
     LLMCompleted,
@@ -50,6 +51,10 @@ class SessionView:
     actions: int = 0
     approved: set[str] = field(default_factory=set)
     """Actions the user approved (confirmation mode) that have no outcome yet."""
+    max_cost_usd: float | None = None
+    """The budget the user set last (``BudgetChanged``); None: the config's."""
+    max_iterations: int | None = None
+    """As ``max_cost_usd``, for model calls."""
     before_store_fault: tuple[AgentState, str, datetime | None] | None = None
     """Where the session was before the store-fault records that end its log (a shared
     store may keep a record whose writer heard a failure, and the fault is then recorded
@@ -94,6 +99,11 @@ class SessionView:
             self.iterations = 0
         elif isinstance(event, ConfirmationEvent) and event.approved:
             self.approved.add(event.action_id)
+        elif isinstance(event, BudgetChanged):
+            if event.max_cost_usd is not None:
+                self.max_cost_usd = event.max_cost_usd
+            if event.max_iterations is not None:
+                self.max_iterations = event.max_iterations
 
     def _apply_state(self, event: StateChanged) -> None:
         if event.cause != Why.STORE_FAULT:

@@ -117,17 +117,30 @@ class SessionLoop(SessionMachine):
         return self._move(Why.STUCK, f"{verdict}; send a hint and resume")
 
     def _limit_reached(self) -> bool:
-        config = self.config
-        if self.view.iterations >= config.max_iterations:
-            return self._move(
-                Why.MAX_ITERATIONS,
-                f"reached max_iterations ({config.max_iterations} model calls); "
-                "resume to allow as many again")
-        if config.max_cost_usd is not None and self.view.cost_usd >= config.max_cost_usd:
-            return self._move(
-                Why.MAX_COST,
-                f"spent ${self.view.cost_usd:.4f} of max_cost_usd ${config.max_cost_usd:.4f}")
-        return False
+        spent = self._budget_spent()
+        if spent is None:
+            return False
+        why, reason = spent
+        if self.config.on_budget == "ask":
+            return self._move(Why.BUDGET_ASK, f"{reason}; raise it to carry on (budget), "
+                              "or stop the session")
+        return self._move(why, reason)
+
+    def _budget_spent(self, max_cost_usd: float | None = None,
+                      max_iterations: int | None = None) -> tuple[Why, str] | None:
+        """Which budget ran out and by how much (the user's latest ``BudgetChanged``
+        over the config's; or the limits given); None while both last."""
+        view, config = self.view, self.config
+        iterations = max_iterations or view.max_iterations or config.max_iterations
+        cost = max_cost_usd if max_cost_usd is not None else (
+            view.max_cost_usd if view.max_cost_usd is not None else config.max_cost_usd)
+        if view.iterations >= iterations:
+            then = ("" if config.on_budget == "ask" else "; resume to allow as many again")
+            return Why.MAX_ITERATIONS, f"reached max_iterations ({iterations} model calls){then}"
+        if cost is not None and view.cost_usd >= cost:
+            return Why.MAX_COST, (f"spent ${view.cost_usd:.4f} of max_cost_usd ${cost:.4f} "
+                                  f"(over by ${view.cost_usd - cost:.4f})")
+        return None
 
     def _ask_model(self) -> None:
         # model_construct: the history is ours and already valid; validating it again

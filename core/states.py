@@ -54,6 +54,8 @@ class Why(StrEnum):
     RECOVERED_HELD = "recovered_held"  # ... but resume_after_runtime_restart is off
     MAX_ITERATIONS = "max_iterations"
     MAX_COST = "max_cost"
+    BUDGET_ASK = "budget_ask"  # a budget ran out and on_budget is "ask": the user decides
+    USER_BUDGET = "user_budget"  # the user raised the budget a session paused for
     FINISHED = "finished"  # the agent called finish
     BREAKER = "breaker"  # too many commands in a row timed out
     STUCK = "stuck"  # the agent repeats itself without progress (core/stuck.py)
@@ -183,6 +185,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.STUCK: Row(S.PAUSED),
         Why.MAX_ITERATIONS: Row(S.STOPPED, END_SANDBOX),
         Why.MAX_COST: Row(S.STOPPED, END_SANDBOX),
+        Why.BUDGET_ASK: Row(S.PAUSED),
         Why.RUNTIME_FAILED: FAIL,
         Why.RUNTIME_DOWN: FAIL,
         Why.RUNTIME_MISCONFIGURED: FAIL,
@@ -217,6 +220,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
     S.PAUSED: {
         Why.USER_MESSAGE: TAKE_MESSAGE,
         Why.USER_RESUME: RESUME,
+        Why.USER_BUDGET: RESUME,
         Why.USER_STOP: STOP,
         Why.LOOP_DOWN: FAIL,
         Why.STORE_FAULT: FAIL,

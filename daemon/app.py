@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..client.session import budget_text
 from ..config.settings import Settings, settings
 from ..exceptions import (
     ConfigError,
@@ -32,7 +33,7 @@ from ..messages.events import AgentState
 from ..serving.asgi import RequestLimits
 from ..serving.limits import INT64_MAX, HttpLimits
 from .auth import SUBPROTOCOL, Guard, limit_error_body
-from .service import Answer, Conflict, CreateSession, Message, Service
+from .service import Answer, Budget, Conflict, CreateSession, Message, Service
 from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_loop
 
 if TYPE_CHECKING:
@@ -189,6 +190,13 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         answer = body or Answer()
         return service.command(session_id, "reject", answer.reason, answer.action_id,
                                key=key)
+
+    @api.post("/v1/sessions/{session_id}/budget")
+    def set_budget(session_id: str, body: Budget, key: str | None = Key) -> dict[str, Any]:
+        """Set the budget from now on (``max_cost_usd``, ``max_iterations``); a session
+        paused for a spent budget carries on if the new one lasts, else 409."""
+        return service.command(session_id, "budget",
+                               budget_text(body.max_cost_usd, body.max_iterations), key=key)
 
     @api.get("/v1/sessions/{session_id}/events")
     def events(session_id: str, after: int = After, limit: int = 1000) -> dict[str, Any]:

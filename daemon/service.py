@@ -83,6 +83,13 @@ class Message(BaseModel):
     text: str = Field(min_length=1)
 
 
+class Budget(BaseModel):
+    """``budget``: the limits from now on (either, or both)."""
+
+    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_iterations: int | None = Field(default=None, gt=0)
+
+
 class Answer(BaseModel):
     """``approve`` / ``reject``: which action (optional: the one waiting) and why."""
 

@@ -171,6 +171,17 @@ class PromptCondensed(EventBase):
     reason: str = ""
 
 
+class BudgetChanged(CarriesCommand):
+    """The user set a session's budget: from now on its limits, in place of the config's
+    (None keeps the one in force)."""
+
+    kind: Literal["budget"] = "budget"
+    is_status: ClassVar[bool] = True
+    source: Source = "user"
+    max_cost_usd: float | None = None
+    max_iterations: int | None = None
+
+
 Event = Annotated[
     MessageEvent
     | ActionEvent
@@ -180,7 +191,8 @@ Event = Annotated[
     | LLMRetry
     | RuntimeEvent
     | PromptCondensed
-    | ConfirmationEvent,
+    | ConfirmationEvent
+    | BudgetChanged,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -51,9 +51,11 @@ class UserCommand(Frozen):
     kind: Literal["user_command"] = "user_command"
     request_id: str
     session_id: str
-    command: Literal["send", "pause", "resume", "stop", "approve", "reject"]
+    command: Literal["send", "pause", "resume", "stop", "approve", "reject", "budget"]
     text: str = ""
-    """The message, for ``send``; the reason, for ``reject``."""
+    """The message, for ``send``; the reason, for ``reject``; for ``budget``, the new
+    limits as JSON (``{"max_cost_usd": 2.0, "max_iterations": 80}``, either may be
+    missing)."""
     action_id: str = ""
     """For ``approve`` and ``reject``: the action the user saw waiting ("": whichever
     waits). Another action waiting now is refused, never approved in its place."""

@@ -263,3 +263,26 @@ def test_a_looping_agent_is_paused_and_the_summary_asks_for_a_hint(tmp_path):
                           "it is up already: finish", home=home)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert summary(resumed.stdout)["state"] == "finished"
+
+
+def test_a_budget_that_asks_pauses_and_trouper_budget_carries_the_session_on(tmp_path):
+    script = tmp_path / "script.json"
+    steps = [{"tool": "run", "args": {"command": f"echo {i} >> count.txt"}} for i in range(4)]
+    script.write_text(json.dumps([*steps, {"tool": "finish", "args": {"message": "done"}}]))
+    home = tmp_path / "home"
+    result = trouper_cmd("run", "count", "--script", str(script), "--max-iterations", "2",
+                         "--on-budget", "ask", "--workspace", str(tmp_path / "ws"),
+                         home=home)
+    assert result.returncode == 1
+    rows = summary(result.stdout)
+    assert rows["state"] == "paused"
+    assert "reached max_iterations (2 model calls)" in result.stdout
+    assert rows["budget"].startswith(f"trouper budget {rows['session']} ")
+    still = trouper_cmd("budget", rows["session"], "--max-iterations", "2", "--script",
+                        str(script), home=home)
+    assert still.returncode == 2 and "would still be spent" in still.stderr
+    raised = trouper_cmd("budget", rows["session"], "--max-iterations", "10", "--script",
+                         str(script), home=home)
+    assert raised.returncode == 0, raised.stdout + raised.stderr
+    assert summary(raised.stdout)["state"] == "finished"
+    assert (tmp_path / "ws" / "count.txt").read_text().split() == ["0", "1", "2", "3"]

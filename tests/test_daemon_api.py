@@ -370,3 +370,31 @@ def test_a_daemon_on_its_own_store_says_it_is_in_no_cluster_and_refuses_labels(
     assert refused.status_code == 422
     assert refused.json()["error"]["field"] == "labels"
     assert "only a daemon of a cluster" in refused.json()["error"]["message"]
+
+
+def test_a_budget_that_asks_is_raised_through_the_api_and_the_cli(daemon, scripted,
+                                                                   tmp_path):
+    from click.testing import CliRunner
+
+    from trouper.cli.main import main
+
+    steps = [{"tool": "run", "args": {"command": f"echo {i}"}} for i in range(5)]
+    _, llm = scripted([*steps, FINISH])
+    http = daemon.http()
+    sid = http.post("/v1/sessions", json={"task": "count", "llm": llm, "max_iterations": 2,
+                                          "on_budget": "ask"}).json()["id"]
+    session = daemon.client().session(sid)
+    assert session.wait(timeout=60) == AgentState.PAUSED
+    info = http.get(f"/v1/sessions/{sid}").json()
+    assert info["cause"] == "budget_ask" and "max_iterations (2" in info["reason"]
+    refused = http.post(f"/v1/sessions/{sid}/budget", json={"max_iterations": 1})
+    assert refused.status_code == 409 and "still be spent" in refused.json()["error"]["message"]
+    assert http.post(f"/v1/sessions/{sid}/budget", json={"max_iterations": 0}
+                     ).status_code == 422
+    assert http.post(f"/v1/sessions/{sid}/budget", json={"max_iterations": 4}
+                     ).status_code == 200
+    assert session.wait(timeout=60) == AgentState.PAUSED  # 4 spent: it asks again
+    said = CliRunner().invoke(main, ["budget", sid, "--max-iterations", "20", "--home",
+                                     str(daemon.home.root)])
+    assert said.exit_code == 0, said.output
+    assert session.wait(timeout=60) == AgentState.FINISHED

@@ -376,3 +376,24 @@ def test_the_changes_view_follows_the_session_while_it_is_open(page, daemon, scr
     expect(page.locator("#changes-files .file[data-path='later.txt']")).to_be_visible(
         timeout=LONG_S)
     expect(page.locator("#changes-status")).to_contain_text("1 file(s) changed since")
+
+
+def test_a_budget_that_ran_out_is_raised_from_the_page(page, daemon, scripted):
+    from playwright.sync_api import expect
+
+    steps = [{"tool": "run", "args": {"command": f"echo {i}"}} for i in range(4)]
+    _, llm = scripted([*steps, FINISH])
+    sid = daemon.http().post("/v1/sessions", json={
+        "task": "count on a budget", "llm": llm, "max_iterations": 2,
+        "on_budget": "ask"}).json()["id"]
+    assert daemon.client().session(sid).wait(timeout=LONG_S).value == "paused"
+    page.locator("#sessions li", has_text="count on a budget").click()
+    expect(page.locator("#state")).to_have_text("paused", timeout=LONG_S)
+    expect(page.locator("#reason")).to_contain_text("reached max_iterations (2 model calls)")
+    expect(page.locator("#budget")).to_be_visible()
+    expect(page.locator("#budget-iterations")).to_have_value("2")
+    page.fill("#budget-iterations", "10")
+    page.click("#budget-raise")
+    expect(page.locator("#state")).to_have_text("finished", timeout=LONG_S)
+    expect(page.locator("#budget")).to_be_hidden()
+    assert daemon.client().session(sid).state.value == "finished"

@@ -144,6 +144,13 @@ function render(info) {
   $("pending").hidden = !waiting;
   $("pending").dataset.actionId = waiting ? waiting.action_id : "";
   $("pending-action").textContent = waiting ? describe(waiting) : "";
+  // paused for a spent budget (on_budget "ask"): the form raises it, the session goes on
+  const asking = info.state === "paused" && info.cause === "budget_ask";
+  if (asking && $("budget").hidden) {
+    $("budget-cost").value = info.config.max_cost_usd || "";
+    $("budget-iterations").value = info.config.max_iterations || "";
+  }
+  $("budget").hidden = !asking;
   // a button works only where the session's table has a row for it (info.commands)
   const can = new Set(info.commands || []);
   for (const name of COMMANDS) $(name).disabled = !can.has(name);
@@ -299,6 +306,14 @@ document.addEventListener("DOMContentLoaded", () => {
     const text = $("message").value;
     $("message").value = "";
     command("messages", { text });
+  });
+  $("budget").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const cost = $("budget-cost").value, iterations = $("budget-iterations").value;
+    command("budget", {
+      max_cost_usd: cost === "" ? null : Number(cost),
+      max_iterations: iterations === "" ? null : Number(iterations),
+    });
   });
   $("pause").addEventListener("click", () => command("pause"));
   $("resume").addEventListener("click", () => command("resume"));
