@@ -275,6 +275,11 @@ class SessionConfig(Config):
     """Hard limit for the clone and for the setup script, each."""
     confirm: ConfirmationPolicy = ConfirmationPolicy()
     """Confirmation mode: which actions wait for the user's approval (default: none)."""
+    message_policy: Literal["queue", "interrupt", "reject"] = "queue"
+    """A message sent while the session is RUNNING: ``queue`` (recorded and read by the
+    agent at its next turn), ``interrupt`` (the model call in flight is cancelled and
+    asked again with the message; a command running in the sandbox goes on), or
+    ``reject`` (refused, naming the state; nothing recorded)."""
     on_budget: Literal["stop", "ask"] = "stop"
     """When ``max_cost_usd`` or ``max_iterations`` runs out: ``stop`` the session, or
     ``ask``: PAUSE it saying which budget ran out and by how much, until the user raises

@@ -92,9 +92,19 @@ class UserCommands(SandboxEnding):
     def _cmd_send(self, cmd: UserCommand) -> str | None:
         if not cmd.text.strip():
             return "send needs a non-empty message"
+        message = MessageEvent(source="user", text=cmd.text)
+        if self.view.state == AgentState.RUNNING:  # the session's message_policy decides
+            policy = self.config.message_policy
+            if policy == "reject":
+                return ("the session is running and takes no message while it works "
+                        "(message_policy 'reject'): send it once the session waits, or "
+                        "pause it first")
+            if policy == "interrupt" and self.llm_request is not None:
+                self._move(Why.USER_INTERRUPT, "a message from the user interrupted the "
+                           "model call", along=[message])
+                return None
         # every state takes a message (recorded even where it does not move the session)
-        self._move(Why.USER_MESSAGE, "new message from the user",
-                   along=[MessageEvent(source="user", text=cmd.text)])
+        self._move(Why.USER_MESSAGE, "new message from the user", along=[message])
         return None
 
     def _cmd_pause(self, cmd: UserCommand) -> str | None:

@@ -66,6 +66,7 @@ class Why(StrEnum):
     JOURNAL_FAULT = "journal_fault"  # the sandbox cannot journal the action it was sent
     JOURNAL_BACK = "journal_back"  # ... and now it can
     USER_MESSAGE = "user_message"
+    USER_INTERRUPT = "user_interrupt"  # a message that cancels the model call in flight
     USER_PAUSE = "user_pause"
     USER_RESUME = "user_resume"
     USER_STOP = "user_stop"
@@ -163,6 +164,7 @@ PAUSE = Row(S.PAUSED, CANCEL_MODEL)
 STOP = Row(S.STOPPED, CANCEL_MODEL, END_SANDBOX)
 FAIL = Row(S.ERROR)
 TAKE_MESSAGE = Row(STAY, ADVANCE)  # recorded; the agent reads it at its next step
+INTERRUPT = Row(STAY, CANCEL_MODEL, ADVANCE)  # recorded; the model is asked anew with it
 
 TABLE: dict[AgentState, dict[Why, Row]] = {
     S.LOADING: {
@@ -193,6 +195,7 @@ TABLE: dict[AgentState, dict[Why, Row]] = {
         Why.MODEL_FAILED: FAIL,
         Why.SETUP_FAILED: FAIL,
         Why.USER_MESSAGE: TAKE_MESSAGE,
+        Why.USER_INTERRUPT: INTERRUPT,
         Why.USER_RESUME: Row(STAY),
         Why.USER_PAUSE: PAUSE,
         Why.USER_STOP: STOP,

@@ -61,7 +61,7 @@ from trouper.messages.protocol import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 USERS = {Why.USER_MESSAGE, Why.USER_PAUSE, Why.USER_RESUME, Why.USER_STOP,
-         Why.USER_APPROVE, Why.USER_REJECT, Why.USER_BUDGET}
+         Why.USER_APPROVE, Why.USER_REJECT, Why.USER_BUDGET, Why.USER_INTERRUPT}
 FAULTS = {Why.LOOP_DOWN, Why.STORE_FAULT}
 
 
