@@ -50,7 +50,9 @@ def _seed(t: Trouper, server: FakeLLMServer, workspace: Path, n: int) -> str:
     """A RUNNING session with ``n`` events in the log and no live actors."""
     session_id = new_session_id()
     llm = LLMConfig(model="hosted_vllm/fake", base_url=server.url, api_key="x")
-    t.store.create_session(session_id, SessionConfig(task=TASK, llm=llm, workspace=str(workspace)))
+    # a synthetic log repeats one step: stuck detection would pause it at once
+    t.store.create_session(session_id, SessionConfig(task=TASK, llm=llm, workspace=str(workspace),
+                                                     stuck=False))
     t.store.append(
         session_id,
         [

@@ -17,9 +17,10 @@ set), 409 InvalidRequest, 503 RequestTimeout; 401/403 and an unreachable daemon 
 restarted, the connection dropped) is resumed from the last seq received, so
 ``events(follow=True)`` yields every event once, in order; setting its ``stop`` ends it
 within 0.1 s, however quiet the stream. A read, a create or a
-command whose connection fails is made again for up to ``retry_s``, and a create or a
-command is carried out once: a create names its session, a command goes under one
-``Idempotency-Key`` for all its attempts.
+command whose connection fails (or that is answered 503, the daemon unavailable for a
+moment) is made again for up to ``retry_s``, and a create or a command is carried out
+once: a create names its session, a command goes under one ``Idempotency-Key`` for all
+its attempts.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ class RemoteTrouper:
         while True:
             try:
                 answer = self._http.request(method, path, **kwargs)
-                break
+                if answer.status_code != 503 or time.monotonic() + wait > deadline:
+                    break
+                # unavailable for a moment (a store outage, a daemon rejoining its cluster)
+                time.sleep(min(_retry_after(answer), RETRY_MAX_S))
+                wait = min(RETRY_MAX_S, wait * 2)
             except httpx.TransportError as exc:
                 if time.monotonic() + wait > deadline:
                     raise DaemonUnavailable(f"the daemon at {self.url} does not answer: "
@@ -138,6 +143,7 @@ class RemoteTrouper:
         if answer.status_code >= 400:
             raise error_of(answer)
         return answer.json()
+
 
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/v1/health")  # type: ignore[no-any-return]
@@ -389,3 +395,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return value
+
+
+def _retry_after(answer: httpx.Response) -> float:
+    """The wait a 503 asks for (``Retry-After`` in seconds), at least a tenth of one."""
+    try:
+        return max(0.1, float(answer.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0

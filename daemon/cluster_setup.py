@@ -119,14 +119,14 @@ class Fencing:
 
     def fence(self) -> None:
         with contextlib.suppress(TrouperError):
-            self._service.trouper.close(stop_sandboxes=False)
+            self._service.tree.close(stop_sandboxes=False)
 
     def reopen(self) -> None:
         """A new tree, unless one is open (raises StoreError while the store is away)."""
-        if not self._service.trouper.closed:
+        if not self._service.tree.closed:
             return
         fresh = self._open()
-        self._service.trouper = fresh
+        self._service.tree = fresh
         self._member.restore = fresh.restore
 
 

@@ -172,7 +172,7 @@ def _serve_locked(home: Home, files: DaemonFiles, host: str, port: int, ready: R
                 return 0
             asyncio.run(_serve(server, sock, lambda: _published(files, info, ready)))
         finally:
-            current = service[0].trouper if service else trouper  # a fenced daemon's new one
+            current = service[0].tree if service else trouper  # a fenced daemon's new one
             if member is not None:
                 logger.info("closing: the sessions go to the cluster's other daemons")
                 cluster_setup.drain(member, current)

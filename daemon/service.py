@@ -29,6 +29,7 @@ from ..exceptions import (
     Conflict,
     InvalidRequest,
     RequestTimeout,
+    StoreUnavailable,
     UnknownSession,
 )
 from ..messages.events import EVENT_ADAPTER, AgentState, Event
@@ -101,7 +102,8 @@ class Service:
     """The daemon's operations on one open ``Trouper``."""
 
     def __init__(self, trouper: Trouper, token: str, member: Member | None = None) -> None:
-        self.trouper = trouper
+        self.tree = trouper
+        """The daemon's ``Trouper`` as it is (a fenced daemon's is closed a moment)."""
         self.member = member
         """This daemon's membership of a cluster (None: a daemon on its own)."""
         self._labels: dict[str, list[str]] = {}
@@ -111,6 +113,15 @@ class Service:
         self._known_lock = threading.Lock()
         self._views: collections.OrderedDict[str, SessionView] = collections.OrderedDict()
         self._views_lock = threading.Lock()
+
+    @property
+    def trouper(self) -> Trouper:
+        """The daemon's open ``Trouper``; StoreUnavailable (503, retried by clients) while
+        a daemon fenced by its cluster opens a fresh one."""
+        if self.tree.closed:
+            raise StoreUnavailable("this daemon is joining its cluster again: retry in a "
+                                   "moment")
+        return self.tree
 
     @property
     def store(self) -> Any:

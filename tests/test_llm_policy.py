@@ -98,7 +98,8 @@ def test_pause_during_a_backoff_wait_cancels_it(trouper, scripted, tmp_path):
 def test_context_overflow_condenses_the_prompt_and_carries_on(trouper, scripted, tmp_path):
     server, llm = scripted([RUN, RUN, RUN, {**RUN, "fail": [{"status": 400,
                                                             "message": TOO_LONG}]}, FINISH])
-    session = trouper.start_session("t", llm=llm, workspace=tmp_path)
+    # the same command four times is a loop to stuck detection: off, this test is the cut's
+    session = trouper.start_session("t", llm=llm, workspace=tmp_path, stuck=False)
     assert session.wait(timeout=60) == AgentState.FINISHED
     condensed = events_of(session, PromptCondensed)
     assert len(condensed) == 1 and condensed[0].dropped > 0
