@@ -38,15 +38,12 @@ from pydantic import BaseModel, SecretStr
 from ..core.fold import SessionView
 from ..daemon.files import DaemonFiles, read_token, running_info
 from ..exceptions import (
-    ConfigError,
-    InvalidRequest,
-    RequestTimeout,
     TrouperError,
-    UnknownSession,
 )
 from ..home.paths import Home
 from ..messages.events import EVENT_ADAPTER, ActionEvent, AgentState, Event
 from ..security.tls import default_ssl_context
+from .http_answers import DaemonUnavailable, error_of, retry_after
 from .info import SessionInfo, SessionSummary, state_filter
 from .session import new_session_id
 from .sse_reading import cut_when_set, parse_sse
@@ -62,10 +59,6 @@ daemon restarting opens its ``Trouper`` again in a few seconds)."""
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 1.0
 FAULT_POLL_S = 0.5
 """How often ``wait`` asks again while a storage fault lasts (no event comes to wake it)."""
-
-
-class DaemonUnavailable(TrouperError):
-    """No daemon answers at the url, or it refused this client (token, Host, Origin)."""
 
 
 def connect(url: str | None = None, *, token: str | None = None,
@@ -129,7 +122,7 @@ class RemoteTrouper:
                 if answer.status_code != 503 or time.monotonic() + wait > deadline:
                     break
                 # unavailable for a moment (a store outage, a daemon rejoining its cluster)
-                time.sleep(min(_retry_after(answer), RETRY_MAX_S))
+                time.sleep(min(retry_after(answer), RETRY_MAX_S))
                 wait = min(RETRY_MAX_S, wait * 2)
             except httpx.TransportError as exc:
                 if time.monotonic() + wait > deadline:
@@ -359,27 +352,6 @@ class RemoteSession:
                 time.sleep(FAULT_POLL_S)  # a storage fault: no event will wake us; ask again
 
 
-def error_of(answer: httpx.Response) -> TrouperError:
-    """The exception for an error answer of the API."""
-    try:
-        body = answer.json().get("error") or {}
-    except ValueError:
-        body = {}
-    message = str(body.get("message") or f"HTTP {answer.status_code}")
-    status = answer.status_code
-    if status == 404:
-        return UnknownSession(message)
-    if status == 422:
-        return ConfigError(message, field=body.get("field"))
-    if status == 409:
-        return InvalidRequest(message)
-    if status in (503, 504):
-        return RequestTimeout(message)
-    if status in (401, 403):
-        return DaemonUnavailable(f"the daemon refused this client: {message}")
-    return TrouperError(f"HTTP {status}: {message}")
-
-
 def _plain(value: Any) -> Any:
     """A value as the JSON the API takes: a config model (``LLMConfig``, a runtime, a
     ``ConfirmationPolicy``) as its fields, its secrets in clear (the daemon keeps them
@@ -395,11 +367,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return value
-
-
-def _retry_after(answer: httpx.Response) -> float:
-    """The wait a 503 asks for (``Retry-After`` in seconds), at least a tenth of one."""
-    try:
-        return max(0.1, float(answer.headers.get("retry-after", "1")))
-    except ValueError:
-        return 1.0

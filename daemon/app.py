@@ -33,7 +33,8 @@ from ..messages.events import AgentState
 from ..serving.asgi import RequestLimits
 from ..serving.limits import INT64_MAX, HttpLimits
 from .auth import SUBPROTOCOL, Guard, limit_error_body
-from .service import Answer, Budget, Conflict, CreateSession, Message, Service
+from .bodies import Answer, Budget, CreateSession, Message
+from .service import Conflict, Service
 from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_loop
 
 if TYPE_CHECKING:

@@ -19,8 +19,6 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ..client.info import SessionInfo, SessionRow, SessionSummary
 from ..client.session import Session, new_session_id
 from ..core.fold import SessionView
@@ -35,6 +33,7 @@ from ..exceptions import (
 from ..messages.events import EVENT_ADAPTER, AgentState, Event
 from ..security.masking import known_masker
 from ..security.secrets_file import remember_session_secrets
+from .bodies import CreateSession, needs_of
 
 if TYPE_CHECKING:
     from ..client.embedded import Trouper
@@ -54,48 +53,11 @@ MAX_HOPS = 3
 """A call passed on more often than this (its session kept moving) is refused: retry."""
 
 
-class CreateSession(BaseModel):
-    """``POST /v1/sessions``: the arguments of ``Trouper.start_session``. Fields other
-    than these are its options (``max_iterations``, ``confirm``, ``repo``...)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str | None = Field(default=None, description=(
-        "A client-chosen session id: the same id with the same body returns the same "
-        "session (200); with another body, 409."))
-    task: str
-    llm: dict[str, Any] = Field(description="model, base_url, api_key (write-only)...")
-    runtime: str | dict[str, Any] = "local"
-    workspace: str | None = None
-    secrets: dict[str, str] = Field(default_factory=dict, description=(
-        "Environment variables of the sandbox's shell; write-only, masked everywhere."))
-    labels: list[str] = Field(default_factory=list, description=(
-        "In a cluster: labels (``gpu=a100``) the daemon that runs the session must have."))
-
-
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 """A session id as ``Trouper.start_session`` takes one: any other names no session, and is
 answered 404 before it reaches the store or a file (``..``, a 256-character id...)."""
 MAX_IDEMPOTENCY_KEY = 255
 """Longest ``Idempotency-Key`` header taken on a command."""
-
-
-class Message(BaseModel):
-    text: str = Field(min_length=1)
-
-
-class Budget(BaseModel):
-    """``budget``: the limits from now on (either, or both)."""
-
-    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    max_iterations: int | None = Field(default=None, gt=0)
-
-
-class Answer(BaseModel):
-    """``approve`` / ``reject``: which action (optional: the one waiting) and why."""
-
-    action_id: str = ""
-    reason: str = ""
 
 
 class Service:
@@ -139,7 +101,7 @@ class Service:
         if self.member is not None:
             if body.id is None:  # named here, so the call may be carried out again safely
                 body = body.model_copy(update={"id": new_session_id()})
-            target = self.member.place(_needs_of(body))
+            target = self.member.place(needs_of(body))
             if target != self.member.name:
                 view, created = self._call(target, body.id, 0, kind="create",
                                            body=body.model_dump())
@@ -367,16 +329,6 @@ class Service:
             if session_id not in self._known:
                 remember_session_secrets(self.trouper.home, session_id)
                 self._known.add(session_id)
-
-
-def _needs_of(body: CreateSession) -> list[str]:
-    """What a daemon must have to run the session ``body`` asks for (its runtime's kind,
-    the labels it names)."""
-    from ..cluster.member import runtime_needs
-
-    runtime = body.runtime
-    kind = runtime if isinstance(runtime, str) else str(runtime.get("kind", "local"))
-    return runtime_needs(kind, body.labels)
 
 
 def event_json(event: Event) -> dict[str, Any]:

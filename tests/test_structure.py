@@ -141,3 +141,21 @@ def test_only_the_controller_writes_a_session_log():
         if {"append", "open_store"} <= calls:
             writers.add(name)
     assert writers == {"trouper.actors.controller"}
+
+
+def test_every_package_folder_is_installed():
+    """A folder of modules missing from pyproject.toml's ``packages`` works in an editable
+    install and is absent from a built one (``trouper.cluster`` and
+    ``trouper.workspace_diff`` were)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    folders = {name.rpartition(".")[0] for name, path in _product_files().items()
+               if path.name != "__init__.py"} | {
+        name for name, path in _product_files().items() if path.name == "__init__.py"}
+    folders.discard("")
+    assert folders - listed == set()
+    missing_init = {name for name in folders
+                    if not (ROOT / Path(*name.split(".")[1:]) / "__init__.py").exists()}
+    assert missing_init == set()
