@@ -32,17 +32,20 @@ def choose_cut(messages: list[dict[str, Any]], previous_cut: int = 0) -> int | N
     return cut
 
 
-def condensed(messages: list[dict[str, Any]], cut: int) -> list[dict[str, Any]]:
-    """The prompt with ``messages[HEAD:cut]`` replaced by one marker message."""
+def condensed(messages: list[dict[str, Any]], cut: int,
+              summary: str = "") -> list[dict[str, Any]]:
+    """The prompt with ``messages[HEAD:cut]`` replaced by one marker message: the
+    ``summary`` of what they said, when the summarizing condenser made one."""
     if cut <= HEAD:
         return messages
     dropped = cut - HEAD
-    marker = {
-        "role": "user",
-        "content": (
+    if summary:
+        content = (f"[Context condensed: the {dropped} earlier messages of this session are "
+                   f"summarized here. The task is above; the latest steps follow.]\n\n"
+                   f"{summary}")
+    else:
+        content = (
             f"[Context condensed: {dropped} earlier messages of this session were dropped to "
             "fit the model's context window. The task is above; the latest steps follow. "
-            "Re-read files rather than relying on what you may remember of them.]"
-        ),
-    }
-    return [*messages[:HEAD], marker, *messages[cut:]]
+            "Re-read files rather than relying on what you may remember of them.]")
+    return [*messages[:HEAD], {"role": "user", "content": content}, *messages[cut:]]

@@ -280,6 +280,17 @@ class SessionConfig(Config):
     agent at its next turn), ``interrupt`` (the model call in flight is cancelled and
     asked again with the message; a command running in the sandbox goes on), or
     ``reject`` (refused, naming the state; nothing recorded)."""
+    condenser: Literal["cut", "summarize"] = "cut"
+    """How a long session's prompt is kept within the context window: ``cut`` drops the
+    older half when the model refuses it as too long; ``summarize`` asks a model for a
+    summary of the older half once the prompt passes ``summarize_at_tokens``, before
+    it is too long (and still cuts on an overflow)."""
+    summarize_at_tokens: int = Field(default=60_000, gt=0)
+    """For ``summarize``: the prompt's estimated tokens (4 characters each) past which
+    its older half is summarized."""
+    summary_model: str | None = None
+    """For ``summarize``: a cheaper model of the same provider to write summaries (its
+    ``llm`` settings otherwise); None: the session's model."""
     on_budget: Literal["stop", "ask"] = "stop"
     """When ``max_cost_usd`` or ``max_iterations`` runs out: ``stop`` the session, or
     ``ask``: PAUSE it saying which budget ran out and by how much, until the user raises

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..agent.condense import condensed
+from ..agent.condense import HEAD, condensed
 from ..agent.parse import parse_response
 from ..agent.tools import tool_specs
 from ..config.confirmation import needs_confirmation, summary
@@ -27,6 +27,7 @@ from ..messages.events import (
     LLMCompleted,
     MessageEvent,
     ObservationEvent,
+    PromptCondensed,
 )
 from ..messages.outcomes import Outcome
 from ..messages.protocol import (
@@ -46,6 +47,7 @@ from .effects import (
 )
 from .machine import BACK_AFTER_SANDBOX, SessionMachine
 from .states import Why
+from .summary import due_cut, summary_messages
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class SessionLoop(SessionMachine):
         if not self._ours(msg.request_id):
             return  # the answer to a cancelled or superseded request
         self.llm_request = None
+        summarized, self.summarizing = self.summarizing, None
         if self.view.state != AgentState.RUNNING:
             # actions recorded now could not run and would wait without an outcome (I5);
             # RUNNING again asks anew
@@ -73,12 +76,18 @@ class SessionLoop(SessionMachine):
                         self.session_id, self.view.state.value)
             return
         self.condensed_retry = False
-        parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
-                                lambda: self.new_id()[:16])
         usage = LLMCompleted(
             request_id=msg.request_id, model=msg.model, prompt_tokens=msg.prompt_tokens,
             completion_tokens=msg.completion_tokens, cost_usd=msg.cost_usd,
             latency_s=msg.latency_s, attempts=msg.attempts)
+        if summarized is not None:  # the summarizing condenser's answer: the prompt's
+            self._append(usage, PromptCondensed(  # older half, in the log once
+                cut=summarized, dropped=summarized - HEAD, summary=msg.content.strip(),
+                reason="summarized before the prompt grew too long"))
+            self._advance()
+            return
+        parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
+                                lambda: self.new_id()[:16])
         if not parsed:
             self._append(usage, MessageEvent(source="agent", text=msg.content))
             self._move(Why.TEXT_REPLY, "the agent replied with text")
@@ -143,19 +152,32 @@ class SessionLoop(SessionMachine):
         return None
 
     def _ask_model(self) -> None:
+        messages = self.prompt.messages()
+        new_cut = due_cut(self.config, messages, self.cut, self.summary)
+        if new_cut is not None:  # the summarizing condenser first (core/summary.py)
+            llm = self.config.llm
+            if self.config.summary_model:
+                llm = llm.model_copy(update={"model": self.config.summary_model})
+            self._send(llm, summary_messages(messages, self.cut, new_cut, self.summary), [])
+            self.summarizing = new_cut
+            return
+        self._send(self.config.llm, condensed(messages, self.cut, self.summary),
+                   tool_specs())
+
+    def _send(self, llm: Any, messages: list[dict[str, Any]], tools: list[Any]) -> None:
         # model_construct: the history is ours and already valid; validating it again
         # would walk every message of the session on every step
         self.llm_request = Complete.model_construct(
-            request_id=self.new_id(), session_id=self.session_id, llm=self.config.llm,
-            messages=condensed(self.prompt.messages(), self.cut), tools=tool_specs(),
-            turn=self.view.total_iterations, lift_cooldown=self.lift_cooldown)
+            request_id=self.new_id(), session_id=self.session_id, llm=llm,
+            messages=messages, tools=tools, turn=self.view.total_iterations,
+            lift_cooldown=self.lift_cooldown)
         self.lift_cooldown = False
         self._out.append(AskModel(self.llm_request))
 
     def _cancel_model_call(self) -> None:
         if self.llm_request is not None:
             self._out.append(CancelModel(self.llm_request.request_id))
-        self.llm_request = None
+        self.llm_request, self.summarizing = None, None
 
     # -- actions -------------------------------------------------------------------------
 

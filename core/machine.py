@@ -83,6 +83,10 @@ class SessionMachine:
             system_prompt=self._masked(config.system_prompt),
             workspace_instructions=self._masked(instructions))
         self.cut = 0
+        self.summary = ""
+        """The summary the latest condensation recorded of what it dropped ("" for none)."""
+        self.summarizing: int | None = None
+        """The cut the summary request in flight (``llm_request``) is for."""
         self.stuck = StuckWatch()
         """The agent's recent steps, for stuck detection (``core/stuck.py``)."""
         self.runtime_ready = False
@@ -120,7 +124,7 @@ class SessionMachine:
         for event in events:
             self._fold(event)
             count += 1
-        self.dispatched, self.llm_request = None, None
+        self.dispatched, self.llm_request, self.summarizing = None, None, None
         self.resolve_first = self._runtime_pending()
         return count
 
@@ -172,6 +176,7 @@ class SessionMachine:
                 del self.taken[next(iter(self.taken))]
         if isinstance(event, PromptCondensed):
             self.cut = max(self.cut, event.cut)
+            self.summary = event.summary
         elif isinstance(event, RuntimeEvent) and event.phase in ("closed", "started",
                                                                   "attached"):
             self.sandbox_ended = event.phase == "closed"

@@ -240,7 +240,7 @@ class SessionCore(UserCommands):
     def _on_completion_failed(self, msg: CompletionFailed) -> None:
         if not self._ours(msg.request_id):
             return
-        self.llm_request = None
+        self.llm_request, self.summarizing = None, None
         if self.view.state != AgentState.RUNNING:
             return  # like a late answer: RUNNING again asks anew
         if msg.error_class == "rate_limit":

@@ -169,6 +169,9 @@ class PromptCondensed(EventBase):
     """Index into the full prompt's messages; the system message and task are always kept."""
     dropped: int
     reason: str = ""
+    summary: str = ""
+    """What the dropped messages said, as the model summarized them (the summarizing
+    condenser); empty for a plain cut. The prompt shows it in their place."""
 
 
 class BudgetChanged(CarriesCommand):
