@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 SECRETS_META = "cluster.secrets"
 """Session meta key: the session's secrets file, sealed with the cluster key."""
 _SEALED_SECRETS = "session secrets"
+JOURNAL_META = "cluster.journal"
+"""Session meta key: the home whose sandbox journal saw the session's actions (its
+``local`` or ``docker`` sandbox runs from there); moved only once what another home may
+have run is recorded lost."""
 
 
 def runtime_needs(kind: str, labels: Sequence[str] = ()) -> list[str]:
@@ -180,6 +184,7 @@ class Member:
         if plain is not None:
             sealed = self.key.seal(_SEALED_SECRETS, session_id, plain)
             self.store.put_meta(session_id, SECRETS_META, base64.b64encode(sealed).decode())
+        self.store.put_meta(session_id, JOURNAL_META, str(self.home.root))
         self.registry.set_placement(session_id, self.name, needs)
 
     def route(self, session_id: str) -> str | None:
@@ -189,6 +194,7 @@ class Member:
         is gone and this one cannot run it."""
         daemon, state, needs = self.registry.placement(session_id)
         if daemon == self.name:
+            self._arrive(session_id, None)  # (a take this daemon crashed in mid-way)
             return None
         if daemon is not None and state not in GONE:
             return daemon
@@ -295,20 +301,27 @@ class Member:
             logger.error("cluster: session %s cannot be carried on here: %s", session_id, exc)
 
     def _arrive(self, session_id: str, left_on: str | None) -> None:
-        """A session comes here from the daemon whose home is ``left_on`` (None: it was
-        this daemon's; '': no daemon's, an embedded program's): its secrets here, the
-        old host's containers gone, and what the old host may have run recorded lost
-        (``cluster/takeover.py``) unless its journal is this home's."""
+        """The session runs here from now on. ``left_on``: the home of the daemon it ran
+        on ('': none known, an embedded program's; None: this daemon's). Its secrets are
+        brought here, and unless its actions went to this home's journal (the
+        ``JOURNAL_META`` the store keeps, else ``left_on``), the old host's containers go
+        and what it may have run is recorded lost (``cluster/takeover.py``) before the
+        mark moves here: a crash between the move and the record is caught at the next
+        arrival, whichever path it takes."""
         self._bring_secrets(session_id)
         here = str(self.home.root)
-        if left_on is None or left_on == here:
-            return
-        self._retire_leftovers(session_id, left_on)
-        config = self.store.session(session_id).config
-        if left_on == "" and self.home.runtime_dir(session_id).exists():
-            return  # an embedded program's on this very home: its journal is here
-        if journal_is_elsewhere(config):
-            settle_lost(self.store, session_id)
+        marked = self.store.get_meta(session_id, JOURNAL_META)
+        journal = marked
+        if journal is None:  # placed before the mark was kept, or no daemon's
+            ran_here = left_on in (None, here) or self.home.runtime_dir(session_id).exists()
+            journal = here if ran_here else left_on or ""
+        if journal != here:
+            if journal:
+                self._retire_leftovers(session_id, journal)
+            if journal_is_elsewhere(self.store.session(session_id).config):
+                settle_lost(self.store, session_id)
+        if marked != here:
+            self.store.put_meta(session_id, JOURNAL_META, here)
 
     def _retire_leftovers(self, session_id: str, left_on: str) -> None:
         """The containers the session's last daemon left (SIGKILLed, it could not remove
