@@ -48,6 +48,7 @@ class TestDaemon:
         self.cluster = cluster
         self.info: dict[str, Any] = {}
         self._clients: list[Any] = []
+        self._client: tuple[tuple[str, str], Any] | None = None
 
     @property
     def url(self) -> str:
@@ -97,11 +98,19 @@ class TestDaemon:
         return lock_is_held(self.files)
 
     def client(self) -> Any:
-        """A ``RemoteTrouper`` of this daemon (closed with the daemon)."""
+        """A ``RemoteTrouper`` of this daemon (closed with the daemon): the same one while
+        the daemon's address and token stay, so a test that asks for one in a polled
+        condition does not open a connection per poll (each keeps one, and the daemon
+        answers 503 past 128 from one address)."""
         from ..client.daemon import RemoteTrouper
 
+        key = (self.url, self.token)
+        cached = self._client
+        if cached is not None and cached[0] == key and not cached[1]._http.is_closed:
+            return cached[1]
         client = RemoteTrouper(self.url, self.token)
         self._clients.append(client)
+        self._client = (key, client)
         return client
 
     def http(self, token: str | None = None, **kwargs: Any) -> httpx.Client:

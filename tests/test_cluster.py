@@ -4,10 +4,12 @@ run twice, nothing lost and every event streamed once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,120 @@ def generation_of(http: Any, name: str) -> int:
     """The generation of the daemon ``name`` as ``GET /v1/cluster`` shows it."""
     return int({x["name"]: x for x in http.get("/v1/cluster").json()["daemons"]}[name][
         "generation"])
+
+
+@dataclass
+class Link:
+    """How one daemon reaches the store, and how a test cuts that link and heals it."""
+
+    url: str
+    cut: Callable[[], None]
+    heal: Callable[[], None]
+
+
+@contextlib.contextmanager
+def role_link(postgres_url: str) -> Iterator[Link]:
+    """The store as a role of its own; cut: its logins refused, its connections ended.
+    The schema is made first: the role is granted the tables there are."""
+    import psycopg
+
+    from trouper.testing.postgres import database_role
+
+    store = open_store(postgres_url)
+    store.sessions()
+    store.close()
+    with contextlib.contextmanager(database_role)(postgres_url) as (url, role):
+        def login(allowed: bool) -> None:
+            with psycopg.connect(postgres_url, autocommit=True) as admin:
+                admin.execute(f'ALTER ROLE "{role}" {"LOGIN" if allowed else "NOLOGIN"}')
+                if not allowed:
+                    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                  " WHERE usename = %s", (role,))
+
+        yield Link(url, lambda: login(False), lambda: login(True))
+
+
+@contextlib.contextmanager
+def packet_link(postgres_url: str) -> Iterator[Link]:
+    """The store at its second loopback address, 127.0.0.2 (scripts/postgres listens on
+    it), which this daemon alone uses; cut: iptables drops the packets to and from it, a
+    partition (queries hang rather than fail, and the server finds the connection dead
+    by its keepalives). Skips without root, iptables or that address."""
+    import shutil
+    import subprocess
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    if shutil.which("iptables") is None or os.geteuid() != 0:
+        pytest.skip("needs root and iptables to drop a daemon's packets to the store")
+    parts = urlsplit(postgres_url)
+    port = str(parts.port)
+    url = parts._replace(netloc=parts.netloc.replace(f"@{parts.hostname}:",
+                                                     "@127.0.0.2:")).geturl()
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        pytest.skip(f"the test server does not listen on 127.0.0.2 (scripts/postgres "
+                    f"does): {exc}")
+    rules = [["INPUT", "-i", "lo", "-d", "127.0.0.2", "-p", "tcp", "--dport", port],
+             ["OUTPUT", "-o", "lo", "-s", "127.0.0.2", "-p", "tcp", "--sport", port]]
+    dropping: list[bool] = []
+
+    def iptables(action: str) -> None:
+        for rule in rules:
+            subprocess.run(["iptables", action, *rule, "-m", "comment", "--comment",
+                            f"trouper-test-{port}", "-j", "DROP"], check=True,
+                           capture_output=True)
+
+    def cut() -> None:
+        iptables("-A")
+        dropping.append(True)
+
+    def heal() -> None:
+        if dropping:
+            iptables("-D")
+            dropping.clear()
+
+    try:
+        yield Link(url, cut, heal)
+    finally:
+        heal()  # never a rule left behind
+
+
+def taken_over_after_a_cut(cluster: Callable[..., list[TestDaemon]], scripted: Any,
+                           postgres_url: str, home: Path, link: Link) -> None:
+    """A daemon "cut" runs a session through ``link``, which is cut mid-session: d0 takes
+    the session over and finishes it, nothing run twice; healed, "cut" joins again as a
+    new generation (fenced: its late appends fail, its actors stop)."""
+    d = cluster(1)  # d0 makes the schema; "cut" reaches the store through the link
+    _, waiting = scripted([{"say": "What next?"}])
+    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is cut's
+    cut = TestDaemon(home, env={**d[0].env, "TROUPER_STORE": link.url},
+                     cluster=ClusterOptions(name="cut", heartbeat_s=HEARTBEAT_S,
+                                            detect=False))
+    try:
+        cut.start()
+        client = cut.client()
+        _, llm = scripted(slow_steps(20, delay_s=0.3))
+        sid = client.start_session("count", llm=llm, max_iterations=100).id
+        assert stored(postgres_url, sid)[2] == "cut"
+        wait_until(lambda: client.session(sid).info().actions >= 3, 90, "3 actions")
+        link.cut()
+        try:
+            wait_until(lambda: stored(postgres_url, sid)[2] == "d0", 60,
+                       "d0 to take the session over")
+            assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
+        finally:
+            link.heal()
+        http = d[0].http()
+        wait_until(lambda: generation_of(http, "cut") == 2, 120,
+                   "the cut-off daemon to join again")
+        one_outcome_each(stored(postgres_url, sid)[1])
+        ran_once(cut.home.default_workspace(sid))
+        assert stored(postgres_url, sid)[2] == "d0"
+    finally:
+        cut.close()
 
 
 def stored(url: str, session_id: str) -> tuple[Any, list[Any], str | None]:
@@ -215,43 +331,9 @@ def test_sigterm_drains_a_daemon_its_sessions_go_on_at_once_on_its_peers(
 
 def test_a_daemon_cut_off_from_the_store_is_fenced_and_cannot_append_when_it_comes_back(
         cluster, scripted, postgres_url, tmp_path):
-    import contextlib
-
-    import psycopg
-
-    from trouper.testing.postgres import database_role
-
-    d = cluster(1)  # d0 makes the schema; "cut" reaches the store as a role of its own
-    _, waiting = scripted([{"say": "What next?"}])
-    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is cut's
-    with contextlib.ExitStack() as ends:
-        cut_url, role = ends.enter_context(contextlib.contextmanager(database_role)(
-            postgres_url))
-        cut = TestDaemon(tmp_path / "hc", env={**d[0].env, "TROUPER_STORE": cut_url},
-                         cluster=ClusterOptions(name="cut", heartbeat_s=HEARTBEAT_S,
-                                                detect=False))
-        ends.callback(cut.close)
-        cut.start()
-        _, llm = scripted(slow_steps(20, delay_s=0.3))
-        sid = cut.client().start_session("count", llm=llm, max_iterations=100).id
-        assert stored(postgres_url, sid)[2] == "cut"
-        wait_until(lambda: cut.client().session(sid).info().actions >= 3, 90, "3 actions")
-        with psycopg.connect(postgres_url, autocommit=True) as admin:  # the partition
-            admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE usename = %s", (role,))
-        wait_until(lambda: stored(postgres_url, sid)[2] == "d0", 60,
-                   "d0 to take the session over")
-        with psycopg.connect(postgres_url, autocommit=True) as admin:  # healed
-            admin.execute(f'ALTER ROLE "{role}" LOGIN')
-        assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
-        http = d[0].http()  # one client: each of d.http() holds its connections
-        wait_until(lambda: generation_of(http, "cut") == 2, 60,
-                   "the cut-off daemon to join again")
-        one_outcome_each(stored(postgres_url, sid)[1])
-        ran_once(cut.home.default_workspace(sid))
-        assert stored(postgres_url, sid)[2] == "d0"
-
+    """Its role's logins refused: its queries fail at once."""
+    with role_link(postgres_url) as link:
+        taken_over_after_a_cut(cluster, scripted, postgres_url, tmp_path / "hc", link)
 
 
 def test_status_shows_the_cluster_and_the_store_holds_no_secret_in_clear(
@@ -282,38 +364,29 @@ def test_status_shows_the_cluster_and_the_store_holds_no_secret_in_clear(
 
 def test_a_lone_daemon_cut_off_from_its_store_carries_its_sessions_on_once_it_is_back(
         scripted, postgres_url, tmp_path):
-    import contextlib
-
-    import psycopg
-
-    from trouper.testing.postgres import database_role
-
-    store = open_store(postgres_url)
-    store.sessions()  # the schema is made: the daemon's own role may use its tables
-    store.close()
-    with contextlib.ExitStack() as ends:
-        url, role = ends.enter_context(contextlib.contextmanager(database_role)(postgres_url))
+    with role_link(postgres_url) as link:
         lone = TestDaemon(tmp_path / "h", env={
-            "TROUPER_STORE": url, "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "k")},
+            "TROUPER_STORE": link.url, "TROUPER_CLUSTER_KEY_FILE": str(tmp_path / "k")},
             cluster=ClusterOptions(name="lone", heartbeat_s=HEARTBEAT_S, detect=False))
-        ends.callback(lone.close)
-        lone.start()
-        _, llm = scripted(slow_steps(16, delay_s=0.3))
-        sid = lone.client().start_session("count", llm=llm, max_iterations=100).id
-        wait_until(lambda: lone.client().session(sid).info().actions >= 3, 90, "3 actions")
-        log = lone.home.root / "logs" / "daemon.log"
-        with psycopg.connect(postgres_url, autocommit=True) as admin:  # the store goes away
-            admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE usename = %s", (role,))
-        wait_until(lambda: "is fenced (no heartbeat reached the store" in log.read_text(),
-                   60, "the daemon to stop its sessions by itself")
-        with psycopg.connect(postgres_url, autocommit=True) as admin:  # and comes back
-            admin.execute(f'ALTER ROLE "{role}" LOGIN')
-        assert lone.client().session(sid).wait(timeout=120) == AgentState.FINISHED
-        one_outcome_each(stored(postgres_url, sid)[1])
-        ran_once(lone.home.default_workspace(sid))
-        assert stored(postgres_url, sid)[2] == "lone"
+        try:
+            lone.start()
+            client = lone.client()
+            _, llm = scripted(slow_steps(16, delay_s=0.3))
+            sid = client.start_session("count", llm=llm, max_iterations=100).id
+            wait_until(lambda: client.session(sid).info().actions >= 3, 90, "3 actions")
+            log = lone.home.root / "logs" / "daemon.log"
+            link.cut()  # the store goes away
+            try:
+                wait_until(lambda: "is fenced (no heartbeat reached the store"
+                           in log.read_text(), 60, "the daemon to stop its sessions by itself")
+            finally:
+                link.heal()  # and comes back
+            assert client.session(sid).wait(timeout=120) == AgentState.FINISHED
+            one_outcome_each(stored(postgres_url, sid)[1])
+            ran_once(lone.home.default_workspace(sid))
+            assert stored(postgres_url, sid)[2] == "lone"
+        finally:
+            lone.close()
 
 
 def test_a_remote_sandbox_outlives_its_daemon_and_its_action_keeps_its_real_outcome(
@@ -417,51 +490,8 @@ def test_a_partition_that_swallows_the_store_packets_fences_the_daemon_behind_it
         cluster, scripted, postgres_url, tmp_path):
     """A real partition: the packets between one daemon and the store are dropped (an
     iptables rule on the port it alone uses), so its queries hang instead of failing."""
-    import contextlib
-    import shutil
-    import subprocess
-
-    from trouper.testing.pg_proxy import AckDropper
-
-    if shutil.which("iptables") is None or os.geteuid() != 0:
-        pytest.skip("needs root and iptables to drop a daemon's packets to the store")
-    d = cluster(1)
-    _, waiting = scripted([{"say": "What next?"}])
-    d[0].client().start_session("wait", llm=waiting)  # d0 the busier: the next is cut's
-    with contextlib.ExitStack() as ends:
-        link = ends.enter_context(AckDropper(postgres_url))  # never armed: a plain relay
-        port = link.url.rpartition(":")[2].split("/")[0]
-        rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", port],
-                 ["OUTPUT", "-o", "lo", "-p", "tcp", "--sport", port]]
-
-        def iptables(action: str) -> None:
-            for rule in rules:
-                subprocess.run(["iptables", action, *rule, "-m", "comment", "--comment",
-                                f"trouper-test-{port}", "-j", "DROP"], check=True,
-                               capture_output=True)
-
-        cut = TestDaemon(tmp_path / "hp", env={**d[0].env, "TROUPER_STORE": link.url},
-                         cluster=ClusterOptions(name="cut", heartbeat_s=HEARTBEAT_S,
-                                                detect=False))
-        ends.callback(cut.close)
-        cut.start()
-        _, llm = scripted(slow_steps(20, delay_s=0.3))
-        sid = cut.client().start_session("count", llm=llm, max_iterations=100).id
-        assert stored(postgres_url, sid)[2] == "cut"
-        wait_until(lambda: cut.client().session(sid).info().actions >= 3, 90, "3 actions")
-        iptables("-A")  # the partition
-        try:
-            wait_until(lambda: stored(postgres_url, sid)[2] == "d0", 60,
-                       "d0 to take the session over")
-            assert d[0].client().session(sid).wait(timeout=120) == AgentState.FINISHED
-        finally:
-            iptables("-D")  # healed
-        http = d[0].http()
-        wait_until(lambda: generation_of(http, "cut") == 2, 120,
-                   "the daemon behind it to join again")
-        one_outcome_each(stored(postgres_url, sid)[1])
-        ran_once(cut.home.default_workspace(sid))
-        assert stored(postgres_url, sid)[2] == "d0"
+    with packet_link(postgres_url) as link:
+        taken_over_after_a_cut(cluster, scripted, postgres_url, tmp_path / "hp", link)
 
 
 def test_a_daemon_whose_root_dies_resumes_its_own_sessions_only(

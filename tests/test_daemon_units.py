@@ -174,35 +174,6 @@ def test_the_home_lock_is_one_holder_and_free_when_released(tmp_path):
     assert ask() == "False True"
 
 
-def test_store_pages_by_state_and_cursor(tmp_path):
-    from trouper.config.models import LLMConfig, SessionConfig
-    from trouper.messages.events import AgentState, StateChanged
-    from trouper.store import open_store
-
-    store = open_store(Home.at(tmp_path / "home"))
-    try:
-        config = SessionConfig(task="t", llm=LLMConfig(model="m"), workspace=str(tmp_path))
-        for i in range(7):
-            store.create_session(f"s{i}", config)
-            if i % 2:
-                store.append(f"s{i}", [StateChanged(state=AgentState.FINISHED)])
-        pages, cursor = [], None
-        while True:
-            page, cursor = store.sessions_page(cursor=cursor, limit=3)
-            pages.append([r.session_id for r in page])
-            if cursor is None:
-                break
-        assert pages == [["s6", "s5", "s4"], ["s3", "s2", "s1"], ["s0"]]
-        done, more = store.sessions_page(states=[AgentState.FINISHED], limit=10)
-        assert [r.session_id for r in done] == ["s5", "s3", "s1"] and more is None
-        assert store.sessions_page(states=[], limit=10) == ([], None)
-        assert [r.session_id for r in store.sessions()] == [f"s{i}" for i in range(6, -1, -1)]
-        with pytest.raises(Exception, match="not a cursor"):
-            store.sessions_page(cursor="nonsense")
-    finally:
-        store.close()
-
-
 def test_allowed_hosts_from_the_environment(monkeypatch):
     from trouper.daemon.server import _hosts
 
