@@ -31,6 +31,8 @@ from .support import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..home.paths import Home
 
 script_option = click.option(
@@ -59,7 +61,8 @@ def approve(session_id: str, action_id: str, script: Path | None, home: Path | N
 
     Through the home's daemon when one runs; else here, following the session on.
     """
-    _answer(session_id, home, script, lambda s: s.approve(action_id), timeout_s, verbose)
+    act_on(session_id, home, script, lambda s: s.approve(action_id), timeout_s, verbose,
+           check=_check_waiting)
 
 
 @click.command()
@@ -82,11 +85,16 @@ def reject(session_id: str, reason: str | None, reason_option: str | None, actio
     if reason is not None and reason_option is not None:
         raise click.UsageError("give the reason once: as REASON or as --reason")
     why = reason if reason is not None else reason_option or ""
-    _answer(session_id, home, script, lambda s: s.reject(why, action_id), timeout_s, verbose)
+    act_on(session_id, home, script, lambda s: s.reject(why, action_id), timeout_s, verbose,
+           check=_check_waiting)
 
 
-def _answer(session_id: str, home: Path | None, script: Path | None, act: Act,
-            timeout_s: float, verbose: bool) -> None:
+def act_on(session_id: str, home: Path | None, script: Path | None, act: Act,
+           timeout_s: float, verbose: bool,
+           check: Callable[[Home, str], None] | None = None) -> None:
+    """Carry out ``act`` on the session: through the home's daemon when one runs (it
+    returns at once), else here, following the session on until it settles; ``check``
+    refuses what cannot apply before any actor starts here."""
     trouper_home = open_home(home)
     choice = driving(trouper_home, daemon=None)
     if choice.daemon_url is not None:
@@ -97,7 +105,8 @@ def _answer(session_id: str, home: Path | None, script: Path | None, act: Act,
             seq = act(session)
             click.echo(f"{session_id}: {session.info().state.value} (seq {seq})")
         return
-    _check_waiting(trouper_home, session_id)  # before any actor starts
+    if check is not None:
+        check(trouper_home, session_id)  # before any actor starts
     log_to_home(trouper_home, debug_enabled())
     files = read_files(home, Path.cwd())  # their timeout and [settings] apply, as resume's
     timeout_s = chosen(click.get_current_context(), files, "timeout")["timeout"].value
@@ -119,4 +128,4 @@ def _check_waiting(home: Home, session_id: str) -> None:
                                  f"(the session is {session.state.value})")
 
 
-__all__ = ["approve", "reject"]
+__all__ = ["act_on", "approve", "reject"]

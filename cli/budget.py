@@ -13,19 +13,8 @@ from pathlib import Path
 
 import click
 
-from .answer import script_option, timeout_option
-from .carry_on import DAEMON_SCRIPT, carry_on
-from .clients import driving
-from .run_defaults import chosen, read_files
-from .support import (
-    USAGE,
-    CliError,
-    debug_enabled,
-    home_option,
-    log_to_home,
-    open_home,
-    verbose_option,
-)
+from .answer import act_on, script_option, timeout_option
+from .support import home_option, verbose_option
 
 
 @click.command()
@@ -44,24 +33,8 @@ def budget(session_id: str, max_cost_usd: float | None, max_iterations: int | No
     carries on."""
     if max_cost_usd is None and max_iterations is None:
         raise click.UsageError("give --max-cost-usd, --max-iterations or both")
-    trouper_home = open_home(home)
-    choice = driving(trouper_home, daemon=None)
-    if choice.daemon_url is not None:
-        if script is not None:
-            raise CliError(DAEMON_SCRIPT + " at the address the session knows", USAGE)
-        with choice.open() as client:
-            session = client.session(session_id)
-            seq = session.budget(max_cost_usd, max_iterations)
-            info = session.info()
-            click.echo(f"{session_id}: {info.state.value} (seq {seq})")
-        return
-    log_to_home(trouper_home, debug_enabled())
-    files = read_files(home, Path.cwd())
-    timeout_s = chosen(click.get_current_context(), files, "timeout")["timeout"].value
-    code = carry_on(trouper_home, session_id, script,
-                    lambda s: s.budget(max_cost_usd, max_iterations), timeout_s=timeout_s,
-                    verbose=verbose)
-    click.get_current_context().exit(code)
+    act_on(session_id, home, script, lambda s: s.budget(max_cost_usd, max_iterations),
+           timeout_s, verbose)
 
 
 __all__ = ["budget"]

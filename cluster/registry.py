@@ -41,12 +41,10 @@ _LIVE_LOAD = f"""(SELECT count(*) FROM sessions s WHERE s.daemon = d.name
 
 
 @dataclass(frozen=True)
-class DaemonRecord:
-    """One daemon as the store knows it."""
+class Me:
+    """What a daemon registers about itself."""
 
     name: str
-    generation: int
-    state: str
     url: str
     host: str
     home: str
@@ -54,6 +52,14 @@ class DaemonRecord:
     capabilities: tuple[str, ...]
     heartbeat_s: float
     dead_after_s: float
+
+
+@dataclass(frozen=True)
+class DaemonRecord(Me):
+    """One daemon as the store knows it: what it registered, and how it is doing."""
+
+    generation: int
+    state: str
     started_at: datetime
     heartbeat_at: datetime
     heartbeat_age_s: float
@@ -68,20 +74,6 @@ class DaemonRecord:
         out["started_at"] = self.started_at.isoformat()
         out["heartbeat_at"] = self.heartbeat_at.isoformat()
         return out
-
-
-@dataclass(frozen=True)
-class Me:
-    """What a daemon registers about itself."""
-
-    name: str
-    url: str
-    host: str
-    home: str
-    pid: int
-    capabilities: tuple[str, ...]
-    heartbeat_s: float
-    dead_after_s: float
 
 
 _DAEMON_COLUMNS = ("name, generation, state, url, host, home, pid, capabilities, heartbeat_s,"
@@ -193,9 +185,12 @@ class Registry:
             rows = conn.execute(
                 f"SELECT {_DAEMON_COLUMNS.format(load=_LIVE_LOAD)} FROM daemons d"
                 " ORDER BY state <> 'alive', name").fetchall()
-        return [DaemonRecord(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), tuple(r[7]),
-                             float(r[8]), float(r[9]), r[10], r[11], float(r[12]), int(r[13]),
-                             r[14]) for r in rows]
+        return [DaemonRecord(
+            name=r[0], generation=int(r[1]), state=r[2], url=r[3], host=r[4], home=r[5],
+            pid=int(r[6]), capabilities=tuple(r[7]), heartbeat_s=float(r[8]),
+            dead_after_s=float(r[9]), started_at=r[10], heartbeat_at=r[11],
+            heartbeat_age_s=float(r[12]), sessions=int(r[13]), end_reason=r[14])
+            for r in rows]
 
     # -- placement -----------------------------------------------------------------
 
