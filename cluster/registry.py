@@ -33,6 +33,9 @@ from .key import ClusterKey
 
 STARTING, ALIVE, DRAINING, STOPPED, DEAD = "starting", "alive", "draining", "stopped", "dead"
 GONE = (STOPPED, DEAD)
+LIVING = (STARTING, ALIVE, DRAINING)
+"""A daemon in these states beats (or should): its lapse makes it dead."""
+_GONE_SQL, _LIVING_SQL = f"IN {GONE!r}", f"IN {LIVING!r}"
 """A daemon in these states runs nothing: its sessions are for the others to take."""
 SETTLED_FOR_GOOD = (AgentState.FINISHED.value, AgentState.STOPPED.value)
 """A session in these states costs its daemon nothing (it is not counted as load)."""
@@ -127,7 +130,7 @@ class Registry:
                 " dead_after_s FROM daemons WHERE name = %s FOR UPDATE", (me.name,)).fetchone()
             if row is not None:
                 state, host, home, age, dead_after = row
-                if state in (STARTING, ALIVE, DRAINING) and age < dead_after and \
+                if state in LIVING and age < dead_after and \
                         (host, home) != (me.host, me.home):
                     raise ConfigError(
                         f"a daemon named {me.name!r} runs on {host} ({home}), its heartbeat "
@@ -154,7 +157,7 @@ class Registry:
         with self._tx("beat in") as conn:
             row = conn.execute(
                 "UPDATE daemons SET heartbeat_at = now() WHERE name = %s AND generation = %s"
-                " AND state IN ('starting', 'alive', 'draining') RETURNING 1",
+                f" AND state {_LIVING_SQL} RETURNING 1",
                 (name, generation)
             ).fetchone()
         return row is not None
@@ -165,7 +168,7 @@ class Registry:
             rows = conn.execute(
                 "UPDATE daemons SET state = 'dead', ended_at = now(),"
                 " end_reason = 'its heartbeat lapsed'"
-                " WHERE state IN ('starting', 'alive', 'draining')"
+                f" WHERE state {_LIVING_SQL}"
                 " AND heartbeat_at < now() - dead_after_s * interval '1 second'"
                 " RETURNING name").fetchall()
         return [r[0] for r in rows]
@@ -231,7 +234,7 @@ class Registry:
                 "WITH was AS (SELECT s.id, coalesce(d.home, '') AS home FROM sessions s"
                 " LEFT JOIN daemons d ON d.name = s.daemon WHERE s.id = %s"
                 " AND s.needs <@ %s::text[] AND (s.daemon = %s OR s.daemon IS NULL"
-                " OR d.state IN ('stopped', 'dead')) FOR UPDATE OF s)"
+                f" OR d.state {_GONE_SQL}) FOR UPDATE OF s)"
                 " UPDATE sessions SET daemon = %s FROM was WHERE sessions.id = was.id"
                 " RETURNING was.home", (session_id, list(capabilities), me, me)).fetchone()
             if row is not None:
@@ -247,7 +250,7 @@ class Registry:
         with self._tx("adopt sessions in") as conn:
             counts = conn.execute(
                 "SELECT (SELECT count(*) FROM sessions s JOIN daemons d ON d.name = s.daemon"
-                " WHERE d.state IN ('stopped', 'dead') AND s.state = ANY(%s)),"
+                f" WHERE d.state {_GONE_SQL} AND s.state = ANY(%s)),"
                 " (SELECT count(*) FROM daemons WHERE state = 'alive')", (restorable,)
             ).fetchone()
             assert counts is not None
@@ -256,7 +259,7 @@ class Registry:
                 return []
             rows = conn.execute(
                 "WITH mine AS (SELECT s.id, d.home FROM sessions s JOIN daemons d"
-                " ON d.name = s.daemon WHERE d.state IN ('stopped', 'dead')"
+                f" ON d.name = s.daemon WHERE d.state {_GONE_SQL}"
                 " AND s.state = ANY(%s) AND s.needs <@ %s::text[] ORDER BY s.updated_at"
                 " LIMIT %s FOR UPDATE OF s SKIP LOCKED)"
                 " UPDATE sessions SET daemon = %s FROM mine WHERE sessions.id = mine.id"
