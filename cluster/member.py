@@ -253,6 +253,9 @@ class Member:
                 logger.warning("cluster: cannot beat (%.1f s): %s",
                                time.monotonic() - self._last_ok, exc)
                 self._fence_if_silent()
+            except Exception:  # noqa: BLE001 - a beat that dies leaves the daemon unfenced
+                logger.exception("cluster: the beat failed; beating on")
+                self._fence_if_silent()
 
     def _watching(self) -> None:
         """A beat that hangs (a partition that swallows packets: the query waits for the
