@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
+
 from ..exceptions import (
     ConfigError,
     Conflict,
@@ -77,16 +79,20 @@ class Calls:
             raise kind(answer["error"].get("message", "the daemon failed"))
         return answer.get("ok")
 
-    def post(self, daemon: str, session_id: str | None, body: dict[str, Any]) -> int:
+    def post(self, daemon: str, session_id: str | None, body: dict[str, Any],
+             conn: psycopg.Connection | None = None) -> int:
         """Make a call and return its id without waiting. A body with ``"reply": False``
-        is answered by no one: its row goes once it is carried out."""
+        is answered by no one: its row goes once it is carried out. ``conn``: a
+        transaction of the caller's to make it in (it stands or falls with it)."""
+        if conn is None:
+            with self.store.pooled("make a daemon call in") as own, own.transaction():
+                return self.post(daemon, session_id, body, own)
         sealed = self.key.seal(_CALL, session_id or "-", body)
-        with self.store.pooled("make a daemon call in") as conn, conn.transaction():
-            row = conn.execute(
-                "INSERT INTO daemon_calls (daemon, session_id, sealed) VALUES (%s, %s, %s)"
-                " RETURNING id", (daemon, session_id, sealed)).fetchone()
-            assert row is not None
-            conn.execute("SELECT pg_notify(%s, %s)", (self.store.channel, f"call:{daemon}"))
+        row = conn.execute(
+            "INSERT INTO daemon_calls (daemon, session_id, sealed) VALUES (%s, %s, %s)"
+            " RETURNING id", (daemon, session_id, sealed)).fetchone()
+        assert row is not None
+        conn.execute("SELECT pg_notify(%s, %s)", (self.store.channel, f"call:{daemon}"))
         return int(row[0])
 
     def _wait(self, call_id: int, subject: str, timeout_s: float) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..exceptions import ConfigError, StoreError, TrouperError
 from ..home.paths import Home, private_dir, write_private
@@ -138,11 +139,12 @@ class Member:
         if self._taker is not None:
             self._taker.stop()
         stop_actors()
-        moved = self.registry.hand_over(self.name)
-        for session_id, peer in moved.items():  # each peer carries its share on at once
+        def tell(conn: Any, session_id: str, peer: str) -> None:  # it carries it on at once
             self.calls.post(peer, session_id, {"kind": "carry_on", "session_id": session_id,
                                                "left_on": str(self.home.root),
-                                               "reply": False})
+                                               "reply": False}, conn)
+
+        moved = self.registry.hand_over(self.name, tell)
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=10)

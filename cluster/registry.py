@@ -17,7 +17,7 @@ to run it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -269,10 +269,13 @@ class Registry:
             _retarget_calls(conn, [session_id for session_id, _ in adopted], me)
         return adopted
 
-    def hand_over(self, me: str) -> dict[str, str]:
+    def hand_over(self, me: str, tell: Callable[[psycopg.Connection, str, str], None]
+                  ) -> dict[str, str]:
         """A drain: each working session of ``me`` placed on the live peer with the fewest
-        sessions that can run it; session id -> its new daemon. Sessions no peer can run
-        stay (they go on at this daemon's next start)."""
+        sessions that can run it, and ``tell(conn, session, peer)`` in the same
+        transaction (the peer's call to carry it on: a crash can never leave a session
+        placed on a peer that was not told); session id -> its new daemon. Sessions no
+        peer can run stay (they go on at this daemon's next start)."""
         moved: dict[str, str] = {}
         restorable = [s.value for s in RESTORABLE]
         with self._tx("hand sessions over in") as conn:
@@ -290,6 +293,7 @@ class Registry:
                 conn.execute("UPDATE sessions SET daemon = %s WHERE id = %s",
                              (peer[0], session_id))
                 _retarget_calls(conn, [session_id], peer[0])
+                tell(conn, session_id, peer[0])
                 moved[session_id] = peer[0]
         return moved
 

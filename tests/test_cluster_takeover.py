@@ -76,3 +76,33 @@ def test_a_session_whose_journal_is_this_home_s_is_left_to_that_journal(postgres
         assert not [e for e in member.store.read(sid) if isinstance(e, ObservationEvent)]
     finally:
         member.close()
+
+
+def test_a_drain_places_a_session_on_a_peer_only_with_the_call_that_tells_it(
+        postgres_url, tmp_path):
+    """The drain's placement and the peer's ``carry_on`` call are one transaction: a
+    daemon dying between them (here: the call failing) leaves the session where it was,
+    never on a peer that does not know to carry it on."""
+    from trouper.cluster.registry import Me
+
+    member, _ = member_of(postgres_url, tmp_path)
+    try:
+        sid = a_session_with_an_action_in_flight(member, tmp_path, str(tmp_path / "home"))
+        registry = member.registry
+        registry.register(member.me)
+        peer = Me(name="peer", url="", host="h", home="/elsewhere", pid=1,
+                  capabilities=("local",), heartbeat_s=1.0, dead_after_s=30.0)
+        registry.set_state("peer", registry.register(peer), "alive")
+
+        def dies(conn: object, session_id: str, to: str) -> None:
+            raise RuntimeError("the daemon died here")
+
+        with pytest.raises(RuntimeError):
+            registry.hand_over("me", dies)
+        assert registry.placement(sid)[0] == "me"
+        told: list[tuple[str, str]] = []
+        moved = registry.hand_over("me", lambda conn, s, to: told.append((s, to)))
+        assert moved == {sid: "peer"} and told == [(sid, "peer")]
+        assert registry.placement(sid)[0] == "peer"
+    finally:
+        member.close()
