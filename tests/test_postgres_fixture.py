@@ -155,7 +155,9 @@ def test_start_makes_a_loopback_cluster_and_stop_leaves_no_process_and_no_folder
         for pid in processes:
             assert password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         with _connect(url) as conn:
-            assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+            # loopback only: 127.0.0.2 is a second loopback address for the partition test
+            listening = conn.execute("SHOW listen_addresses").fetchone()[0].split(",")
+            assert listening == ["127.0.0.1", "127.0.0.2"]
             assert conn.execute("SHOW unix_socket_directories").fetchone()[0] == str(folder)
             assert conn.execute("SHOW fsync").fetchone()[0] == "off"
         import psycopg
