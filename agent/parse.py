@@ -18,15 +18,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from ..messages.actions import RunCommand
+from ..messages.actions import McpCall, RunCommand
 from ..messages.base import Frozen
 from ..messages.events import ActionEvent
+from ..messages.mcp import McpTool
 from ..messages.outcomes import Outcome
 from ..messages.protocol import ToolCall
 from .tools import TOOL_MODELS, argument_summary, parameter_types
@@ -56,12 +57,15 @@ def parse_response(
     content: str,
     tool_calls: Sequence[ToolCall],
     new_action_id: Callable[[], str],
+    mcp_tools: Mapping[str, McpTool] | None = None,
 ) -> list[ParsedCall]:
     """Turn one model response into one ``ParsedCall`` per tool call, in order.
 
     ``content`` becomes the ``thought`` of the first call. A call without an id (or with
     an id already used in this response) gets ``call_<action_id>``, so every tool result
-    can answer exactly one call. No tool calls gives an empty list.
+    can answer exactly one call. No tool calls gives an empty list. ``mcp_tools`` are the
+    MCP servers' tools the model was offered, by offered name (a call of one is a
+    ``McpCall``).
     """
     parsed: list[ParsedCall] = []
     seen_ids: set[str] = set()
@@ -70,15 +74,17 @@ def parse_response(
         tool_call_id = call.id if call.id and call.id not in seen_ids else f"call_{action_id}"
         seen_ids.add(tool_call_id)
         thought = content if index == 0 else ""
-        parsed.append(_parse_call(turn_id, action_id, tool_call_id, call, thought))
+        parsed.append(_parse_call(turn_id, action_id, tool_call_id, call, thought,
+                                  mcp_tools or {}))
     return parsed
 
 
 def _parse_call(
-    turn_id: str, action_id: str, tool_call_id: str, call: ToolCall, thought: str
+    turn_id: str, action_id: str, tool_call_id: str, call: ToolCall, thought: str,
+    mcp_tools: Mapping[str, McpTool],
 ) -> ParsedCall:
     try:
-        action, rejection = _validate(call.name, call.arguments), None
+        action, rejection = _validate(call.name, call.arguments, mcp_tools), None
     except _Malformed as e:
         logger.info("rejected tool call %s (%s): %s", tool_call_id, call.name, e)
         action, rejection = None, Outcome(status="rejected", content=str(e))
@@ -94,15 +100,17 @@ def _parse_call(
     return ParsedCall(event=event, rejection=rejection)
 
 
-def _validate(tool: str, arguments: str) -> Frozen:
+def _validate(tool: str, arguments: str, mcp_tools: Mapping[str, McpTool]) -> Frozen:
     """Validate one call's raw JSON arguments into the tool's action model.
 
     Raises:
         _Malformed: with the message for the model (never anything else).
     """
+    if tool in mcp_tools:
+        return _mcp_call(mcp_tools[tool], arguments)
     model = TOOL_MODELS.get(tool)
     if model is None:
-        raise _Malformed(_unknown_tool(tool))
+        raise _Malformed(_unknown_tool(tool, mcp_tools))
     data = _load_object(tool, arguments)
     problems = _extra_arguments(tool, data)
     try:
@@ -116,8 +124,22 @@ def _validate(tool: str, arguments: str) -> Frozen:
     return action
 
 
-def _unknown_tool(tool: str) -> str:
-    available = ", ".join(TOOL_MODELS)
+def _mcp_call(offered: McpTool, arguments: str) -> McpCall:
+    """A call of an MCP server's tool: a JSON object holding the arguments its schema
+    requires (the server checks the rest, and its refusal is the outcome)."""
+    data = _load_object(offered.name, arguments)
+    required = offered.parameters.get("required") or []
+    missing = [name for name in required if isinstance(name, str) and name not in data]
+    if missing:
+        names = ", ".join(_quote(name) for name in missing)
+        expected = ", ".join(offered.parameters.get("properties") or {}) or "none"
+        raise _Malformed(f"{offered.name}: missing required argument {names}. Expected "
+                         f"arguments: {expected}.")
+    return McpCall(server=offered.server, tool=offered.tool, arguments=data)
+
+
+def _unknown_tool(tool: str, mcp_tools: Mapping[str, McpTool]) -> str:
+    available = ", ".join([*TOOL_MODELS, *mcp_tools])
     if not tool:
         return f"the tool call has no tool name. Available tools: {available}."
     return f"unknown tool {_quote(tool)}. Available tools: {available}."
@@ -174,6 +196,8 @@ def _value_problems(action: Frozen) -> list[str]:
 
 
 def _expected(tool: str, problem: str) -> str:
+    if tool not in TOOL_MODELS:  # an MCP server's tool: its schema is the model's to read
+        return f"{tool}: {problem}."
     return f"{tool}: {problem}. Expected arguments: {argument_summary(tool)}."
 
 

@@ -236,7 +236,8 @@ class PromptBuilder:
     def _add_observation(self, event: ObservationEvent) -> None:
         setup = self._setup.pop(event.action_id, None)
         if setup is not None:
-            what = f"{setup.tool} {setup.arguments}"
+            what = ("it started the MCP servers" if setup.tool == "mcp_tools"
+                    else f"{setup.tool} {setup.arguments}")
             self._tail.append({"role": "user", "content": (
                 f"[trouper ran a setup step before you started: {what}]\n"
                 f"{render_outcome(event.outcome)}")})

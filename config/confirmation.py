@@ -10,6 +10,7 @@ wants to hide a command can (the Docker runtime is the boundary, docs/security.m
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -26,8 +27,8 @@ class ConfirmationPolicy(Frozen):
     mode: Literal["never", "always", "tools", "risky"] = "never"
     """``never``; ``always`` (every sandbox action); ``tools`` (the ``tools`` named);
     ``risky`` (commands that match a risk rule: ``RISKY_COMMANDS`` below lists them)."""
-    tools: tuple[Literal["run", "read_file", "write_file", "edit_file"], ...] = ()
-    """For ``tools``: the tools whose every call waits."""
+    tools: tuple[Literal["run", "read_file", "write_file", "edit_file", "mcp"], ...] = ()
+    """For ``tools``: the tools whose every call waits (``mcp``: every MCP server's tool)."""
     patterns: tuple[str, ...] = ()
     """For ``risky``: regular expressions over a ``run`` command, besides the built-in rules."""
 
@@ -75,7 +76,8 @@ _RISKY = tuple((re.compile(pattern), why) for pattern, why in RISKY_COMMANDS)
 def needs_confirmation(policy: ConfirmationPolicy, action: Any) -> str | None:
     """Why ``action`` must wait for the user's approval, or None if it may run."""
     kind = getattr(action, "kind", "")
-    if policy.mode == "never" or kind not in ("run", "read_file", "write_file", "edit_file"):
+    if policy.mode == "never" or kind not in ("run", "read_file", "write_file", "edit_file",
+                                              "mcp"):
         return None
     if policy.mode == "always":
         return "every action waits for approval"
@@ -103,5 +105,9 @@ def summary(action: Any) -> str:
     if kind == "run":
         command = " ".join(action.command.split())
         return f"run: {command[:200]}{'…' if len(command) > 200 else ''}"
+    if kind == "mcp":
+        arguments = json.dumps(action.arguments, ensure_ascii=False)
+        arguments = arguments[:200] + ("…" if len(arguments) > 200 else "")
+        return f"mcp: {action.server}.{action.tool} {arguments}"
     path = getattr(action, "path", None)
     return f"{kind}: {path}" if path is not None else kind

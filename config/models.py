@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from ..messages.base import Frozen
+from ..messages.mcp import McpServer, named
 from ..messages.text import storable
 from ..runtimes.sandbox.owners import checked_user
 from .confirmation import ConfirmationPolicy
@@ -297,8 +298,26 @@ class SessionConfig(Config):
     it (``Session.budget``) or stops it."""
     stuck: StuckPolicy = StuckPolicy()
     """Stuck detection: which loops pause the session (default on; ``False`` off)."""
+    mcp: tuple[McpServer, ...] = ()
+    """MCP servers whose tools the agent is offered beside trouper's own: a stdio
+    ``command`` started inside the sandbox, or a streamable HTTP ``url``
+    (``messages/mcp.py``). Each is named (from its program or host when not given)."""
 
     _task_given = field_validator("task")(_not_blank)
+
+    @field_validator("mcp")
+    @classmethod
+    def _mcp_named(cls, value: tuple[McpServer, ...]) -> tuple[McpServer, ...]:
+        return named(value)
+
+    @model_validator(mode="after")
+    def _mcp_secrets_given(self) -> SessionConfig:
+        for server in self.mcp:
+            missing = sorted(server.secret_names() - set(self.secret_names))
+            if missing:
+                raise ValueError(f"the MCP server {server.name!r} names secrets the session "
+                                 f"is not given: {', '.join(missing)}")
+        return self
 
     @field_validator("repo")
     @classmethod

@@ -17,11 +17,13 @@ from ..messages.events import (
     ConfirmationEvent,
     Event,
     LLMCompleted,
+    McpToolsListed,
     MessageEvent,
     ObservationEvent,
     StateChanged,
     Why,
 )
+from ..messages.mcp import McpTool
 
 RESUMED_BY_USER = "resumed by the user"
 """The reason of a user's resume; logs written before ``StateChanged.cause`` existed are
@@ -55,6 +57,8 @@ class SessionView:
     """The budget the user set last (``BudgetChanged``); None: the config's."""
     max_iterations: int | None = None
     """As ``max_cost_usd``, for model calls."""
+    mcp_tools: dict[str, McpTool] = field(default_factory=dict)
+    """The MCP servers' tools the model is offered (``McpToolsListed``), by offered name."""
     before_store_fault: tuple[AgentState, str, datetime | None] | None = None
     """Where the session was before the store-fault records that end its log (a shared
     store may keep a record whose writer heard a failure, and the fault is then recorded
@@ -104,6 +108,8 @@ class SessionView:
                 self.max_cost_usd = event.max_cost_usd
             if event.max_iterations is not None:
                 self.max_iterations = event.max_iterations
+        elif isinstance(event, McpToolsListed):
+            self.mcp_tools = {tool.name: tool for tool in event.tools}
 
     def _apply_state(self, event: StateChanged) -> None:
         if event.cause != Why.STORE_FAULT:

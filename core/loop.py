@@ -20,7 +20,7 @@ from ..agent.condense import HEAD, condensed
 from ..agent.parse import parse_response
 from ..agent.tools import tool_specs
 from ..config.confirmation import needs_confirmation, summary
-from ..messages.actions import CloneRepository, Finish, RunCommand, Think
+from ..messages.actions import CloneRepository, Finish, ListMcpTools, McpCall, RunCommand, Think
 from ..messages.events import (
     ActionEvent,
     AgentState,
@@ -46,6 +46,7 @@ from .effects import (
     RunAction,
 )
 from .machine import BACK_AFTER_SANDBOX, SessionMachine
+from .mcp_listing import listing_recorded
 from .states import Why
 from .summary import due_cut, summary_messages
 
@@ -87,7 +88,7 @@ class SessionLoop(SessionMachine):
             self._advance()
             return
         parsed = parse_response(self.new_id()[:12], msg.content, msg.tool_calls,
-                                lambda: self.new_id()[:16])
+                                lambda: self.new_id()[:16], self.view.mcp_tools)
         if not parsed:
             self._append(usage, MessageEvent(source="agent", text=msg.content))
             self._move(Why.TEXT_REPLY, "the agent replied with text")
@@ -162,7 +163,18 @@ class SessionLoop(SessionMachine):
             self.summarizing = new_cut
             return
         self._send(self.config.llm, condensed(messages, self.cut, self.summary),
-                   tool_specs())
+                   self._offered_tools())
+
+    def _offered_tools(self) -> list[dict[str, Any]]:
+        """trouper's tools, then the MCP servers' (the same list object while they stay
+        the same: the broker sends only what changed)."""
+        mcp = self.view.mcp_tools
+        if not mcp:
+            return tool_specs()
+        if self._tools_for is not mcp:
+            self._tools = [*tool_specs(), *(tool.spec() for tool in mcp.values())]
+            self._tools_for = mcp
+        return self._tools
 
     def _send(self, llm: Any, messages: list[dict[str, Any]], tools: list[Any]) -> None:
         # model_construct: the history is ours and already valid; validating it again
@@ -184,7 +196,7 @@ class SessionLoop(SessionMachine):
     def _handle_action(self, event: ActionEvent) -> None:
         action = event.action
         if action is None:
-            self._record(event.action_id, _rejection_of(event))
+            self._record(event.action_id, _rejection_of(event, self.view.mcp_tools))
         elif isinstance(action, Think):
             self._record(event.action_id, Outcome(status="ok", content="Thought recorded."))
         elif isinstance(action, Finish):
@@ -213,6 +225,10 @@ class SessionLoop(SessionMachine):
         else:
             timeout_s = getattr(action, "timeout_s", None) or self.config.command_timeout_s
             no_output_s = self.config.no_output_timeout_s
+        if isinstance(action, McpCall):  # how to reach its server: the config's, not the log's
+            spec = next((s for s in self.config.mcp if s.name == action.server), None)
+            action = action.model_copy(update={"spec": spec})
+            timeout_s = (spec.timeout_s if spec else None) or self.config.command_timeout_s
         self.dispatched = event.action_id
         self._out.append(RunAction(Execute(
             session_id=self.session_id, action_id=event.action_id,
@@ -228,6 +244,8 @@ class SessionLoop(SessionMachine):
             steps.append(CloneRepository(url=config.repo, branch=config.branch))
         if config.setup is not None:
             steps.append(RunCommand(command=config.setup, timeout_s=config.setup_timeout_s))
+        if config.mcp:  # last: the setup script may install a server
+            steps.append(ListMcpTools(servers=config.mcp))
         return [ActionEvent(source="environment", action_id=self.new_id(), turn_id="setup",
                             tool_call_id=f"setup-{n}", tool=step.kind,
                             arguments=step.model_dump_json(exclude={"kind"}), action=step)
@@ -241,7 +259,8 @@ class SessionLoop(SessionMachine):
         failed = outcome.status != "ok" or outcome.exit_code not in (None, 0)
         if not failed:
             return False
-        name = "the clone of the repository" if event.tool == "clone" else "the setup script"
+        name = {"clone": "the clone of the repository",
+                "mcp_tools": "the start of the MCP servers"}.get(event.tool, "the setup script")
         first = next((line for line in outcome.content.splitlines() if line.strip()), "")
         detail = f"exit status {outcome.exit_code}" if outcome.exit_code else outcome.status
         skipped = [ObservationEvent(action_id=other, outcome=Outcome(
@@ -268,8 +287,13 @@ class SessionLoop(SessionMachine):
         event = self.view.pending.get(action_id)
         if event is None:
             return  # already has its outcome (promise I1)
-        self._append(ObservationEvent(action_id=action_id, outcome=outcome))
-        if event.source == "environment" and self._setup_done(event, outcome):
+        along: list[Any] = []
+        if isinstance(event.action, ListMcpTools):
+            outcome, along = listing_recorded(event, outcome, lambda: self.new_id()[:16])
+        self._append(ObservationEvent(action_id=action_id, outcome=outcome), *along)
+        asked_again = outcome.status == "lost" and bool(along)
+        if event.source == "environment" and not asked_again and self._setup_done(
+                event, outcome):
             return
         if advance:
             self._check_breaker()
@@ -309,9 +333,9 @@ class SessionLoop(SessionMachine):
             self._out.append(RestartRuntime("resumed by the user"))
 
 
-def _rejection_of(event: ActionEvent) -> Outcome:
+def _rejection_of(event: ActionEvent, mcp_tools: Any) -> Outcome:
     call = ToolCall(id=event.tool_call_id, name=event.tool, arguments=event.arguments)
-    parsed = parse_response(event.turn_id, "", [call], lambda: event.action_id)
+    parsed = parse_response(event.turn_id, "", [call], lambda: event.action_id, mcp_tools)
     if parsed and parsed[0].rejection is not None:
         return parsed[0].rejection
     return Outcome(status="rejected", content=f"The call to {event.tool!r} was malformed.")

@@ -14,6 +14,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from ..agent.prompt import PromptBuilder
 from ..config.models import SessionConfig
@@ -89,6 +90,10 @@ class SessionMachine:
         """The cut the summary request in flight (``llm_request``) is for."""
         self.stuck = StuckWatch()
         """The agent's recent steps, for stuck detection (``core/stuck.py``)."""
+        self._tools: list[dict[str, Any]] = []
+        self._tools_for: object = None
+        """The tools offered with the MCP servers' (``SessionLoop._offered_tools``), and
+        the view's ``mcp_tools`` they were built from."""
         self.runtime_ready = False
         self.runtime_down = False
         self.llm_request: Complete | None = None

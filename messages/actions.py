@@ -5,19 +5,21 @@ fields, with ``Field(description=...)`` for the model to read), ``description`` 
 the tool does, and ``in_sandbox`` whether a runtime executes it (``Think`` and ``Finish``
 are handled by the session core and never reach one). Everything else is derived from
 ``ACTIONS``: the tool specs (``agent/tools.py``), the parser's validation, the set of
-kinds a runtime executes. To add a tool: write its model here and add it to ``ACTIONS``
-and to the unions below (``tests/test_agent_parse.py`` checks they agree); a sandbox tool
-is then implemented in ``runtimes/sandbox/service.py`` (``tests/test_sandbox_schema.py``
-holds its restated schema equal to the model).
+kinds a runtime executes. An MCP server's tools are the one exception: they are listed by
+the server, and every call of one is a ``McpCall``. To add a tool: write its model here
+and add it to ``ACTIONS`` and to the unions below (``tests/test_agent_parse.py`` checks
+they agree); a sandbox tool is then implemented in ``runtimes/sandbox/service.py``
+(``tests/test_sandbox_schema.py`` holds its restated schema equal to the model).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from .base import Frozen
+from .mcp import McpServer
 
 _PATH = "Path relative to the workspace folder (or absolute inside it)."
 
@@ -137,16 +139,49 @@ class CloneRepository(Frozen):
     """The branch or tag to check out; ``None`` takes the repository's default."""
 
 
+class McpCall(Frozen):
+    """A call of a tool an MCP server offers (``messages/mcp.py``): the model calls it by
+    its offered name, and the log records which server and tool it reached."""
+
+    description: ClassVar[str] = "Call a tool of an MCP server."
+    in_sandbox: ClassVar[bool] = True
+
+    kind: Literal["mcp"] = "mcp"
+    server: str
+    """The server's name in the session's ``mcp``."""
+    tool: str
+    """The server's own name for the tool."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    spec: McpServer | None = None
+    """How to reach the server: set when the call is sent to the sandbox, never stored
+    with the action (the session's config holds it)."""
+
+
+class ListMcpTools(Frozen):
+    """Start a session's MCP servers and list their tools: its last setup step, after the
+    clone and the setup script (which may install a server). Not a tool."""
+
+    description: ClassVar[str] = "Start the MCP servers and list their tools."
+    in_sandbox: ClassVar[bool] = True
+
+    kind: Literal["mcp_tools"] = "mcp_tools"
+    servers: tuple[McpServer, ...]
+
+
 ACTIONS: tuple[type[Frozen], ...] = (RunCommand, ReadFile, WriteFile, EditFile, Think, Finish)
-"""Every tool, in the order the model sees them."""
-SETUP_ACTIONS: tuple[type[Frozen], ...] = (CloneRepository,)
+"""Every tool, in the order the model sees them (an MCP server's tools come after)."""
+SETUP_ACTIONS: tuple[type[Frozen], ...] = (CloneRepository, ListMcpTools)
 """Actions trouper itself runs before the first step (never offered to the model)."""
+OFFERED_ACTIONS: tuple[type[Frozen], ...] = (McpCall,)
+"""Actions the model reaches through tools a session is given (an MCP server's)."""
 
 RuntimeAction = Annotated[
-    RunCommand | ReadFile | WriteFile | EditFile | CloneRepository, Field(discriminator="kind")
+    RunCommand | ReadFile | WriteFile | EditFile | CloneRepository | McpCall | ListMcpTools,
+    Field(discriminator="kind"),
 ]
 Action = Annotated[
-    RunCommand | ReadFile | WriteFile | EditFile | Think | Finish | CloneRepository,
+    RunCommand | ReadFile | WriteFile | EditFile | Think | Finish | CloneRepository | McpCall
+    | ListMcpTools,
     Field(discriminator="kind"),
 ]
 
@@ -157,5 +192,6 @@ def kind_of(model: type[Frozen]) -> str:
 
 
 RUNTIME_KINDS: frozenset[str] = frozenset(
-    kind_of(model) for model in (*ACTIONS, *SETUP_ACTIONS) if getattr(model, "in_sandbox", False))
+    kind_of(model) for model in (*ACTIONS, *SETUP_ACTIONS, *OFFERED_ACTIONS)
+    if getattr(model, "in_sandbox", False))
 """The kinds a runtime executes."""

@@ -17,6 +17,7 @@ from pydantic import Field, TypeAdapter
 from ..core.states import AgentState, Why, settled
 from .actions import Action
 from .base import Frozen
+from .mcp import McpTool
 from .outcomes import Outcome
 
 SCHEMA_VERSION = 1
@@ -185,6 +186,20 @@ class BudgetChanged(CarriesCommand):
     max_iterations: int | None = None
 
 
+class McpToolsListed(EventBase):
+    """The session's MCP servers started and listed their tools (its last setup step).
+    From now on the model is offered ``tools`` beside trouper's own: a restart offers the
+    same, from the log, without listing them again."""
+
+    kind: Literal["mcp_tools"] = "mcp_tools"
+    is_status: ClassVar[bool] = True
+    action_id: str
+    """The setup step that listed them."""
+    tools: tuple[McpTool, ...] = ()
+    failed: dict[str, str] = Field(default_factory=dict)
+    """Servers that did not start -> why (their tools are not offered)."""
+
+
 Event = Annotated[
     MessageEvent
     | ActionEvent
@@ -195,7 +210,8 @@ Event = Annotated[
     | RuntimeEvent
     | PromptCondensed
     | ConfirmationEvent
-    | BudgetChanged,
+    | BudgetChanged
+    | McpToolsListed,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

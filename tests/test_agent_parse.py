@@ -274,6 +274,7 @@ def test_one_registry_of_tools_and_the_unions_agree():
 
     from trouper.messages.actions import (
         ACTIONS,
+        OFFERED_ACTIONS,
         RUNTIME_KINDS,
         SETUP_ACTIONS,
         Action,
@@ -284,8 +285,9 @@ def test_one_registry_of_tools_and_the_unions_agree():
     def members(union: object) -> set[type]:
         return set(typing.get_args(typing.get_args(union)[0]))
 
-    assert members(Action) == set(ACTIONS) | set(SETUP_ACTIONS)
-    assert members(RuntimeAction) == {m for m in (*ACTIONS, *SETUP_ACTIONS) if m.in_sandbox}
+    every = (*ACTIONS, *SETUP_ACTIONS, *OFFERED_ACTIONS)
+    assert members(Action) == set(every)
+    assert members(RuntimeAction) == {m for m in every if m.in_sandbox}
     assert RUNTIME_KINDS == {kind_of(m) for m in members(RuntimeAction)}
     assert [s["function"]["name"] for s in tool_specs()] == [kind_of(m) for m in ACTIONS]
     assert all(s["function"]["description"] for s in tool_specs())

@@ -113,10 +113,12 @@ class ContainerShell:
         """A ``ContainerProcess``: the ``Shell``'s ``spawn`` in a container."""
         return ContainerProcess(self, env, umask)
 
-    def exec_argv(self, *command: str, tty: bool = False, names: list[str] = ()) -> list[str]:
-        """``docker exec`` of ``command`` in the container, as the shell's user."""
+    def exec_argv(self, *command: str, tty: bool = False, names: list[str] = (),
+                  stdin: bool = False) -> list[str]:
+        """``docker exec`` of ``command`` in the container, as the shell's user (``stdin``:
+        its standard input kept open, without a tty)."""
         argv = [self.docker, "exec"]
-        argv += ["-i", "-t"] if tty else []
+        argv += ["-i", "-t"] if tty else ["-i"] if stdin else []
         argv += ["-u", self.user] if self.user else []
         argv += ["-w", self.workdir]
         for name in names:

@@ -16,6 +16,7 @@ import errno
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict
@@ -26,7 +27,9 @@ from .clone import clone
 from .container import ContainerShell
 from .journal import Journal
 from .mask import TextMasker
+from .mcp_launch import hub_class, launcher
 from .output import fit_pending, fit_text
+from .requests import BadRequest, as_int, parse_execute  # noqa: F401 - BadRequest: re-exported
 from .shell import Shell, ShellResult, Spawn
 from .shell_policy import ShellConfinement, unreadable_refusal
 from .util import read_json, write_json_atomic
@@ -35,23 +38,6 @@ from .workers import Workers
 logger = logging.getLogger(__name__)
 
 Outcome = Dict[str, Any]
-
-_FIELDS: dict[str, dict[str, tuple]] = {
-    "run": {"command": (str,), "timeout_s": (int, float, type(None)), "interrupt": (bool,)},
-    "read_file": {"path": (str,), "start_line": (int, type(None)), "end_line": (int, type(None))},
-    "write_file": {"path": (str,), "content": (str,)},
-    "edit_file": {"path": (str,), "old": (str,), "new": (str,)},
-    "clone": {"url": (str,), "branch": (str, type(None))},
-}
-"""The fields of each action kind (as in trouper's messages/actions.py) and their types."""
-_REQUIRED = {
-    "run": ("command",),
-    "read_file": ("path",),
-    "write_file": ("path", "content"),
-    "edit_file": ("path", "old", "new"),
-    "clone": ("url",),
-}
-
 
 GONE_CONFIRM_S = 1.0
 """After its shell exited, how long a container that still reads ``running`` is watched
@@ -85,10 +71,6 @@ class StorageUnavailable(Exception):
 _STORAGE_ERRNOS = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "read-only",
                    errno.EACCES: "not writable", errno.EPERM: "not writable",
                    errno.EIO: "failing (I/O error)"}
-
-
-class BadRequest(Exception):
-    """The request is malformed; nothing was journaled or run."""
 
 
 class Service:
@@ -143,6 +125,10 @@ class Service:
         stored = read_json(self._epoch_path) or {}
         self.epoch = max(epoch, int(stored.get("epoch", 0)))
         self._lock = threading.Lock()
+        self._mcp: Any = None
+        """The sandbox's MCP servers (``mcp_hub.McpHub``), made by the first MCP action."""
+        self._mcp_lock = threading.Lock()
+        self._launch_mcp = launcher(self.workspace, env, shell_umask, container, confinement)
         self._workers = Workers()
         """Threads performing an action, until its outcome is journaled."""
         self.closing = False
@@ -160,6 +146,8 @@ class Service:
         the sandbox was stopped; not unknown)."""
         self.closing = True
         self.shell.close()
+        if self._mcp is not None:  # its calls in flight end interrupted
+            self._mcp.close()
         deadline = time.monotonic() + journal_wait_s
         for done in self._workers.running():
             done.wait(max(0.0, deadline - time.monotonic()))
@@ -171,7 +159,7 @@ class Service:
         the current, counted here, so a new proxy's claim never depends on a clock. Returns
         the epoch claimed."""
         with self._lock:
-            epoch = self.epoch + 1 if epoch == "next" else _int(epoch, "epoch")
+            epoch = self.epoch + 1 if epoch == "next" else as_int(epoch, "epoch")
             self._check(epoch)
             if epoch > self.epoch:
                 self.epoch = epoch
@@ -182,7 +170,7 @@ class Service:
         """Raise StaleEpoch when ``epoch`` (if given) is older than the claimed one."""
         if epoch is not None:
             with self._lock:
-                self._check(_int(epoch, "epoch"))
+                self._check(as_int(epoch, "epoch"))
 
     def _check(self, epoch: int) -> None:
         if epoch < self.epoch:
@@ -195,7 +183,7 @@ class Service:
 
     def execute(self, request: dict[str, Any]) -> dict[str, Any]:
         """Journal and start an action (once per id); returns its journal record."""
-        action_id, action, timeout_s, soft_s = _parse_execute(request)
+        action_id, action, timeout_s, soft_s = parse_execute(request)
         epoch = self.claim(request.get("epoch"))
         try:
             started = self.journal.start(action_id, epoch, self.mask_data(action))
@@ -266,6 +254,8 @@ class Service:
         if action["kind"] == "clone":
             return clone(self.workspace, action["url"], action.get("branch"), timeout_s,
                          self.shell_umask)
+        if action["kind"] in ("mcp", "mcp_tools"):
+            return self._mcp_action(action_id, action, timeout_s)
         refused = unreadable_refusal(self.workspace, action["path"], self.unreadable)
         if refused is not None:
             return {"status": "error", "content": refused}
@@ -288,6 +278,19 @@ class Service:
             )
         except files.FileError as e:
             return {"status": "error", "content": self._shown(str(e))}
+
+    def _mcp_action(self, action_id: str, action: dict[str, Any], timeout_s: float) -> Outcome:
+        with self._mcp_lock:
+            if self._mcp is None:
+                try:  # the mcp package: imported only by a sandbox that uses a server
+                    hub = hub_class()
+                except ImportError as e:
+                    return {"status": "error", "content": (
+                        "MCP servers need the Python package mcp where the sandbox server "
+                        f"runs ({sys.executable}), and it is missing: {e}")}
+                self._mcp = hub(self._launch_mcp, self.masker.mask, self.workspace,
+                                   self.max_output_chars)
+        return self._mcp.perform(action_id, action, timeout_s)
 
     def _host_path(self, path: str) -> str:
         """A path as the container's commands see it (``/workspace/x``), on this host."""
@@ -356,42 +359,3 @@ def _join(output: str, note: str) -> str:
     if not output.strip("\n"):
         return note.strip("\n")
     return output.rstrip("\n") + "\n" + note.lstrip("\n")
-
-
-def _parse_execute(request: dict[str, Any]) -> tuple:
-    action_id = request.get("action_id")
-    if not isinstance(action_id, str) or not action_id or len(action_id) > 200:
-        raise BadRequest("action_id must be a non-empty string of at most 200 characters")
-    action = request.get("action")
-    if not isinstance(action, dict) or action.get("kind") not in _FIELDS:
-        raise BadRequest(f"action must be an object whose kind is one of {sorted(_FIELDS)}")
-    _check_fields(action)
-    timeout_s = _number(request.get("timeout_s"), "timeout_s")
-    soft_s = _number(request.get("no_output_timeout_s", 0), "no_output_timeout_s")
-    if timeout_s <= 0 or soft_s < 0:
-        raise BadRequest("timeout_s must be > 0 and no_output_timeout_s >= 0")
-    return action_id, action, timeout_s, soft_s
-
-
-def _check_fields(action: dict[str, Any]) -> None:
-    kind = action["kind"]
-    for name in _REQUIRED[kind]:
-        if name not in action:
-            raise BadRequest(f"a {kind} action needs {name!r}")
-    for name, types in _FIELDS[kind].items():
-        value = action.get(name)
-        wrong = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
-        if name in action and wrong:
-            raise BadRequest(f"{kind}.{name} has the wrong type: {type(value).__name__}")
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{name} must be a number")
-    return float(value)
-
-
-def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{name} must be an integer")
-    return value
