@@ -15,6 +15,7 @@ import pytest
 from trouper import AgentState, Trouper
 from trouper.messages.events import ActionEvent, McpToolsListed, ObservationEvent
 from trouper.testing import wait_until
+from trouper.testing.mcp_http import McpHttpServer
 
 pytestmark = pytest.mark.slow  # real sessions
 
@@ -37,6 +38,12 @@ def outcomes(events: list) -> dict[str, object]:
         if isinstance(e, ObservationEvent):
             found.setdefault(tools[e.action_id], []).append(e.outcome)
     return found
+
+
+def files_holding(root: Path, secret: str) -> list[Path]:
+    """Files under ``root`` holding ``secret``, but the one meant to (its secrets file)."""
+    return [path for path in root.rglob("*") if path.is_file()
+            and path.name != "secrets.json" and secret.encode() in path.read_bytes()]
 
 
 def calls_of(ws: Path) -> list[str]:
@@ -70,6 +77,7 @@ def test_a_stdio_servers_tools_are_offered_called_once_each_and_masked(tmp_path,
     text = "".join(e.model_dump_json() for e in events)
     assert "tok-1234567890" not in text
     assert "tok-1234567890" not in str([r.body for r in server.requests])
+    assert files_holding(tmp_path / "home", "tok-1234567890") == []  # store, journal, logs
 
 
 def test_a_server_killed_mid_call_is_lost_never_called_again_and_the_session_goes_on(
@@ -127,3 +135,65 @@ def test_an_optional_server_that_fails_is_named_and_the_session_goes_on(tmp_path
     assert "'gone' did not start" in setup.outcome.content
     assert "[trouper ran a setup step before you started: it started the MCP servers]" in (
         str(server.requests[0].body["messages"]))
+
+
+@pytest.fixture
+def http_server(tmp_path: Path):
+    server = McpHttpServer(tmp_path / "http", "tok-http-98765").start()
+    yield server
+    server.stop()
+
+
+def test_an_http_server_gets_its_token_from_the_sessions_secrets(
+        tmp_path, scripted, http_server):
+    server, llm = scripted([{"tool": "mcp__web__echo", "args": {"text": "over http"}},
+                            FINISH])
+    mcp = [{"name": "web", "url": http_server.url,
+            "headers": {"Authorization": "Bearer <secret:WEB_TOKEN>"}}]
+    with Trouper(home=tmp_path / "home") as t:
+        session = t.start_session("call over http", llm=llm, workspace=tmp_path / "ws",
+                                  mcp=mcp, secrets={"WEB_TOKEN": http_server.token})
+        assert session.wait(timeout=90) == AgentState.FINISHED
+        events = list(session.events())
+        config = t.session(session.id).info()
+    assert [o.content for o in outcomes(events)["mcp__web__echo"]] == ["over http"]
+    assert http_server.calls() == ["echo"] and http_server.refused() == 0
+    assert http_server.token not in "".join(e.model_dump_json() for e in events)
+    assert http_server.token not in str(config)
+    assert files_holding(tmp_path / "home", http_server.token) == []  # store, journal, logs
+    offered = [tool["function"]["name"] for tool in server.requests[0].body["tools"]]
+    assert offered[-2:] == ["mcp__web__echo", "mcp__web__hang"]
+
+
+def test_an_http_server_that_refuses_the_token_fails_the_setup_naming_it(
+        tmp_path, scripted, http_server):
+    _, llm = scripted([FINISH])
+    mcp = [{"name": "web", "url": http_server.url,
+            "headers": {"Authorization": "Bearer <secret:WEB_TOKEN>"}}]
+    with Trouper(home=tmp_path / "home") as t:
+        session = t.start_session("wrong token", llm=llm, workspace=tmp_path / "ws",
+                                  mcp=mcp, secrets={"WEB_TOKEN": "not-the-token-123"})
+        assert session.wait(timeout=60) == AgentState.ERROR
+        reason = session.info().reason
+    assert "MCP server 'web' did not start" in reason and "401" in reason
+    assert http_server.refused() >= 1 and http_server.calls() == []
+
+
+def test_an_http_server_killed_mid_call_is_lost_and_the_next_call_is_not_sent(
+        tmp_path, scripted, http_server):
+    _, llm = scripted([{"tool": "mcp__web__hang", "args": {}},
+                       {"tool": "mcp__web__echo", "args": {"text": "x"}}, FINISH])
+    mcp = [{"name": "web", "url": http_server.url,
+            "headers": {"Authorization": "Bearer <secret:WEB_TOKEN>"}}]
+    with Trouper(home=tmp_path / "home") as t:
+        session = t.start_session("hang over http", llm=llm, workspace=tmp_path / "ws",
+                                  mcp=mcp, secrets={"WEB_TOKEN": http_server.token})
+        wait_until(lambda: (http_server.folder / "hanging").exists(), 60, "the hang call")
+        http_server.kill()
+        assert session.wait(timeout=90) == AgentState.FINISHED
+        events = list(session.events())
+    seen = outcomes(events)
+    assert [o.status for o in seen["mcp__web__hang"]] == ["lost"]
+    [echo] = seen["mcp__web__echo"]
+    assert echo.status == "error" and "the call was not sent" in echo.content
+    assert http_server.calls() == ["hang"]

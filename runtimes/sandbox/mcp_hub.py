@@ -198,6 +198,8 @@ class Connection:
         self.error: str | None = None
         self.broken = False
         """A call found the transport broken: the next call connects again."""
+        self.http_refusal = ""
+        """The last error status an HTTP server answered (``HTTP 401 Unauthorized``)."""
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
@@ -283,7 +285,15 @@ class Connection:
                 yield streams
             return
         headers = {str(k): str(v) for k, v in (self.spec.get("headers") or {}).items()}
-        async with create_mcp_http_client(headers=headers) as client:
+        client = create_mcp_http_client(headers=headers)
+
+        async def note_refusal(response: Any) -> None:  # the SDK's errors drop the status
+            if response.status_code >= 400:
+                self.http_refusal = f"HTTP {response.status_code} {response.reason_phrase}"
+
+        hooks = client.event_hooks
+        client.event_hooks = {**hooks, "response": [*hooks.get("response", []), note_refusal]}
+        async with client:
             async with streamable_http_client(self.spec["url"], http_client=client) as (
                     read, write):
                 yield read, write
@@ -295,7 +305,8 @@ class Connection:
                 self.process.gone.is_set() or self.process.exit_status is not None):
             return "its process " + self.process.why_gone()
         if self.launch is None:
-            return f"cannot use {self.spec.get('url')}: {_why(error)}"
+            answered = f" (it answered {self.http_refusal})" if self.http_refusal else ""
+            return f"cannot use {self.spec.get('url')}: {_why(error)}{answered}"
         return _why(error)
 
 
