@@ -75,6 +75,8 @@ class ServerProcess:
         what = ("closed its output" if status is None else
                 f"was killed by signal {-status}" if status < 0 else
                 f"exited with status {status}")
+        if status is not None and 128 < status < 160:  # how docker exec and shells say it
+            what += f" (128 + {status - 128}: killed by signal {status - 128}, likely)"
         tail = self.stderr_tail()
         return what + (f"; its stderr ends: {tail}" if tail else " (nothing on its stderr)")
 
