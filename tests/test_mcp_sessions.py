@@ -14,7 +14,7 @@ import pytest
 
 from trouper import AgentState, Trouper
 from trouper.messages.events import ActionEvent, McpToolsListed, ObservationEvent
-from trouper.testing import wait_until
+from trouper.testing import check_log, wait_until
 from trouper.testing.mcp_http import McpHttpServer
 
 pytestmark = pytest.mark.slow  # real sessions
@@ -100,6 +100,7 @@ def test_a_server_killed_mid_call_is_lost_never_called_again_and_the_session_goe
     assert [o.content for o in seen["mcp__t__echo"]] == ["after"]
     calls = calls_of(ws)
     assert [line.split()[1] for line in calls] == ["hang", "echo"]  # hang never sent again
+    assert check_log(events) == []
     assert int(calls[1].split()[0]) != first  # a fresh server took the next call
 
 
@@ -197,3 +198,4 @@ def test_an_http_server_killed_mid_call_is_lost_and_the_next_call_is_not_sent(
     [echo] = seen["mcp__web__echo"]
     assert echo.status == "error" and "the call was not sent" in echo.content
     assert http_server.calls() == ["hang"]
+    assert check_log(events) == []

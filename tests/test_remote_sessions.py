@@ -242,3 +242,17 @@ def test_chaos_remote_sessions_under_random_kills_run_every_action_at_most_once(
         ok, lost = statuses.count("ok"), statuses.count("lost")
         assert ok + lost == steps_n, statuses
         assert ok <= len(lines) <= ok + lost  # a lost one may have run before its server died
+
+
+def test_an_mcp_server_runs_on_the_remote_runtimes_host(trouper, scripted, server, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "testing" / "mcp_server.sh"
+    _, llm = scripted([{"tool": "mcp__t__echo", "args": {"text": "from afar"}}, FINISH])
+    session = trouper.start_session(
+        "t", llm=llm, runtime=server.runtime(), workspace=tmp_path / "local",
+        setup=f"cp {script} mcp_server.sh",  # the setup runs before the servers start
+        mcp=[{"name": "t", "command": ["sh", "mcp_server.sh"]}])
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert [o.content for o in outcomes(session)][-2:] == ["from afar", "done"]
+    calls = (server.workspace(session.id) / "mcp-calls.log").read_text().split("\n")
+    assert [line.split()[1] for line in calls if line] == ["echo"]
+    assert check_log(list(session.events())) == []
