@@ -7,7 +7,8 @@
 # error), hang {} (answers only when the next message comes: a cancel; a test kills it
 # meanwhile). In its working folder it writes mcp-server.pid (its pid), mcp-calls.log (a
 # line "<pid> <tool>" per call, before the call runs) and mcp-hang (once hang began).
-# "$1" = fail: it writes to stderr and exits 3 before reading anything.
+# "$1" = fail: it writes to stderr and exits 3 before reading anything. With MCP_LINGER
+# set it does not exit when its stdin ends (it becomes `sleep 3600`, same pid).
 set -u
 if [ "${1:-}" = fail ]; then
   echo "mcp_server.sh: cannot open its configuration (a test's failure)" >&2
@@ -52,3 +53,5 @@ while IFS= read -r line; do
     *) [ -n "$id" ] && printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"no method %s"}}\n' "$id" "$method" ;;
   esac
 done
+# MCP_LINGER set: outlive the end of stdin, as a server that ignores it would (same pid)
+if [ -n "${MCP_LINGER:-}" ]; then exec sleep 3600; fi

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from trouper import AgentState, Trouper
+from trouper.host.processes import pid_alive
 from trouper.messages.events import ActionEvent, McpToolsListed, ObservationEvent
 from trouper.testing import check_log, wait_until
+from trouper.testing.faults import sandbox_of
 from trouper.testing.mcp_http import McpHttpServer
 
 pytestmark = pytest.mark.slow  # real sessions
@@ -199,3 +201,21 @@ def test_an_http_server_killed_mid_call_is_lost_and_the_next_call_is_not_sent(
     assert echo.status == "error" and "the call was not sent" in echo.content
     assert http_server.calls() == ["hang"]
     assert check_log(events) == []
+
+
+def test_a_stdio_server_dies_with_its_sandbox_server_even_when_it_ignores_its_stdin(
+        tmp_path, scripted):
+    ws = workspace(tmp_path)
+    _, llm = scripted([{"tool": "mcp__t__echo", "args": {"text": "hi"}}, FINISH])
+    mcp = [{"name": "t", "command": ["sh", "mcp_server.sh"], "env": {"MCP_LINGER": "1"}}]
+    with Trouper(home=tmp_path / "home") as t:
+        session = t.start_session("echo", llm=llm, workspace=ws, mcp=mcp)
+        assert session.wait(timeout=60) == AgentState.FINISHED
+        server = int((ws / "mcp-server.pid").read_text())
+        assert pid_alive(server)
+        try:
+            os.kill(sandbox_of(session).server_pid(), signal.SIGKILL)  # the server alone
+            wait_until(lambda: not pid_alive(server), 10, "the MCP server to die with it")
+        finally:
+            if pid_alive(server):
+                os.kill(server, signal.SIGKILL)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 import posixpath
+import signal
 import sys
 from typing import Any, Callable
 
 from .bash import _default_signals
 from .container import _HOME_FIX, ContainerShell
 from .shell_policy import ShellConfinement
+from .syscalls import Libc
+
+_PR_SET_PDEATHSIG = 1
 
 BASE_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "USER", "LOGNAME",
               "SHELL", "TMPDIR", "TZ")
@@ -45,6 +49,7 @@ def launcher(workspace: str, env: dict[str, str], umask: int | None,
             return Launch(argv, {**env, **extra}, None, _default_signals)
         base = {name: env[name] for name in BASE_NAMES if name in env}
         prepared = confinement.prepared if confinement is not None else None
+        calls, server = Libc(), os.getpid()  # resolved before the fork (syscalls.py)
 
         def child() -> None:  # in the forked child, before exec
             _default_signals()
@@ -52,6 +57,11 @@ def launcher(workspace: str, env: dict[str, str], umask: int | None,
                 os.umask(umask)
             if prepared is not None:
                 prepared.apply()
+            # after apply, which clears it when it changes the uid: the server dies with
+            # the sandbox server even if it ignores its stdin's end (a SIGKILLed server)
+            calls.prctl("parent death signal", _PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != server:
+                os._exit(1)  # the sandbox server died before the signal was set
 
         return Launch(command, {**base, **extra}, os.path.join(workspace, cwd) if cwd
                       else workspace, child)
