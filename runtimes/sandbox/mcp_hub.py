@@ -22,6 +22,7 @@ thread blocks on its call. A call has one outcome:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -77,9 +78,13 @@ class McpHub:
 
     def perform(self, action_id: str, action: dict[str, Any], timeout_s: float) -> Outcome:
         """The outcome of an ``mcp`` or ``mcp_tools`` action (see the module doc)."""
+        if self.closing:
+            return {"status": "interrupted", "content": (
+                "Not run: trouper was stopping this sandbox and its MCP servers.")}
         if action["kind"] == "mcp_tools":
             servers = action["servers"]
-            limit = max([float(s.get("startup_timeout_s") or 30) for s in servers] + [1.0])
+            # a start, then a listing, each bounded by the server's startup_timeout_s
+            limit = 2 * max([float(s.get("startup_timeout_s") or 30) for s in servers] + [1.0])
             coroutine = self._list(servers)
         else:
             spec = action.get("spec")
@@ -90,7 +95,15 @@ class McpHub:
             coroutine = self._call(action_id, spec, action["tool"],
                                    action.get("arguments") or {}, timeout_s)
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        return future.result(limit + RESULT_MARGIN_S)
+        try:
+            return future.result(limit + RESULT_MARGIN_S)
+        except concurrent.futures.TimeoutError:  # every wait inside is bounded: a bug
+            future.cancel()
+            logger.error("MCP action %s had no outcome within %g s", action_id,
+                         limit + RESULT_MARGIN_S)
+            return {"status": "lost", "content": (
+                "The MCP action had no outcome in time; nobody can know whether it ran, so "
+                "it is not run again: check its effects before repeating it.")}
 
     def close(self) -> None:
         """Stop every server (in-flight calls end ``interrupted``) and the loop; once."""
