@@ -298,6 +298,9 @@ class SessionConfig(Config):
     it (``Session.budget``) or stops it."""
     stuck: StuckPolicy = StuckPolicy()
     """Stuck detection: which loops pause the session (default on; ``False`` off)."""
+    checkpoints: bool = True
+    """Snapshot the workspace after every action that may change it, outside it (the
+    sandbox's checkpoint store): what a fork or a rewind at that action starts from."""
     mcp: tuple[McpServer, ...] = ()
     """MCP servers whose tools the agent is offered beside trouper's own: a stdio
     ``command`` started inside the sandbox, or a streamable HTTP ``url``

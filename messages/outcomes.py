@@ -32,3 +32,6 @@ class Outcome(Frozen):
     """Workspace-relative file holding the full, untruncated output, when cut."""
     duration_s: float | None = None
     """Wall time the runtime spent on the action."""
+    checkpoint: str | None = None
+    """The snapshot of the workspace taken once the action ended (its name in the
+    sandbox's checkpoint store: the action's id); None when none was taken."""

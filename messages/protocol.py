@@ -179,6 +179,9 @@ class Execute(Frozen):
     """Hard limit."""
     no_output_timeout_s: float
     """Soft limit."""
+    checkpoint: bool = False
+    """Snapshot the workspace once the action ended (``runtimes/sandbox/checkpoints.py``);
+    the outcome then names the snapshot."""
 
 
 class Executed(Frozen):

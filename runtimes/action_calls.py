@@ -72,14 +72,14 @@ class ActionCalls(ABC):
         while it runs; the request's own limit is ``timeout_s``."""
 
     def execute(self, action_id: str, action: RuntimeAction, *, timeout_s: float,
-                no_output_timeout_s: float) -> Outcome:
+                no_output_timeout_s: float, checkpoint: bool = False) -> Outcome:
         """Run ``action`` once (idempotent by ``action_id``) and return its outcome."""
         limit_s = (getattr(action, "timeout_s", None) or timeout_s) + STOP_MARGIN_S
         deadline = self.clock() + limit_s
         body = {"action_id": action_id, "epoch": self.epoch,
                 "action": action.model_dump(mode="json"), "timeout_s": timeout_s,
                 "no_output_timeout_s": no_output_timeout_s,
-                "wait_s": min(self.poll_s, limit_s)}
+                "wait_s": min(self.poll_s, limit_s), **({"checkpoint": True} if checkpoint else {})}
         size = len(json.dumps(body).encode("utf-8"))
         if size > self.max_body_bytes:
             return too_large(size, self.max_body_bytes)

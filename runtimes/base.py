@@ -62,8 +62,10 @@ class Runtime(Protocol):
         *,
         timeout_s: float,
         no_output_timeout_s: float,
+        checkpoint: bool = False,
     ) -> Outcome:
-        """Run ``action`` once and return its outcome (see the journal contract)."""
+        """Run ``action`` once and return its outcome (see the journal contract); with
+        ``checkpoint``, snapshot the workspace once it ended (the outcome names it)."""
         ...
 
     def resolve(self, action_id: str, *, wait_s: float = 0.0) -> JournalRecord:

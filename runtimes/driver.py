@@ -339,8 +339,8 @@ class RuntimeDriver:
 
         def work() -> Any:
             return runtime.execute(
-                msg.action_id, msg.action,
-                timeout_s=msg.timeout_s, no_output_timeout_s=msg.no_output_timeout_s)
+                msg.action_id, msg.action, timeout_s=msg.timeout_s,
+                no_output_timeout_s=msg.no_output_timeout_s, checkpoint=msg.checkpoint)
 
         def done(outcome: Any, error: BaseException | None) -> list[Effect]:
             if isinstance(error, StoreUnavailable):  # not run: try it again, say why once

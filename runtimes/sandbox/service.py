@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict
 
 from . import files
 from .bash import BashProcess
+from .checkpoints import Checkpoints
 from .clone import clone
 from .container import ContainerShell
 from .journal import Journal
@@ -38,6 +39,11 @@ from .workers import Workers
 logger = logging.getLogger(__name__)
 
 Outcome = Dict[str, Any]
+
+CHANGES_FILES = frozenset({"run", "write_file", "edit_file", "clone", "mcp"})
+"""Action kinds that may change the workspace: a checkpoint follows each (when asked)."""
+START_CHECKPOINT = "start"
+"""The snapshot of the workspace before the first action that asked for one."""
 
 GONE_CONFIRM_S = 1.0
 """After its shell exited, how long a container that still reads ``running`` is watched
@@ -99,6 +105,8 @@ class Service:
         self.on_gone: Callable[[], None] | None = None
         """Called once the container is found gone (the server then shuts down)."""
         self.journal = journal_class(os.path.join(state_dir, "journal"), boot_id)
+        self.checkpoints = Checkpoints(os.path.join(state_dir, "checkpoints"), self.workspace)
+        """Snapshots of the workspace, taken after an action asked for one."""
         self.masker = masker or TextMasker({})
         """Masks the session's secret values in everything the server writes."""
         self.shell_umask = shell_umask
@@ -194,12 +202,16 @@ class Service:
                 f"the disk holding the sandbox's journal is {_STORAGE_ERRNOS[e.errno]} "
                 f"({e.strerror}); the action was not run") from e
         if started:
-            self._workers.submit(self._journal_outcome, action_id, action, timeout_s, soft_s)
+            self._workers.submit(self._journal_outcome, action_id, action, timeout_s, soft_s,
+                                 request.get("checkpoint") is True)
         return self.journal.read(action_id)
 
     def _journal_outcome(
-        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float
+        self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float,
+        checkpoint: bool = False,
     ) -> None:
+        if checkpoint and self.checkpoints.manifest(START_CHECKPOINT) is None:
+            self._checkpoint(START_CHECKPOINT)  # the workspace before the first action
         began, exits = time.monotonic(), self.shell.exits
         try:
             outcome = self.perform(action_id, action, timeout_s, soft_s)
@@ -212,7 +224,18 @@ class Service:
             return
         outcome["content"] = self.masker.mask(str(outcome.get("content", "")))
         outcome["duration_s"] = round(time.monotonic() - began, 6)
+        if checkpoint and action["kind"] in CHANGES_FILES:
+            outcome["checkpoint"] = self._checkpoint(action_id)
         self.journal.finish(action_id, outcome)
+
+    def _checkpoint(self, name: str) -> str | None:
+        """Snapshot the workspace as ``name``; the name, or None when it could not be
+        kept (the action's outcome stands; a fork from it says so)."""
+        try:
+            return str(self.checkpoints.take(name)["name"])
+        except OSError as e:
+            logger.warning("no checkpoint %s: %s", name, e)
+            return None
 
     def _container_gone(self, action_id: str | None) -> bool:
         """True (and the server told to stop) when the shell's container is not running:
