@@ -313,11 +313,20 @@ def test_stop_is_idempotent_and_kills_everything(make_sandbox: Callable[..., Loc
     assert not sandbox.info_path.exists()
 
 
+MCP_MODULES = {"mcp_hub.py", "mcp_stdio.py"}
+"""The sandbox's MCP client: it needs the mcp package, imported only by a sandbox whose
+session uses a server (``mcp_launch.hub_class``), never at another module's top."""
+
+
 def test_sandbox_package_is_stdlib_only_and_self_contained() -> None:
     package = Path(__file__).resolve().parents[1] / "runtimes" / "sandbox"
     for module in package.glob("*.py"):
         tree = ast.parse(module.read_text(), str(module))
         assert isinstance(tree.body[1], ast.ImportFrom) and tree.body[1].module == "__future__"
+        if module.name in MCP_MODULES:
+            continue
+        top = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.level]
+        assert not [n.module for n in top if f"{n.module}.py" in MCP_MODULES], module
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 continue

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -245,13 +246,13 @@ def test_chaos_remote_sessions_under_random_kills_run_every_action_at_most_once(
 
 
 def test_an_mcp_server_runs_on_the_remote_runtimes_host(trouper, scripted, server, tmp_path):
-    script = Path(__file__).resolve().parents[1] / "testing" / "mcp_server.sh"
+    script = (Path(__file__).resolve().parents[1] / "testing" / "mcp_server.sh").read_text()
     _, llm = scripted([{"tool": "mcp__t__echo", "args": {"text": "from afar"}}, FINISH])
-    session = trouper.start_session(
+    session = trouper.start_session(  # the setup writes the server (it runs before it)
         "t", llm=llm, runtime=server.runtime(), workspace=tmp_path / "local",
-        setup=f"cp {script} mcp_server.sh",  # the setup runs before the servers start
+        setup=f"printf '%s' {shlex.quote(script)} > mcp_server.sh",
         mcp=[{"name": "t", "command": ["sh", "mcp_server.sh"]}])
-    assert session.wait(timeout=60) == AgentState.FINISHED
+    assert session.wait(timeout=60) == AgentState.FINISHED, session.info().reason
     assert [o.content for o in outcomes(session)][-2:] == ["from afar", "done"]
     calls = (server.workspace(session.id) / "mcp-calls.log").read_text().split("\n")
     assert [line.split()[1] for line in calls if line] == ["echo"]
