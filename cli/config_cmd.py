@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,14 @@ from typing import Any
 import click
 
 from ..config.files import KEYS, PROJECT_FILE, ConfigFiles, locate_config_files, shown_path
-from ..config.layers import FLAG, Resolved, keys_from_env, resolve_keys, resolve_settings
+from ..config.layers import (
+    FLAG,
+    Resolved,
+    keys_from_env,
+    resolve_keys,
+    resolve_mcp,
+    resolve_settings,
+)
 from .run_defaults import read_files
 from .support import home_option
 
@@ -64,10 +72,12 @@ def show(home: Path | None, workspace: Path | None, as_json: bool, **flags: Any)
                                    for name, value in flags.items() if value is not None}}
     keys = resolve_keys(files, given)
     settings = resolve_settings(files)
+    servers = resolve_mcp(files)
     if as_json:
         click.echo(json.dumps({"files": _files_json(files),
                                "keys": {k: _key_json(k, r) for k, r in keys.items()},
-                               "settings": {k: _json(r) for k, r in settings.items()}},
+                               "settings": {k: _json(r) for k, r in settings.items()},
+                               "mcp": {k: _json(r) for k, r in servers.items()}},
                               indent=2))
         return
     _print_files(files)
@@ -75,6 +85,17 @@ def show(home: Path | None, workspace: Path | None, as_json: bool, **flags: Any)
     _print_rows([(name, _shown_value(name, r), r.source) for name, r in keys.items()])
     click.echo("\nsettings ([settings] in a file; env TROUPER_<NAME>)")
     _print_rows([(name, _plain(r.value), r.source) for name, r in settings.items()])
+    if servers:
+        click.echo("\nmcp servers ([mcp.NAME] in a file; run --mcp adds or replaces one)")
+        _print_rows([(name, _server_text(r.value), r.source) for name, r in servers.items()])
+
+
+def _server_text(entry: dict[str, Any]) -> str:
+    """``sh mcp_server.sh`` or the URL: what a server is (its env and headers hold
+    placeholders only, and are left out)."""
+    if "url" in entry:
+        return str(entry["url"])
+    return shlex.join(str(word) for word in entry["command"])
 
 
 @config.command()

@@ -25,6 +25,7 @@ from ..messages.events import AgentState
 from .carry_on import DAEMON_SCRIPT, carry_on
 from .clients import driving
 from .drive import Begun, console, drive
+from .mcp_options import mcp_option, mcp_options, secret_option
 from .next_steps import carry_on_flags
 from .run_defaults import api_key_from, chosen, confirm_policy, read_files, runtime_config
 from .scripted import (
@@ -121,7 +122,9 @@ def main(debug: bool) -> None:
 @click.option("--confirm", default=KEYS["confirm"].default, show_default=True,
               metavar="POLICY", envvar=KEYS["confirm"].env,
               help="Actions that wait for your approval: never, always, risky, or tool "
-                   "names separated by commas (run,write_file).")
+                   "names separated by commas (run,write_file,mcp).")
+@mcp_option
+@secret_option
 @click.option("--daemon", is_flag=True,
               help="Run the session in the home's daemon (started if none runs) and follow "
                    "it; Ctrl-C detaches, the session goes on.")
@@ -132,7 +135,8 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
         no_network: bool, unconfined: bool, workspace: Path | None, home: Path | None,
         script: Path | None, max_iterations: int, on_budget: str, repo: str | None,
         branch: str | None,
-        setup: str | None, confirm: str, daemon: bool, timeout_s: float,
+        setup: str | None, confirm: str, mcp_specs: tuple[str, ...],
+        secret_names: tuple[str, ...], daemon: bool, timeout_s: float,
         verbose: bool) -> None:
     """Run one session on TASK and stream it; exit 0 when it FINISHED.
 
@@ -160,10 +164,11 @@ def run(task: str | None, model: str | None, base_url: str | None, api_key: str 
     key = api_key or (api_key_from(keys) if script is None else None)
     if key:
         llm["api_key"] = key
-    extra = {name: value for name, value in
+    extra: dict[str, Any] = {name: value for name, value in
              (("repo", repo), ("branch", branch), ("setup", setup)) if value is not None}
     if on_budget != "stop":
         extra["on_budget"] = on_budget
+    extra.update(mcp_options(files, mcp_specs, secret_names))
     _exit(_start(home, task, llm, script, daemon=daemon, timeout_s=keys["timeout"].value,
                  verbose=verbose, runtime=runtime_config(keys), workspace=workspace,
                  max_iterations=keys["max_iterations"].value,

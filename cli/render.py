@@ -18,6 +18,7 @@ from ..messages.events import (
     Event,
     LLMCompleted,
     LLMRetry,
+    McpToolsListed,
     MessageEvent,
     ObservationEvent,
     RuntimeEvent,
@@ -60,6 +61,12 @@ def describe_action(event: ActionEvent) -> str:
         return f"think: {_clip(action.thought, 100)}"
     if action.kind == "finish":
         return "finish"
+    if action.kind == "mcp":
+        return f"mcp {action.server}.{action.tool} " + _clip(
+            json.dumps(action.arguments, ensure_ascii=False), 100)
+    if action.kind == "mcp_tools":
+        names = ", ".join(server.name or server.label for server in action.servers)
+        return f"start MCP servers: {names}"
     if "path" in fields:
         return f"{action.kind}: {fields['path']}"
     return f"{action.kind}: {_clip(json.dumps(fields, ensure_ascii=False), 100)}"
@@ -84,6 +91,8 @@ def render(event: Event, *, verbose: bool = False) -> Text | None:
         return seq + line
     if isinstance(event, ObservationEvent):
         return seq + _render_outcome(event, verbose)
+    if isinstance(event, McpToolsListed):
+        return _render_mcp_tools(event, seq)
     if isinstance(event, LLMRetry):
         return seq + Text(
             f"model retry {event.attempt}/{event.max_attempts} in {event.wait_s:.1f} s: "
@@ -99,6 +108,22 @@ def render(event: Event, *, verbose: bool = False) -> Text | None:
             f"model {event.model}: {event.prompt_tokens}+{event.completion_tokens} tokens, "
             f"{event.latency_s * 1000:.0f} ms", style="dim")
     return None
+
+
+def _render_mcp_tools(event: McpToolsListed, seq: Text) -> Text:
+    """A line per server: the tools it offers (``mcp t: 2 tools (echo, env)``), or why it
+    did not start, as a warning."""
+    offered: dict[str, list[str]] = {}
+    for tool in event.tools:
+        offered.setdefault(tool.server, []).append(tool.tool)
+    lines = [Text(f"mcp {server}: {len(tools)} tool{'s' if len(tools) != 1 else ''} "
+                  f"({_clip(', '.join(tools), 120)})", style="cyan")
+             for server, tools in offered.items()]
+    lines += [Text(f"warning: mcp {server} did not start: {_clip(why, 300)}", style="yellow")
+              for server, why in event.failed.items()]
+    if not lines:
+        lines = [Text("mcp: no tools offered", style="cyan")]
+    return Text("\n").join(seq + line for line in lines)
 
 
 def _render_outcome(event: ObservationEvent, verbose: bool) -> Text:

@@ -1,7 +1,8 @@
 """The config files: the user's ``<home>/config.toml`` and a project's ``.trouper.toml``.
 
-Both hold the same keys (``KEYS``: the defaults of ``trouper run``) and a ``[settings]``
-table (the fields of ``Settings``). ``load_config_files`` finds, reads and checks them;
+Both hold the same keys (``KEYS``: the defaults of ``trouper run``), a ``[settings]``
+table (the fields of ``Settings``) and ``[mcp.NAME]`` tables (MCP servers:
+``config/mcp_files.py``). ``load_config_files`` finds, reads and checks them;
 any problem is one ``ConfigError`` naming the file, the line and the fix. A project file
 comes with a repository its user may not have written, so the keys that decide where a
 key, a token or the agent's commands go, or that loosen the sandbox, are refused there
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 
 from ..exceptions import ConfigError
 from ..home.paths import default_home
+from .mcp_files import MCP_TABLE, mcp_problems, server_entries
 from .settings import Settings, use_file_settings
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ class ConfigFile:
     """Its ``[settings]`` table."""
     lines: dict[str, int] = field(default_factory=dict)
     """The line of each key (``"model"``, ``"settings.rate_window_s"``), for messages."""
+    mcp: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Its ``[mcp.NAME]`` tables: MCP servers by name, as the session's ``mcp`` entries."""
 
     @property
     def label(self) -> str:
@@ -269,7 +273,9 @@ def parse_text(text: str, path: Path, kind: FileKind) -> ConfigFile:
         raise ConfigError(_syntax_error(label, str(e)), field=str(path)) from None
     lines = _key_lines(text)
     table = data.pop(SETTINGS_TABLE, {})
+    servers = data.pop(MCP_TABLE, {})
     problems = [_problem(key, value, kind) for key, value in data.items()]
+    problems += mcp_problems(servers, kind)
     if not isinstance(table, dict):
         problems.append((SETTINGS_TABLE, "must be a table: a [settings] line, then "
                                          "name = value lines"))
@@ -278,11 +284,18 @@ def parse_text(text: str, path: Path, kind: FileKind) -> ConfigFile:
     found = [(key, why) for key, why in problems if why]
     if found:
         key, why = found[0]
-        line = lines.get(key)
+        # a key inside an inline table (env = { A = "..." }) has its table's line
+        line = next((lines[k] for k in _prefixes(key) if k in lines), None)
         where = f"{label}, line {line}" if line else label
         more = f" (and {len(found) - 1} more problem(s) in the file)" if len(found) > 1 else ""
         raise ConfigError(f"{where}: {key}: {why}{more}", field=key)
-    return ConfigFile(path, kind, data, table, lines)
+    return ConfigFile(path, kind, data, table, lines, server_entries(servers))
+
+
+def _prefixes(key: str) -> list[str]:
+    """``mcp.t.env.A``, ``mcp.t.env``, ``mcp.t``, ``mcp``."""
+    parts = key.split(".")
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
 def _problem(key: str, value: Any, kind: FileKind) -> tuple[str, str | None]:
@@ -293,7 +306,7 @@ def _problem(key: str, value: Any, kind: FileKind) -> tuple[str, str | None]:
     if key not in KEYS:
         if key in Settings.model_fields:
             return key, f"a setting: put it under a [{SETTINGS_TABLE}] line"
-        return key, "unknown key" + _suggest(key, [*KEYS, SETTINGS_TABLE])
+        return key, "unknown key" + _suggest(key, [*KEYS, SETTINGS_TABLE, MCP_TABLE])
     if why := KEYS[key].check(value):
         return key, why
     if kind == "project" and key in PROJECT_REFUSED and (why := PROJECT_REFUSED[key](value)):

@@ -4,8 +4,9 @@ file > default, for every key of the config files and every setting.
 ``resolve_keys`` takes what a command line gave (its flags and, as click read them, its
 variables) and fills the rest from the files; ``keys_from_env`` reads the variables for a
 command that has no such options (``trouper config show``). ``resolve_settings`` does the
-same for ``Settings``. Each value comes back as a ``Resolved`` naming its source as
-``config show`` prints it: ``flag``, ``env TROUPER_MODEL``, the file, or ``default``.
+same for ``Settings``; ``resolve_mcp`` gathers the files' MCP servers by name. Each value
+comes back as a ``Resolved`` naming its source as ``config show`` prints it: ``flag``,
+``env TROUPER_MODEL``, the file, or ``default``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def resolve_keys(files: ConfigFiles, given: Mapping[str, Resolved] | None = None
             _check_project_runtime(files.project, files.user)
         _check_project_model(chosen, files.project, files.user)
     return chosen
+
+
+def resolve_mcp(files: ConfigFiles) -> dict[str, Resolved]:
+    """The MCP servers of the files by name, each with the file it came from: the user's,
+    then the project's (a project's server of the same name replaces the user's)."""
+    servers: dict[str, Resolved] = {}
+    for layer in files.layers():
+        for name, entry in layer.mcp.items():
+            servers[name] = Resolved(entry, layer.label)
+    return servers
 
 
 def _check_project_model(chosen: dict[str, Resolved], project: ConfigFile,

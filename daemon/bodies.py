@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
+
+from ..messages.mcp import McpServer
 
 
 class CreateSession(BaseModel):
@@ -25,6 +35,35 @@ class CreateSession(BaseModel):
         "Environment variables of the sandbox's shell; write-only, masked everywhere."))
     labels: list[str] = Field(default_factory=list, description=(
         "In a cluster: labels (``gpu=a100``) the daemon that runs the session must have."))
+    mcp: list[McpServer] | None = Field(default=None, description=(
+        "MCP servers whose tools the agent may call: each a stdio ``command`` (started in "
+        "the sandbox) or an HTTP ``url``; secrets in ``env``/``headers`` as "
+        "``<secret:NAME>``, NAME one of ``secrets``."))
+
+    @field_validator("mcp")
+    @classmethod
+    def _mcp_secrets_given(cls, value: list[McpServer] | None,
+                           info: ValidationInfo) -> list[McpServer] | None:
+        # checked here too so that the 422 names the field (the session's own check does
+        # too, without a field)
+        given = set(info.data.get("secrets") or {})
+        for server in value or []:
+            if missing := sorted(server.secret_names() - given):
+                raise ValueError(f"the MCP server {server.label!r} names secrets the session "
+                                 f"is not given: {', '.join(missing)} (give them in secrets)")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _mcp_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a create without servers reads as it did before the field (its digest, the
+        # options start_session is given), so a create sent again still matches
+        data: dict[str, Any] = handler(self)
+        if data.get("mcp") is None:
+            data.pop("mcp", None)
+        else:
+            data["mcp"] = [{k: v for k, v in server.items() if v is not None}
+                           for server in data["mcp"]]
+        return data
 
 
 class Message(BaseModel):

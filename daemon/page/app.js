@@ -165,8 +165,19 @@ function tick() {
     : "resumes in " + Math.max(0, Math.ceil((at - Date.now()) / 1000)) + " s";
 }
 
+// {"text": "hi"}: an MCP call's arguments as JSON, spaced for reading
+function argumentsText(args) {
+  const entries = Object.entries(args || {});
+  return "{" + entries.map(([k, v]) => JSON.stringify(k) + ": " + JSON.stringify(v))
+    .join(", ") + "}";
+}
+
 function describe(action) {
   const a = action.action;
+  if (a && a.kind === "mcp") return "mcp " + a.server + "." + a.tool + " " + argumentsText(a.arguments);
+  if (a && a.kind === "mcp_tools") {
+    return "start MCP servers: " + (a.servers || []).map((s) => s.name).join(", ");
+  }
   if (a && a.command !== undefined) return "$ " + a.command;
   if (a && a.path !== undefined) return action.tool + " " + a.path;
   return action.tool + " " + action.arguments;
@@ -229,6 +240,9 @@ function show(event) {
       refreshDetail();
       break;
     }
+    case "mcp_tools":
+      for (const node of mcpToolsLines(event)) add(node);
+      break;
     case "llm_completed":
       refreshDetail();
       break;
@@ -237,6 +251,30 @@ function show(event) {
   }
   list.lastElementChild && event.kind !== "llm_completed" &&
     list.lastElementChild.scrollIntoView({ block: "nearest" });
+}
+
+// The MCP servers' tools, a line per server ("MCP t: 2 tools (echo, env)"), and each
+// server that did not start with why, as a warning.
+function mcpToolsLines(event) {
+  const offered = new Map();
+  for (const tool of event.tools || []) {
+    if (!offered.has(tool.server)) offered.set(tool.server, []);
+    offered.get(tool.server).push(tool.tool);
+  }
+  const lines = [];
+  for (const [server, tools] of offered) {
+    const node = el("li", "status mcp-tools", "MCP " + server + ": " + tools.length +
+      (tools.length === 1 ? " tool (" : " tools (") + tools.join(", ") + ")");
+    node.dataset.server = server;
+    lines.push(node);
+  }
+  for (const [server, why] of Object.entries(event.failed || {})) {
+    const node = el("li", "status warning", "MCP server " + server + " did not start: " + why);
+    node.dataset.server = server;
+    lines.push(node);
+  }
+  if (!lines.length) lines.push(el("li", "status mcp-tools", "MCP: no tools offered"));
+  return lines;
 }
 
 async function command(name, body) {
