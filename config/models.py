@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SecretStr,
     TypeAdapter,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -310,17 +311,16 @@ class SessionConfig(Config):
 
     @field_validator("mcp")
     @classmethod
-    def _mcp_named(cls, value: tuple[McpServer, ...]) -> tuple[McpServer, ...]:
-        return named(value)
-
-    @model_validator(mode="after")
-    def _mcp_secrets_given(self) -> SessionConfig:
-        for server in self.mcp:
-            missing = sorted(server.secret_names() - set(self.secret_names))
+    def _mcp_named(cls, value: tuple[McpServer, ...],
+                   info: ValidationInfo) -> tuple[McpServer, ...]:
+        servers = named(value)
+        given = set(info.data.get("secret_names") or ())  # declared before mcp: checked first
+        for server in servers:
+            missing = sorted(server.secret_names() - given)
             if missing:
                 raise ValueError(f"the MCP server {server.name!r} names secrets the session "
                                  f"is not given: {', '.join(missing)}")
-        return self
+        return servers
 
     @field_validator("repo")
     @classmethod
