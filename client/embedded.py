@@ -49,6 +49,7 @@ from .checks import (
     free_id,
     workspace_path,
 )
+from .fork import fork_session
 from .info import SessionSummary
 from .session import Session, new_session_id
 from .store_reader import summaries
@@ -229,6 +230,31 @@ class Trouper:
             request_id=uuid.uuid4().hex, session_id=session_id, config=config,
             secrets=secrets, home=str(self.home.root), store_url=self.store_url))
         return Session(self, session_id)
+
+    def fork(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+             *, llm: Mapping[str, Any] | LLMConfig | None = None,
+             workspace: str | os.PathLike[str] | None = None) -> Session:
+        """A new session that starts where ``session_id`` was at event ``at_seq`` (None:
+        its last): its log begins with the original's events up to there, its workspace
+        is the checkpoint taken then (docs/time-travel.md). With ``message`` it carries
+        on with that hint at once; without, it waits PAUSED for the user. The original is
+        untouched. ``llm`` replaces the model settings (a new scripted server...);
+        ``workspace`` the fork's folder (default: its own under the home).
+
+        Raises UnknownSession, or InvalidRequest for an ``at_seq`` outside the log."""
+        if self._closed:
+            raise InvalidRequest("this Trouper is closed")
+        new_id = new_session_id()
+        folder = workspace_path(workspace, self.home.root) if workspace is not None else None
+        made = fork_session(self.home, self.store, session_id, new_id, at_seq=at_seq,
+                            message=message, llm=llm, workspace=folder)
+        if self._placed is not None:
+            self._placed(new_id, made.config)
+        secrets, _ = read_secrets(self.home, new_id)
+        take_baseline(self.home, new_id, made.config, secrets=list(secrets.values()))
+        if message and message.strip():
+            self.restore(new_id)  # it carries on; a paused fork starts on its first command
+        return Session(self, new_id)
 
     def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
         """Every session in the store, newest first; with ``state``, only those in it

@@ -20,6 +20,7 @@ from ..messages.events import (
     McpToolsListed,
     MessageEvent,
     ObservationEvent,
+    SessionForked,
     StateChanged,
     Why,
 )
@@ -57,6 +58,8 @@ class SessionView:
     """The budget the user set last (``BudgetChanged``); None: the config's."""
     max_iterations: int | None = None
     """As ``max_cost_usd``, for model calls."""
+    forked_from: tuple[str, int] | None = None
+    """The session and event this one was forked from (``SessionForked``); None."""
     mcp_tools: dict[str, McpTool] = field(default_factory=dict)
     """The MCP servers' tools the model is offered (``McpToolsListed``), by offered name."""
     before_store_fault: tuple[AgentState, str, datetime | None] | None = None
@@ -108,6 +111,8 @@ class SessionView:
                 self.max_cost_usd = event.max_cost_usd
             if event.max_iterations is not None:
                 self.max_iterations = event.max_iterations
+        elif isinstance(event, SessionForked):
+            self.forked_from = (event.from_session, event.at_seq)
         elif isinstance(event, McpToolsListed):
             self.mcp_tools = {tool.name: tool for tool in event.tools}
 

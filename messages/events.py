@@ -200,6 +200,20 @@ class McpToolsListed(EventBase):
     """Servers that did not start -> why (their tools are not offered)."""
 
 
+class SessionForked(EventBase):
+    """This session is a fork: its events 1..``at_seq`` are copies of ``from_session``'s
+    (``client/fork.py``), and its workspace was made as ``files`` says."""
+
+    kind: Literal["forked"] = "forked"
+    is_status: ClassVar[bool] = True
+    source: Source = "user"
+    from_session: str
+    at_seq: int
+    checkpoint: str | None = None
+    """The snapshot its workspace was restored from; None: ``files`` says what it holds."""
+    files: str = ""
+
+
 Event = Annotated[
     MessageEvent
     | ActionEvent
@@ -211,7 +225,8 @@ Event = Annotated[
     | PromptCondensed
     | ConfirmationEvent
     | BudgetChanged
-    | McpToolsListed,
+    | McpToolsListed
+    | SessionForked,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

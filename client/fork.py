@@ -1,0 +1,177 @@
+"""Forking a session at any event of its log: a new session that starts where the
+original was then, its files included (docs/time-travel.md).
+
+The new session's log begins with copies of the original's events 1..N, then a
+``SessionForked`` event that says so (which session, which event, how its workspace was
+made), then what the fork itself needs: a ``rejected`` outcome for every action the copy
+holds without one (it was in flight at N: it is never run again unless the model asks
+for it again), and either PAUSED (the user carries it on) or the user's hint and RUNNING.
+All of it is one append, before any actor of the new session starts.
+
+Its workspace is a new folder (the original's is never touched) holding the checkpoint
+taken after the last action at or before N (``runtimes/sandbox/checkpoints.py``), or the
+workspace as the first action found it (``start``) when N precedes every action. Where
+no checkpoint exists (a session run with ``checkpoints=False``, or on a remote runtime,
+whose checkpoints stay on its server) the fork says so: it starts from a copy of the
+original's current files, or, on a remote runtime, from an empty workspace there.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from ..config.models import LLMConfig, SessionConfig
+from ..core.states import Why
+from ..exceptions import InvalidRequest
+from ..home.paths import Home, private_dir
+from ..messages.events import (
+    ActionEvent,
+    AgentState,
+    Event,
+    MessageEvent,
+    ObservationEvent,
+    SessionForked,
+    StateChanged,
+)
+from ..messages.outcomes import Outcome
+from ..runtimes.sandbox.checkpoints import Checkpoints
+from ..runtimes.sandbox.service import CHANGES_FILES, START_CHECKPOINT
+from ..security.masking import session_maskers
+from ..security.secrets_file import (
+    read_runtime_token,
+    read_secrets,
+    without_runtime_token,
+    write_session_secrets,
+)
+from ..store import EventStore
+
+NOT_RUN_FORKED = ("Not run: this session was forked while the action was in flight, and "
+                  "the fork never runs it by itself. Ask for it again if it is still needed.")
+
+
+@dataclass(frozen=True)
+class Fork:
+    """What a fork made: its id, where it starts, and how its files were made."""
+
+    session_id: str
+    from_session: str
+    at_seq: int
+    checkpoint: str | None
+    files: str
+    """How the workspace was made, in words (also in its ``SessionForked`` event)."""
+    config: SessionConfig
+
+
+def fork_session(home: Home, store: EventStore, session_id: str, new_id: str, *,
+                 at_seq: int | None = None, message: str | None = None,
+                 llm: Mapping[str, Any] | LLMConfig | None = None,
+                 workspace: Path | None = None) -> Fork:
+    """Write the fork of ``session_id`` at event ``at_seq`` (None: its last) as the new
+    session ``new_id``: its store row, secrets file, workspace and log (see the module
+    doc). Starts no actor. ``llm`` replaces the original's model settings (its API key
+    is kept unless the new settings give one); ``workspace`` the new folder (default:
+    the new session's under the home). Raises InvalidRequest for an ``at_seq`` outside
+    the log, UnknownSession for an unknown ``session_id``."""
+    record = store.session(session_id)
+    events = store.read(session_id)
+    last = events[-1].seq if events else 0
+    at = last if at_seq is None else at_seq
+    if not 1 <= at <= last:
+        raise InvalidRequest(f"session {session_id} has events 1 to {last}: cannot fork "
+                             f"at {at}")
+    prefix = [event for event in events if event.seq <= at]
+    secrets, api_key = read_secrets(home, session_id)
+    config = _config(record.config, api_key, llm)
+    folder = workspace if workspace is not None else home.default_workspace(new_id)
+    config = config.model_copy(update={"workspace": str(folder)})
+    private_dir(home.session_dir(new_id))
+    checkpoint, files = _workspace(home, session_id, record.config, prefix, at, folder)
+    token = read_runtime_token(home, session_id)
+    write_session_secrets(home, new_id, secrets, config.llm, runtime_token=token)
+    to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
+    store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)))
+    store.append(new_id, fork_log(prefix, session_id, at, checkpoint, files, message))
+    return Fork(new_id, session_id, at, checkpoint, files, config)
+
+
+def fork_log(prefix: list[Event], session_id: str, at: int, checkpoint: str | None,
+             files: str, message: str | None) -> list[Event]:
+    """The new session's log (see the module doc), its events unnumbered."""
+    copies = [event.model_copy(update={"seq": 0}) for event in prefix]
+    answered = {e.action_id for e in prefix if isinstance(e, ObservationEvent)}
+    never_run = [ObservationEvent(action_id=e.action_id,
+                                  outcome=Outcome(status="rejected", content=NOT_RUN_FORKED))
+                 for e in prefix if isinstance(e, ActionEvent) and e.action_id not in answered]
+    forked = SessionForked(from_session=session_id, at_seq=at, checkpoint=checkpoint,
+                           files=files)
+    where = f"forked from {session_id} at event {at}"
+    if message and message.strip():
+        after: list[Event] = [MessageEvent(source="user", text=message),
+                              StateChanged(state=AgentState.RUNNING, cause=Why.USER_MESSAGE,
+                                           reason=f"{where}, with a message from the user")]
+    else:
+        after = [StateChanged(state=AgentState.PAUSED, cause=Why.USER_PAUSE,
+                              reason=f"{where}: send a message or resume to carry on")]
+    return [*copies, *never_run, forked, *after]
+
+
+def _config(stored: SessionConfig, api_key: str | None,
+            llm: Mapping[str, Any] | LLMConfig | None) -> SessionConfig:
+    """The original's config (as stored: without its key) with its key back, or with
+    the ``llm`` given (the original's key kept unless it names one)."""
+    if llm is None:
+        chosen = stored.llm
+    else:
+        chosen = llm if isinstance(llm, LLMConfig) else LLMConfig.model_validate(llm)
+    if chosen.api_key is None and api_key is not None:
+        chosen = chosen.model_copy(update={"api_key": SecretStr(api_key)})
+    return stored.model_copy(update={"llm": chosen})
+
+
+def _last_change(prefix: list[Event]) -> ObservationEvent | None:
+    """The outcome of the last action of ``prefix`` that may have changed the files (its
+    checkpoint is the workspace at the end of ``prefix``); None when none ran."""
+    kinds = {e.action_id: e.action.kind for e in prefix
+             if isinstance(e, ActionEvent) and e.action is not None}
+    ran = [e for e in prefix if isinstance(e, ObservationEvent)
+           and kinds.get(e.action_id) in CHANGES_FILES and e.outcome.status != "rejected"]
+    return ran[-1] if ran else None
+
+
+def _workspace(home: Home, session_id: str, config: SessionConfig, prefix: list[Event],
+               at: int, folder: Path) -> tuple[str | None, str]:
+    """Make the fork's workspace in ``folder``; the checkpoint it holds and, in words,
+    what it is."""
+    if config.runtime.kind == "remote":
+        folder.mkdir(parents=True, exist_ok=True)
+        return None, ("no checkpoint here: a remote runtime keeps its checkpoints on its "
+                      "server; the fork starts with an empty workspace there")
+    store = Checkpoints(str(home.runtime_dir(session_id) / "checkpoints"), config.workspace)
+    last = _last_change(prefix)
+    name = START_CHECKPOINT if last is None else last.outcome.checkpoint
+    if name is not None and store.manifest(name) is not None:
+        skipped = store.restore(name, str(folder))
+        what = (f"the workspace as it was after action {last.action_id} (event {last.seq})"
+                if last is not None else "the workspace as it was before the first action")
+        left = sorted(skipped)
+        if left:
+            what += f"; left out: {', '.join(left[:10])}" + (
+                f" and {len(left) - 10} more" if len(left) > 10 else "")
+        return name, what
+    original = Path(config.workspace)
+    if original.is_dir():
+        shutil.copytree(original, folder, symlinks=True, dirs_exist_ok=True)
+        return None, (f"no checkpoint at event {at} (checkpoints off, or none kept): the "
+                      "fork starts from a copy of the original's current files")
+    folder.mkdir(parents=True, exist_ok=True)
+    return None, f"no checkpoint at event {at}, and the original's workspace is gone: " \
+                 "the fork starts with an empty workspace"
+
+
+__all__ = ["NOT_RUN_FORKED", "Fork", "fork_log", "fork_session"]
