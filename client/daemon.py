@@ -157,6 +157,15 @@ class RemoteTrouper:
         made = self.request("POST", "/v1/sessions", json=body, retry_s=self.retry_s)
         return RemoteSession(self, made["id"])
 
+    def fork(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+             *, llm: Mapping[str, Any] | LLMConfig | None = None) -> RemoteSession:
+        """As ``Trouper.fork``, by the daemon (``POST .../fork``)."""
+        body: dict[str, Any] = {"at_seq": at_seq, "message": message}
+        if llm is not None:
+            body["llm"] = _plain(llm)
+        made = self.request("POST", f"/v1/sessions/{session_id}/fork", json=body)
+        return RemoteSession(self, made["id"])
+
     def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
         """Every session (newest first), read page by page; with ``state``, only those in
         it (ConfigError for a name that is no state)."""

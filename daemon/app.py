@@ -33,7 +33,7 @@ from ..messages.events import AgentState
 from ..serving.asgi import RequestLimits
 from ..serving.limits import INT64_MAX, HttpLimits
 from .auth import SUBPROTOCOL, Guard, limit_error_body
-from .bodies import Answer, Budget, CreateSession, Message
+from .bodies import Answer, Budget, CreateSession, ForkBody, Message
 from .service import Conflict, Service
 from .stream import WS_CLOSE_CODES, StreamLimits, Streams, sse_lines, ws_send_loop
 
@@ -47,6 +47,7 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/page/app.js": ("app.js", "text/javascript; charset=utf-8"),
               "/page/list.js": ("list.js", "text/javascript; charset=utf-8"),
               "/page/changes.js": ("changes.js", "text/javascript; charset=utf-8"),
+              "/page/actions.js": ("actions.js", "text/javascript; charset=utf-8"),
               "/page/style.css": ("style.css", "text/css; charset=utf-8")}
 _PAGE_HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -199,6 +200,12 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         return service.command(session_id, "budget",
                                budget_text(body.max_cost_usd, body.max_iterations), key=key)
 
+    @api.post("/v1/sessions/{session_id}/fork", status_code=201)
+    def fork(session_id: str, body: ForkBody) -> dict[str, Any]:
+        """A new session starting where this one was at ``at_seq``, its files included;
+        it waits for the user, or carries on with ``message``. The original is untouched."""
+        return service.fork(session_id, body.at_seq, body.message, body.llm)
+
     @api.get("/v1/sessions/{session_id}/events")
     def events(session_id: str, after: int = After, limit: int = 1000) -> dict[str, Any]:
         """Events with seq > ``after``: ``{events, next_after, head_seq}``."""
@@ -209,6 +216,16 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         """What the agent changed: the workspace compared with its state when the session
         started (``available`` false, with a ``reason``, when it cannot be)."""
         return service.diff(session_id)
+
+    @api.get("/v1/sessions/{session_id}/actions")
+    def actions(session_id: str) -> dict[str, Any]:
+        """Every action in log order: who asked it, each attempt with its sandbox epoch,
+        the sandbox process that ran it, its outcome and why (docs/audit.md)."""
+        from ..client.audit import audit_json
+        from .service import mask
+
+        service.session(session_id)  # a known session; its secrets learned, to mask with
+        return {"actions": mask(audit_json(service.store.read(session_id)))}
 
     @api.get("/v1/sessions/{session_id}/events/stream")
     async def stream(request: Request, session_id: str, after: int = After,

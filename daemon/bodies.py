@@ -77,6 +77,17 @@ class Budget(BaseModel):
     max_iterations: int | None = Field(default=None, gt=0)
 
 
+class ForkBody(BaseModel):
+    """``fork``: at which event (None: the last) and, optionally, the hint it carries on
+    with (without one the fork waits PAUSED)."""
+
+    at_seq: int | None = Field(default=None, ge=1)
+    message: str | None = None
+    llm: dict[str, Any] | None = None
+    """The fork's model settings, in place of the original's (its key kept unless
+    these give one)."""
+
+
 class Answer(BaseModel):
     """``approve`` / ``reject``: which action (optional: the one waiting) and why."""
 

@@ -155,6 +155,9 @@ class Service:
             return self.member.carry_on(body["session_id"], body.get("left_on", ""))
         if body["kind"] == "diff":
             return self.diff(body["session_id"], hops)
+        if body["kind"] == "fork":
+            return self.fork(body["session_id"], body.get("at_seq"), body.get("message"),
+                             body.get("llm"), hops)
         return self._command(body["session_id"], body["command"], body["text"],
                              body["action_id"], body["request_id"], hops)
 
@@ -315,6 +318,22 @@ class Service:
         self.learn(session_id)
         compared = workspace_diff(self.trouper.home, session_id, record.config)
         return mask(compared.to_json())  # type: ignore[no-any-return]
+
+    def fork(self, session_id: str, at_seq: int | None, message: str | None,
+             llm: dict[str, Any] | None = None, hops: int = 0) -> dict[str, Any]:
+        """Fork the session at ``at_seq`` (docs/time-travel.md): by the daemon that runs
+        it, whose home holds its checkpoints. The new session's view."""
+        self.record(session_id)
+        if self.member is not None:
+            target = self.member.route(session_id)
+            if target is not None:
+                return self._call(target, session_id, hops, kind="fork",  # type: ignore[no-any-return]
+                                  session_id=session_id, at_seq=at_seq, message=message,
+                                  llm=llm)
+        self.learn(session_id)
+        fork = self.trouper.fork(session_id, at_seq, message, llm=llm)
+        self.learn(fork.id)
+        return {**self.detail(fork.id), "session_id": fork.id}
 
     def session(self, session_id: str) -> Session:
         self.record(session_id)

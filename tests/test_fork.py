@@ -151,3 +151,27 @@ def test_a_running_session_can_be_forked_and_both_go_on(tmp_path, scripted):
         in_flight = [e for e in fork.events() if isinstance(e, ObservationEvent)]
         assert in_flight[-1].outcome.content == NOT_RUN_FORKED
         assert (ws / "slow.txt").exists() and not (Path(fork.workspace) / "slow.txt").exists()
+
+
+def test_a_fork_through_the_daemon_by_http_and_by_its_client(tmp_path, scripted):
+    from trouper.testing.daemon import running_daemon
+
+    _, llm = scripted(STEPS)
+    with running_daemon(tmp_path / "dhome") as daemon:
+        client = daemon.client()
+        original = client.start_session("write files", llm=llm, workspace=tmp_path / "ws")
+        assert original.wait(timeout=60) == AgentState.FINISHED
+        at = outcome_seq(list(original.events()), 2)
+        http = daemon.http()
+        answer = http.post(f"/v1/sessions/{original.id}/fork", json={"at_seq": at})
+        assert answer.status_code == 201, answer.text
+        made = answer.json()
+        assert made["session_id"] == made["id"] and made["state"] == "paused"
+        assert files(Path(made["workspace"])) == {"a.txt": "one\n", "b.txt": "two\n"}
+        refused = http.post(f"/v1/sessions/{original.id}/fork", json={"at_seq": 10_000})
+        assert refused.status_code == 409 and "cannot fork at 10000" in refused.text
+        _, again = scripted([*STEPS[:2], {"tool": "run", "args": {
+            "command": "cat a.txt b.txt > c.txt"}}, FINISH])
+        fork = client.fork(original.id, at, "join them", llm=again)
+        assert fork.wait(timeout=60) == AgentState.FINISHED
+        assert files(Path(fork.info().workspace))["c.txt"] == "one\ntwo\n"
