@@ -13,6 +13,7 @@ from .faults import (
     sandbox_pid,
     wait_until,
 )
+from .replay import Divergence, ReplayReport, replay, replay_session
 from .script import Script, ScriptError, Step, load_script
 
 __all__ = [
@@ -30,5 +31,9 @@ __all__ = [
     "ScriptError",
     "Step",
     "load_script",
+    "Divergence",
+    "ReplayReport",
+    "replay",
+    "replay_session",
     "serve",
 ]

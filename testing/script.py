@@ -10,6 +10,9 @@ conversation that already holds ``k`` assistant messages. Each step is one of:
 {"say": "a text reply, which ends the agent's turn"}
 ```
 
+``Script.from_session(events)`` builds the script a recorded session's model played
+(``testing/replay.py`` reruns it against today's code and tools).
+
 Any step may also carry ``say`` beside its tools (the assistant's content next to the
 tool calls), ``fail`` (errors served in order before the step succeeds) and
 ``delay_s`` (how long the step's answer is held back). Tool names are not checked:
@@ -24,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +128,77 @@ class Script(_Model):
 
     steps: tuple[Step, ...]
 
+    @classmethod
+    def from_session(cls, events: Iterable[Any]) -> Script:
+        """The script that answers as a recorded session's model did: one step per model
+        call its log holds (``LLMCompleted``), in order, so step ``k`` is again the answer
+        to the session's ``k``-th call (the turn the broker names in ``X-Trouper-Turn``).
+
+        The reply is what ``core/loop.py`` recorded in the same append as the call:
+        the agent's ``ActionEvent``s of one turn (their tool names and raw arguments, in
+        order, the turn's ``thought`` as ``say``), an agent ``MessageEvent`` (``say``), or
+        a summary of the summarizing condenser (``PromptCondensed``: its text as ``say``).
+        Setup actions and user messages are no model's reply and are left out.
+
+        Raises:
+            ScriptError: a recorded model call with no reply after it (a log cut short).
+        """
+        from ..messages.events import LLMCompleted
+
+        log = list(events)
+        steps = [_reply_after(log, i) for i, event in enumerate(log)
+                 if isinstance(event, LLMCompleted)]
+        return cls(steps=tuple(steps))
+
 
 ScriptSource = str | Path | Script | Sequence[Step | dict[str, Any]] | dict[str, Any]
+
+
+def _reply_after(log: list[Any], at: int) -> Step:
+    """The reply recorded right after the model call at ``log[at]`` (one append holds both)."""
+    reply = log[at + 1] if at + 1 < len(log) else None
+    seq = getattr(log[at], "seq", "?")
+    try:
+        step = _step_of(log, at, reply)
+    except ValidationError as e:  # e.g. a recorded call with an empty tool name
+        raise ScriptError(f"the reply recorded after seq {seq} cannot be played: {e}") from e
+    if step is None:
+        raise ScriptError(f"the model call recorded at seq {seq} has no reply after it")
+    return step
+
+
+def _step_of(log: list[Any], at: int, reply: Any) -> Step | None:
+    from ..messages.events import ActionEvent, MessageEvent, PromptCondensed
+
+    if isinstance(reply, PromptCondensed) and reply.summary:
+        return Step(say=reply.summary)
+    if isinstance(reply, MessageEvent) and reply.source == "agent":
+        return Step(say=reply.text)
+    if isinstance(reply, ActionEvent) and reply.source == "agent":
+        turn = []
+        for event in log[at + 1:]:
+            if not (isinstance(event, ActionEvent) and event.source == "agent"
+                    and event.turn_id == reply.turn_id):
+                break
+            turn.append(_call_of(event.tool, event.arguments))
+        say = reply.thought or None
+        if len(turn) == 1:
+            return Step(tool=turn[0].tool, args=turn[0].args, raw_args=turn[0].raw_args,
+                        say=say)
+        return Step(tools=tuple(turn), say=say)
+    return None
+
+
+def _call_of(tool: str, arguments: str) -> ToolCallSpec:
+    """A recorded call as the script's step: ``args`` when serving them gives back the
+    very same string (a readable script), else the string verbatim (``raw_args``)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and json.dumps(parsed) == arguments:
+        return ToolCallSpec(tool=tool, args=parsed)
+    return ToolCallSpec(tool=tool, raw_args=arguments)
 
 
 def load_script(source: ScriptSource) -> Script:
