@@ -250,8 +250,6 @@ class Trouper:
                             message=message, llm=llm, workspace=folder)
         if self._placed is not None:
             self._placed(new_id, made.config)
-        secrets, _ = read_secrets(self.home, new_id)
-        take_baseline(self.home, new_id, made.config, secrets=list(secrets.values()))
         if message and message.strip():
             self.restore(new_id)  # it carries on; a paused fork starts on its first command
         return Session(self, new_id)

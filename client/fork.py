@@ -50,6 +50,7 @@ from ..security.secrets_file import (
     write_session_secrets,
 )
 from ..store import EventStore
+from ..workspace_diff import take_baseline
 
 NOT_RUN_FORKED = ("Not run: this session was forked while the action was in flight, and "
                   "the fork never runs it by itself. Ask for it again if it is still needed.")
@@ -97,6 +98,8 @@ def fork_session(home: Home, store: EventStore, session_id: str, new_id: str, *,
     to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
     store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)))
     store.append(new_id, fork_log(prefix, session_id, at, checkpoint, files, message))
+    # what the fork changes from here is its diff (``Session.diff``), as a new session's
+    take_baseline(home, new_id, config, secrets=[value for _, value in to_mask.pairs])
     return Fork(new_id, session_id, at, checkpoint, files, config)
 
 

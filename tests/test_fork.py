@@ -175,3 +175,40 @@ def test_a_fork_through_the_daemon_by_http_and_by_its_client(tmp_path, scripted)
         fork = client.fork(original.id, at, "join them", llm=again)
         assert fork.wait(timeout=60) == AgentState.FINISHED
         assert files(Path(fork.info().workspace))["c.txt"] == "one\ntwo\n"
+
+
+def test_trouper_fork_waits_or_carries_on_with_a_hint(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from trouper.testing import FakeLLMServer, load_script
+
+    def trouper(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TROUPER_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+        return subprocess.run([sys.executable, "-m", "trouper", *args], env=env, text=True,
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(STEPS))
+    with FakeLLMServer(load_script(script)) as server:
+        first = trouper("run", "write files", "--model", "hosted_vllm/x", "--base-url",
+                        server.url, "--api-key", "k", "--workspace", str(tmp_path / "ws"))
+        assert first.returncode == 0, first.stdout + first.stderr
+        original = trouper("sessions").stdout.split()[0]
+        with Trouper(home=tmp_path / "home") as t:
+            at = outcome_seq(list(t.session(original).events()), 2)
+        waiting = trouper("fork", original, "--at", str(at))
+        assert waiting.returncode == 0, waiting.stdout + waiting.stderr
+        assert "after action" in waiting.stdout and "it waits" in waiting.stdout
+        going = trouper("fork", original, "--at", str(at), "-m", "go on")
+    assert going.returncode == 0, going.stdout + going.stderr
+    assert "user: go on" in going.stdout and "state → finished" in going.stdout
+    with Trouper(home=tmp_path / "home") as t:
+        forks = [s for s in t.sessions() if s.id != original]
+        states = sorted(s.state.value for s in forks)
+        done = next(s for s in forks if s.state == AgentState.FINISHED)
+        assert states == ["finished", "paused"]
+        assert files(Path(t.session(done.id).workspace)) == {"a.txt": "three\n",
+                                                             "b.txt": "two\n"}
