@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import checkpoints  # noqa: E402
 import cluster_failover  # noqa: E402
 import concurrency  # noqa: E402
 import daemon_bench  # noqa: E402
@@ -55,7 +56,7 @@ from report import render  # noqa: E402
 from targets import targets, tree_goals  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
-             "daemon", "idle", "cluster")
+             "daemon", "idle", "cluster", "checkpoints")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,6 +162,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "cluster_reps": args.cluster_reps or (2 if quick else 5),
         "cluster_step_k": 3 if quick else 20,
         "cluster_step_rounds": 1 if quick else 3,
+        "checkpoints": {"samples": 3 if quick else 30, "k": 3 if quick else 40,
+                        "rounds": 1 if quick else 4},
     }
 
 
@@ -212,6 +215,8 @@ def run_workloads(
         "recovery": ("recovery", lambda: recovery.run(cfg["trials"], workdir)),
         "remote": ("remote_runtime", lambda: remote_runtime.run(workdir=workdir, **cfg["remote"])),
         "daemon": ("daemon", lambda: daemon_bench.run(cfg["daemon_quick"])),
+        "checkpoints": ("checkpoints", lambda: checkpoints.run(workdir=workdir,
+                                                              **cfg["checkpoints"])),
         "cluster": (
             "cluster",
             lambda: cluster_failover.run(

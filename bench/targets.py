@@ -32,10 +32,13 @@ TARGETS: dict[str, tuple[str, float]] = {
     "PostgreSQL append median, 1 event, loopback, ms": ("<=", 2.0),
     "cluster failover, default heartbeat, median s": ("<=", 5.0),
     "cluster failover, 0.5 s heartbeat, median s": ("<=", 2.0),
+    "checkpoint per step, 20-file workspace, median ms": ("<=", 2.0),
+    "checkpoint per step, 5,000-file 50 MB workspace, median ms": ("<=", 100.0),
+    "session step, checkpoints on - off, ms": ("<=", 3.0),
     "openhands / trouper per step, K=200": (">=", 3.0),
     "openhands (subprocess terminal) / trouper per step, K=200": (">=", 3.0),
 }
-"""Name -> (comparison, limit). The first fifteen are bench/README.md's goal table, in order."""
+"""Name -> (comparison, limit). The first eighteen are bench/README.md's goal table, in order."""
 INSTALL = "README's first command on a fresh machine, s"
 """Timed outside the bench (a fresh machine): given to ``run.py --install-s``."""
 
@@ -122,6 +125,12 @@ VALUES: dict[str, Callable[[Workloads], float | None]] = {
     "PostgreSQL append median, 1 event, loopback, ms": _postgres_append_ms,
     "cluster failover, default heartbeat, median s": _failover_s("1"),
     "cluster failover, 0.5 s heartbeat, median s": _failover_s("0.5"),
+    "checkpoint per step, 20-file workspace, median ms": lambda w: w.get(
+        "checkpoints", {}).get("store", {}).get("small", {}).get("median_ms"),
+    "checkpoint per step, 5,000-file 50 MB workspace, median ms": lambda w: w.get(
+        "checkpoints", {}).get("store", {}).get("large", {}).get("median_ms"),
+    "session step, checkpoints on - off, ms": lambda w: w.get("checkpoints", {}).get(
+        "session", {}).get("cost_ms"),
     "openhands / trouper per step, K=200": _ratio("openhands/trouper", 200),
     "openhands (subprocess terminal) / trouper per step, K=200": _ratio(
         "openhands-subprocess/trouper", 200),

@@ -129,7 +129,7 @@ class Checkpoints:
         key = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
         known = self._seen.get(path)
         mode = stat.S_IMODE(info.st_mode)
-        if known is not None and known[0] == key and os.path.exists(self._object(known[1])):
+        if known is not None and known[0] == key:  # stored by this process: never removed
             return [known[1], mode, info.st_size], 0
         try:
             sha, added = self._store(real)
