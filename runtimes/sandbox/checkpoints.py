@@ -54,6 +54,7 @@ class Checkpoints:
         self._last: tuple[str, dict[str, Any]] | None = None
         """The name and tree of the last snapshot taken here."""
         self._lock = threading.Lock()
+        self._made: set[str] = set()
 
     # ---- taking ----
 
@@ -61,7 +62,7 @@ class Checkpoints:
         """Snapshot the workspace as ``name``; what it holds, in numbers."""
         with self._lock:
             began = time.monotonic()
-            private_dir(os.path.join(self.root, "snapshots"))
+            self._folder(os.path.join(self.root, "snapshots"))
             tree, new_bytes = self._walk()
             manifest: dict[str, Any] = dict(tree)
             if self._last is not None and self._last[1] == tree:
@@ -157,7 +158,7 @@ class Checkpoints:
         target = self._object(sha)
         if os.path.exists(target):
             return sha, 0
-        private_dir(os.path.dirname(target))
+        self._folder(os.path.dirname(target))
         packer = zlib.compressobj(1)
         data = b"".join(packer.compress(chunk) for chunk in chunks) + packer.flush()
         tmp = f"{target}.tmp.{os.getpid()}.{threading.get_ident()}"
@@ -165,6 +166,12 @@ class Checkpoints:
             out.write(data)
         os.replace(tmp, target)
         return sha, len(data)
+
+    def _folder(self, path: str) -> None:
+        """Make a folder of the store owner-only, once per process."""
+        if path not in self._made:
+            private_dir(path)
+            self._made.add(path)
 
     # ---- reading ----
 

@@ -107,6 +107,7 @@ class Service:
         self.journal = journal_class(os.path.join(state_dir, "journal"), boot_id)
         self.checkpoints = Checkpoints(os.path.join(state_dir, "checkpoints"), self.workspace)
         """Snapshots of the workspace, taken after an action asked for one."""
+        self._start_kept = False
         self.masker = masker or TextMasker({})
         """Masks the session's secret values in everything the server writes."""
         self.shell_umask = shell_umask
@@ -210,8 +211,9 @@ class Service:
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float,
         checkpoint: bool = False,
     ) -> None:
-        if checkpoint and self.checkpoints.manifest(START_CHECKPOINT) is None:
-            self._checkpoint(START_CHECKPOINT)  # the workspace before the first action
+        if checkpoint and not self._start_kept:  # the workspace before the first action
+            self._start_kept = self.checkpoints.manifest(START_CHECKPOINT) is not None or (
+                self._checkpoint(START_CHECKPOINT) is not None)
         began, exits = time.monotonic(), self.shell.exits
         try:
             outcome = self.perform(action_id, action, timeout_s, soft_s)
@@ -224,6 +226,8 @@ class Service:
             return
         outcome["content"] = self.masker.mask(str(outcome.get("content", "")))
         outcome["duration_s"] = round(time.monotonic() - began, 6)
+        # who ran it, for the audit trail (client/audit.py); the epoch is in the record
+        outcome["server_pid"], outcome["boot_id"] = os.getpid(), self.journal.boot_id
         if checkpoint and action["kind"] in CHANGES_FILES:
             outcome["checkpoint"] = self._checkpoint(action_id)
         self.journal.finish(action_id, outcome)
