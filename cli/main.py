@@ -319,17 +319,23 @@ def runtime_gc(home: Path | None) -> None:
 
 
 # The sibling modules' commands, registered after the ones above.
+from .audit import audit as _audit  # noqa: E402
 from .config_cmd import config as _config  # noqa: E402
 from .daemon import register as _register_daemon  # noqa: E402
 from .diff import diff as _diff  # noqa: E402
+from .fork import fork as _fork  # noqa: E402
 from .reading import events, sessions  # noqa: E402
+from .replay import replay as _replay  # noqa: E402
 from .runtime_server import runtime_server  # noqa: E402
 
 main.add_command(sessions)
 main.add_command(events)
 main.add_command(runtime_server)
 main.add_command(_diff)
+main.add_command(_fork)
 main.add_command(_config)
+main.add_command(_audit)
+main.add_command(_replay)
 _register_daemon(main)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -47,7 +47,6 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/page/app.js": ("app.js", "text/javascript; charset=utf-8"),
               "/page/list.js": ("list.js", "text/javascript; charset=utf-8"),
               "/page/changes.js": ("changes.js", "text/javascript; charset=utf-8"),
-              "/page/actions.js": ("actions.js", "text/javascript; charset=utf-8"),
               "/page/style.css": ("style.css", "text/css; charset=utf-8")}
 _PAGE_HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; connect-src 'self'; img-src 'self' data:; "

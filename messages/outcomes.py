@@ -35,3 +35,12 @@ class Outcome(Frozen):
     checkpoint: str | None = None
     """The snapshot of the workspace taken once the action ended (its name in the
     sandbox's checkpoint store: the action's id); None when none was taken."""
+    # Who ran it, for the audit trail (client/audit.py, docs/audit.md); never prompted.
+    epoch: int | None = None
+    """The epoch of the proxy that started the action, as the sandbox's journal recorded
+    it (the client copies it from the record); None when no sandbox started it."""
+    server_pid: int | None = None
+    """The process id of the sandbox server that ran the action; None when unknown."""
+    boot_id: str | None = None
+    """The boot of that sandbox server (its journal's log is named by it): with
+    ``server_pid``, which sandbox process ran the action. None when unknown."""

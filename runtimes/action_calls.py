@@ -118,7 +118,7 @@ class ActionCalls(ABC):
             return JournalRecord(
                 action_id=answer["action_id"], state=answer["state"],
                 epoch=int(answer.get("epoch") or 0),
-                outcome=_outcome(outcome) if outcome is not None else None)
+                outcome=_outcome(outcome, answer.get("epoch")) if outcome is not None else None)
         except (KeyError, ValueError, TypeError, AttributeError) as e:  # pydantic's: ValueError
             raise bad_answer(self.where, operation, f"sent a bad record: {answer!r:.500}") from e
 
@@ -143,6 +143,10 @@ def too_large(size: int, limit: int) -> Outcome:
         "edit_file calls), or generate it with run."))
 
 
-def _outcome(data: dict[str, Any]) -> Outcome:
-    """The outcome of a record, ignoring fields this version does not know."""
-    return Outcome.model_validate({k: v for k, v in data.items() if k in _OUTCOME_FIELDS})
+def _outcome(data: dict[str, Any], epoch: Any = None) -> Outcome:
+    """The outcome of a record, ignoring fields this version does not know; it names the
+    record's ``epoch`` (the proxy that started the action) where the sandbox did not."""
+    known = {k: v for k, v in data.items() if k in _OUTCOME_FIELDS}
+    if known.get("epoch") is None and epoch is not None:
+        known["epoch"] = epoch
+    return Outcome.model_validate(known)

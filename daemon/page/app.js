@@ -2,7 +2,8 @@
 // client (docs/daemon.md) with the same token, which it takes from the URL's fragment
 // (#token=..., never sent to a server) or a form, and keeps in this tab's sessionStorage.
 // Everything shown is set as text, never as HTML. This file: the API, one session's live
-// view and the start; list.js the session list; changes.js the Changes view.
+// view and the start; list.js the session list; changes.js the Changes and Actions views
+// (the audit trail, and a fork from an action) and the tabs.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -86,8 +87,10 @@ function select(id) {
     item.classList.toggle("selected", item.dataset.id === id);
   }
   clearChanges();
+  clearActions();
   refreshDetail();
   refreshChanges();
+  refreshActions();
   connect();
 }
 
@@ -197,6 +200,7 @@ function show(event) {
       item.append(el("span", "tool", describe(event)));
       state.actions.set(event.action_id, item);
       add(item);
+      refreshActions();  // read only while the Actions tab is open
       break;
     }
     case "observation": {
@@ -208,6 +212,7 @@ function show(event) {
       const action = state.actions.get(event.action_id);
       if (action) action.append(node); else add(el("li", "status", text));
       refreshChanges();  // an action ran: the workspace may differ (read if the tab is open)
+      refreshActions();
       break;
     }
     case "state":
@@ -219,12 +224,14 @@ function show(event) {
       refreshDetail();
       refreshSessions();
       refreshChanges();
+      refreshActions();
       break;
     case "llm_retry":
       add(el("li", "status", "model call failed (" + event.error_class + "), attempt " +
         event.attempt + "/" + event.max_attempts + " in " + event.wait_s.toFixed(1) + " s"));
       break;
     case "runtime":
+      refreshActions();  // a sandbox came up again: an action in flight is asked about
       if (event.phase !== "started" && event.phase !== "attached") {
         add(el("li", "status", "sandbox " + event.phase + (event.detail ? ": " + event.detail : "")));
       }
@@ -359,6 +366,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("tab-events").addEventListener("click", () => showTab("events"));
   $("tab-changes").addEventListener("click", () => showTab("changes"));
   $("changes-refresh").addEventListener("click", refreshChanges);
+  $("tab-actions").addEventListener("click", () => showTab("actions"));
+  $("actions-refresh").addEventListener("click", refreshActions);
   $("approve").addEventListener("click",
     () => command("approve", { action_id: $("pending").dataset.actionId || "" }));
   $("reject").addEventListener("click", () => {
