@@ -158,11 +158,14 @@ class RemoteTrouper:
         return RemoteSession(self, made["id"])
 
     def fork(self, session_id: str, at_seq: int | None = None, message: str | None = None,
-             *, llm: Mapping[str, Any] | LLMConfig | None = None) -> RemoteSession:
+             *, llm: Mapping[str, Any] | LLMConfig | None = None,
+             workspace: str | os.PathLike[str] | None = None) -> RemoteSession:
         """As ``Trouper.fork``, by the daemon (``POST .../fork``)."""
         body: dict[str, Any] = {"at_seq": at_seq, "message": message}
         if llm is not None:
             body["llm"] = _plain(llm)
+        if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
+            body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
         made = self.request("POST", f"/v1/sessions/{session_id}/fork", json=body)
         return RemoteSession(self, made["id"])
 

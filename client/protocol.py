@@ -161,10 +161,12 @@ class TrouperClient(Protocol):
         ...
 
     def fork(self, session_id: str, at_seq: int | None = None, message: str | None = None,
-             *, llm: Mapping[str, Any] | LLMConfig | None = None) -> SessionHandle:
+             *, llm: Mapping[str, Any] | LLMConfig | None = None,
+             workspace: str | os.PathLike[str] | None = None) -> SessionHandle:
         """A new session starting where ``session_id`` was at event ``at_seq`` (None: its
-        last), its workspace the checkpoint taken then; it waits for the user, or carries
-        on with ``message``. The original is untouched (docs/time-travel.md)."""
+        last), its workspace the checkpoint taken then (in ``workspace``, default its own
+        folder); it waits for the user, or carries on with ``message``. The original is
+        untouched (docs/time-travel.md)."""
         ...
 
     def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:

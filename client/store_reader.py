@@ -54,6 +54,12 @@ class StoreReader:
         """Refused (InvalidRequest): starting a session takes an actor system."""
         raise InvalidRequest(READ_ONLY.format(what="start_session", home=self.home.root))
 
+    def fork(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+             *, llm: Mapping[str, Any] | LLMConfig | None = None,
+             workspace: str | os.PathLike[str] | None = None) -> Session:
+        """Refused (InvalidRequest): a fork is a new session, which takes an actor system."""
+        raise InvalidRequest(READ_ONLY.format(what="fork", home=self.home.root))
+
     def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
         """Every session in the store, newest first; with ``state``, those in it."""
         return summaries(self.store, state)

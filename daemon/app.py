@@ -203,7 +203,7 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
     def fork(session_id: str, body: ForkBody) -> dict[str, Any]:
         """A new session starting where this one was at ``at_seq``, its files included;
         it waits for the user, or carries on with ``message``. The original is untouched."""
-        return service.fork(session_id, body.at_seq, body.message, body.llm)
+        return service.fork(session_id, body.at_seq, body.message, body.llm, body.workspace)
 
     @api.get("/v1/sessions/{session_id}/events")
     def events(session_id: str, after: int = After, limit: int = 1000) -> dict[str, Any]:

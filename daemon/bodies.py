@@ -86,6 +86,8 @@ class ForkBody(BaseModel):
     llm: dict[str, Any] | None = None
     """The fork's model settings, in place of the original's (its key kept unless
     these give one)."""
+    workspace: str | None = None
+    """The fork's folder (absolute, on the daemon's machine); default its own."""
 
 
 class Answer(BaseModel):

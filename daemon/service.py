@@ -157,7 +157,7 @@ class Service:
             return self.diff(body["session_id"], hops)
         if body["kind"] == "fork":
             return self.fork(body["session_id"], body.get("at_seq"), body.get("message"),
-                             body.get("llm"), hops)
+                             body.get("llm"), body.get("workspace"), hops)
         return self._command(body["session_id"], body["command"], body["text"],
                              body["action_id"], body["request_id"], hops)
 
@@ -320,18 +320,22 @@ class Service:
         return mask(compared.to_json())  # type: ignore[no-any-return]
 
     def fork(self, session_id: str, at_seq: int | None, message: str | None,
-             llm: dict[str, Any] | None = None, hops: int = 0) -> dict[str, Any]:
+             llm: dict[str, Any] | None = None, workspace: str | None = None,
+             hops: int = 0) -> dict[str, Any]:
         """Fork the session at ``at_seq`` (docs/time-travel.md): by the daemon that runs
         it, whose home holds its checkpoints. The new session's view."""
         self.record(session_id)
+        if workspace is not None and not os.path.isabs(workspace):
+            raise ConfigError("workspace: must be an absolute path (the daemon's folder is "
+                              "not yours)", field="workspace")
         if self.member is not None:
             target = self.member.route(session_id)
             if target is not None:
                 return self._call(target, session_id, hops, kind="fork",  # type: ignore[no-any-return]
                                   session_id=session_id, at_seq=at_seq, message=message,
-                                  llm=llm)
+                                  llm=llm, workspace=workspace)
         self.learn(session_id)
-        fork = self.trouper.fork(session_id, at_seq, message, llm=llm)
+        fork = self.trouper.fork(session_id, at_seq, message, llm=llm, workspace=workspace)
         self.learn(fork.id)
         return {**self.detail(fork.id), "session_id": fork.id}
 
