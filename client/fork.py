@@ -10,10 +10,11 @@ All of it is one append, before any actor of the new session starts.
 
 Its workspace is a new folder (the original's is never touched) holding the checkpoint
 taken after the last action at or before N (``runtimes/sandbox/checkpoints.py``), or the
-workspace as the first action found it (``start``) when N precedes every action. Where
-no checkpoint exists (a session run with ``checkpoints=False``, or on a remote runtime,
-whose checkpoints stay on its server) the fork says so: it starts from a copy of the
-original's current files, or, on a remote runtime, from an empty workspace there.
+workspace as the first action found it (``start``) when N precedes every action; on a
+remote runtime the server restores it, beside the original's, into the fork's workspace
+there. Where no checkpoint exists (a session run with ``checkpoints=False``) the fork
+says so: it starts from a copy of the original's current files (on a remote runtime,
+from an empty workspace).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pydantic import SecretStr
 
 from ..config.models import LLMConfig, SessionConfig
 from ..core.states import Why
-from ..exceptions import InvalidRequest
+from ..exceptions import InvalidRequest, TrouperError
 from ..home.paths import Home, private_dir
 from ..messages.events import (
     ActionEvent,
@@ -46,6 +47,7 @@ from ..security.masking import session_maskers
 from ..security.secrets_file import (
     read_runtime_token,
     read_secrets,
+    with_runtime_token,
     without_runtime_token,
     write_session_secrets,
 )
@@ -92,7 +94,8 @@ def fork_session(home: Home, store: EventStore, session_id: str, new_id: str, *,
     folder = workspace if workspace is not None else home.default_workspace(new_id)
     config = config.model_copy(update={"workspace": str(folder)})
     private_dir(home.session_dir(new_id))
-    checkpoint, files = _workspace(home, session_id, record.config, prefix, at, folder)
+    checkpoint, files = _workspace(home, session_id, new_id, record.config, prefix, at,
+                                   folder)
     token = read_runtime_token(home, session_id)
     write_session_secrets(home, new_id, secrets, config.llm, runtime_token=token)
     to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
@@ -137,6 +140,34 @@ def _config(stored: SessionConfig, api_key: str | None,
     return stored.model_copy(update={"llm": chosen})
 
 
+def _remote_workspace(home: Home, session_id: str, new_id: str, config: SessionConfig,
+                      name: str | None, what: str, at: int) -> tuple[str | None, str]:
+    """The runtime server restores the checkpoint into the fork's workspace there."""
+    from ..runtimes.remote import RemoteSandbox
+
+    if name is None:
+        return None, (f"no checkpoint at event {at}: the fork starts with an empty "
+                      "workspace on the runtime server")
+    config = with_runtime_token(config, read_runtime_token(home, session_id))
+    sandbox = RemoteSandbox(new_id, config=config.runtime)
+    try:
+        skipped = sandbox.restore(session_id, name)
+    except TrouperError as e:
+        return None, (f"the runtime server restored no checkpoint ({e}): the fork starts "
+                      "with an empty workspace there")
+    finally:
+        sandbox.close()
+    return name, what + _left_out(skipped)
+
+
+def _left_out(skipped: dict[str, str]) -> str:
+    left = sorted(skipped)
+    if not left:
+        return ""
+    more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+    return f"; left out: {', '.join(left[:10])}{more}"
+
+
 def _last_change(prefix: list[Event]) -> ObservationEvent | None:
     """The outcome of the last action of ``prefix`` that may have changed the files (its
     checkpoint is the workspace at the end of ``prefix``); None when none ran."""
@@ -147,26 +178,20 @@ def _last_change(prefix: list[Event]) -> ObservationEvent | None:
     return ran[-1] if ran else None
 
 
-def _workspace(home: Home, session_id: str, config: SessionConfig, prefix: list[Event],
-               at: int, folder: Path) -> tuple[str | None, str]:
-    """Make the fork's workspace in ``folder``; the checkpoint it holds and, in words,
-    what it is."""
-    if config.runtime.kind == "remote":
-        folder.mkdir(parents=True, exist_ok=True)
-        return None, ("no checkpoint here: a remote runtime keeps its checkpoints on its "
-                      "server; the fork starts with an empty workspace there")
-    store = Checkpoints(str(home.runtime_dir(session_id) / "checkpoints"), config.workspace)
+def _workspace(home: Home, session_id: str, new_id: str, config: SessionConfig,
+               prefix: list[Event], at: int, folder: Path) -> tuple[str | None, str]:
+    """Make the fork's workspace in ``folder`` (on a remote runtime: on its server); the
+    checkpoint it holds and, in words, what it is."""
     last = _last_change(prefix)
     name = START_CHECKPOINT if last is None else last.outcome.checkpoint
+    what = (f"the workspace as it was after action {last.action_id} (event {last.seq})"
+            if last is not None else "the workspace as it was before the first action")
+    if config.runtime.kind == "remote":
+        folder.mkdir(parents=True, exist_ok=True)  # a remote session's is on the server
+        return _remote_workspace(home, session_id, new_id, config, name, what, at)
+    store = Checkpoints(str(home.runtime_dir(session_id) / "checkpoints"), config.workspace)
     if name is not None and store.manifest(name) is not None:
-        skipped = store.restore(name, str(folder))
-        what = (f"the workspace as it was after action {last.action_id} (event {last.seq})"
-                if last is not None else "the workspace as it was before the first action")
-        left = sorted(skipped)
-        if left:
-            what += f"; left out: {', '.join(left[:10])}" + (
-                f" and {len(left) - 10} more" if len(left) > 10 else "")
-        return name, what
+        return name, what + _left_out(store.restore(name, str(folder)))
     original = Path(config.workspace)
     if original.is_dir():
         shutil.copytree(original, folder, symlinks=True, dirs_exist_ok=True)

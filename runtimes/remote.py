@@ -227,6 +227,15 @@ class RemoteSandbox(ActionCalls):
                             operation=f"upload {path}", timeout_s=120.0)
         return int(answer["size"])
 
+    def restore(self, from_session: str, checkpoint: str) -> dict[str, str]:
+        """Before this session's sandbox starts: its workspace on the server becomes
+        checkpoint ``checkpoint`` of ``from_session`` there (a fork); what it left out."""
+        answer = self._call("POST", self._path("restore"),
+                            {"from_session": from_session, "checkpoint": checkpoint},
+                            operation=f"restore {checkpoint} of {from_session}",
+                            timeout_s=300.0)
+        return dict(answer.get("skipped") or {})
+
     def download(self, path: str) -> bytes:
         """The bytes of ``path`` in the remote workspace."""
         return self._call("GET", self._path("files"), params={"path": path, "epoch": self._epoch},

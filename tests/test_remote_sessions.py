@@ -257,3 +257,25 @@ def test_an_mcp_server_runs_on_the_remote_runtimes_host(trouper, scripted, serve
     calls = (server.workspace(session.id) / "mcp-calls.log").read_text().split("\n")
     assert [line.split()[1] for line in calls if line] == ["echo"]
     assert check_log(list(session.events())) == []
+
+
+def test_a_fork_of_a_remote_session_gets_its_checkpoint_on_the_server(
+        trouper, scripted, server, tmp_path):
+    steps = [{"tool": "run", "args": {"command": "echo one > a.txt"}},
+             {"tool": "run", "args": {"command": "echo two > a.txt; echo b > b.txt"}}, FINISH]
+    _, llm = scripted(steps)
+    session = trouper.start_session("t", llm=llm, runtime=server.runtime(),
+                                    workspace=tmp_path / "local")
+    assert session.wait(timeout=60) == AgentState.FINISHED
+    events = list(session.events())
+    first = next(e for e in events if isinstance(e, ObservationEvent))
+    _, again = scripted([steps[0], {"tool": "run", "args": {"command": "cat a.txt"}},
+                         FINISH])
+    fork = trouper.fork(session.id, at_seq=first.seq, message="look", llm=again)
+    assert fork.wait(timeout=60) == AgentState.FINISHED, fork.info().reason
+    mark = next(e for e in fork.events() if e.kind == "forked")
+    assert mark.checkpoint == first.outcome.checkpoint, mark.files
+    assert [o.content for o in outcomes(fork)][-2] == "one\n"  # the files of event N
+    forked = server.workspace(fork.id)
+    assert sorted(p.name for p in forked.iterdir() if p.name != ".trouper") == ["a.txt"]
+    assert (server.workspace(session.id) / "a.txt").read_text() == "two\n"  # untouched

@@ -14,6 +14,8 @@
     GET  /v1/sessions/{sid}/actions/{aid}/output?offset=&limit=&epoch=
          -> {data, offset, next_offset, state}: the output (masked) from a byte offset
     PUT  /v1/sessions/{sid}/files?path=&epoch=   (raw body)       -> {path, size}
+    POST /v1/sessions/{sid}/restore {from_session, checkpoint}    -> {restored, skipped}
+         a session not started yet gets another's checkpoint as its workspace (a fork)
     GET  /v1/sessions/{sid}/files?path=&epoch=                    -> the file's bytes
 
 A record is ``{action_id, state, epoch, outcome}``, state absent / running / finished /
@@ -205,6 +207,10 @@ def _routes(app: FastAPI, sessions: Sessions) -> None:  # noqa: C901 - one place
         size = await run_in_threadpool(workfiles.upload, hosted.service.workspace, path, data,
                                        sessions.shell_umask)
         return {"path": path, "size": size}
+
+    @app.post("/v1/sessions/{session_id}/restore")
+    def restore(session_id: str, body: dict[str, Any] = Depends(_json_body)) -> dict[str, Any]:
+        return sessions.restore(session_id, body.get("from_session"), body.get("checkpoint"))
 
     @app.get("/v1/sessions/{session_id}/files")
     def download(session_id: str, path: str, epoch: int | None = Epoch) -> Response:

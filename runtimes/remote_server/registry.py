@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...host.processes import start_time
+from ..sandbox.checkpoints import Checkpoints
 from ..sandbox.journal import Journal
 from ..sandbox.mask import TextMasker
 from ..sandbox.service import BadRequest, Service
@@ -165,6 +166,28 @@ class Sessions:
                     "attached" if attached else "started", claimed)
         return {**hosted.health(), "attached": attached, "epoch": claimed,
                 "workspace": str(folder / "workspace")}
+
+    def restore(self, session_id: str, from_session: str, checkpoint: Any) -> dict[str, Any]:
+        """Write checkpoint ``checkpoint`` of ``from_session`` as the workspace of
+        ``session_id``, a session not started yet (a fork: docs/time-travel.md); what the
+        checkpoint left out, per path. NotRunning for an unknown checkpoint."""
+        if not isinstance(checkpoint, str) or not checkpoint or len(checkpoint) > 200:
+            raise BadRequest("checkpoint must be a checkpoint's name")
+        source, target = self.session_dir(from_session), self.session_dir(session_id)
+        store = Checkpoints(str(source / "state" / "checkpoints"), str(source / "workspace"))
+        if store.manifest(checkpoint) is None:
+            raise NotRunning(f"session {from_session} has no checkpoint {checkpoint!r}")
+        with self._lock:
+            if session_id in self._hosted:
+                raise BadRequest(f"session {session_id} has started: a checkpoint is "
+                                 "restored before its sandbox starts")
+            private_dir(str(target))
+            workspace = target / "workspace"
+            if workspace.exists() and any(workspace.iterdir()):
+                raise BadRequest(f"session {session_id}'s workspace is not empty")
+            skipped = store.restore(checkpoint, str(workspace))
+            os.chmod(workspace, 0o777 & ~self.shell_umask)
+        return {"restored": checkpoint, "skipped": skipped}
 
     def get(self, session_id: str) -> Hosted:
         """The running sandbox of ``session_id``; NotRunning if none."""
