@@ -292,8 +292,7 @@ def test_the_page_lists_the_audit_and_forks_from_an_action_s_outcome(
     so its answer is mocked here: the page must POST the contract and go to the new session."""
     sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     from playwright.sync_api import expect
-
-    from tests.test_daemon_page import CHROMIUM, browser_required
+    from test_daemon_page import CHROMIUM, browser_required
 
     if not os.access(CHROMIUM, os.X_OK):
         if browser_required():
