@@ -8,23 +8,22 @@ required server that cannot start fails the setup, naming it."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_mcp_sessions import calls_of, outcomes, workspace  # the same server, the same reading
 
-from trouper import AgentState, ObservationEvent
+from trouper import AgentState
 from trouper.config.models import DockerRuntime
-from trouper.messages.events import ActionEvent, McpToolsListed
+from trouper.messages.events import McpToolsListed
 from trouper.runtimes.docker_support import LABEL_SESSION, list_containers
 from trouper.testing import check_log, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 RUNTIME = DockerRuntime(image="trouper-test-busybox:latest")
-SERVER = Path(__file__).resolve().parents[1] / "testing" / "mcp_server.sh"
 FINISH = {"tool": "finish", "args": {"message": "done"}}
 TOOLS = ["mcp__t__echo", "mcp__t__env", "mcp__t__fail", "mcp__t__hang"]
 TOKEN = "tok-dock-5f1e9a7c3b"
@@ -38,29 +37,6 @@ def trouper(trouper_home: Path, docker_homes: Callable[[Path], Path]) -> Iterato
     docker_homes(trouper_home)
     with Trouper(home=trouper_home) as t:
         yield t
-
-
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    shutil.copy(SERVER, ws / "mcp_server.sh")
-    return ws
-
-
-def outcomes(events: list) -> dict[str, list]:
-    """Tool name -> the outcome of each of its calls, in order."""
-    tools = {e.action_id: e.tool for e in events if isinstance(e, ActionEvent)}
-    found: dict[str, list] = {}
-    for e in events:
-        if isinstance(e, ObservationEvent):
-            found.setdefault(tools[e.action_id], []).append(e.outcome)
-    return found
-
-
-def calls_of(ws: Path) -> list[str]:
-    """The server's own record: one ``<pid> <tool>`` line per call it received."""
-    path = ws / "mcp-calls.log"
-    return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
 def argvs() -> list[list[str]]:
