@@ -41,6 +41,7 @@ from thespian.actors import (
 )
 
 from ..exceptions import StoreUnavailable
+from ..home.log_format import about_session, bind_actor
 from ..home.paths import write_private
 from ..host.processes import libc, name_process, start_time
 from ..messages.base import Frozen
@@ -131,17 +132,19 @@ class TrouperActor(Actor):
         die_with_parent()
         name_process(PROCESS_NAMES.get(self.role, "trouper-actor"))
         _adopt_module_loggers()
+        bind_actor(self)  # JSON log lines name this role, and this actor's session
         gc.freeze()  # what the fork shared stays shared: the collector never writes to it
 
     # -- dispatch --------------------------------------------------------------
 
     def receiveMessage(self, msg: Any, sender: ActorAddress) -> ThespianWatch:  # noqa: N802
-        try:
-            self._dispatch(msg, sender)
-        except StoreUnavailable as exc:  # where the store lives failed: a state, not a crash
-            self.store_failed(exc, msg)
-        except Exception as exc:  # noqa: BLE001 - a handler must never raise (see module doc)
-            self._handler_failed(msg, exc)
+        with about_session(session_named(msg)):  # the session of its log records, if any
+            try:
+                self._dispatch(msg, sender)
+            except StoreUnavailable as exc:  # where the store lives failed: a state
+                self.store_failed(exc, msg)
+            except Exception as exc:  # noqa: BLE001 - a handler must never raise (module doc)
+                self._handler_failed(msg, exc)
         return ThespianWatch(self._watched())
 
     def _watched(self) -> list[int]:
@@ -334,6 +337,17 @@ def _handlers_of(cls: type) -> dict[type, str]:
                                 f"handle {params[0].__name__}")
             found[params[0]] = name
     return found
+
+
+def session_named(msg: Any) -> str | None:
+    """The session a trouper message is about (its ``session_id``, or its ``start``'s),
+    or None."""
+    if not isinstance(msg, Frozen):
+        return None
+    named = getattr(msg, "session_id", None)
+    if named is None:
+        named = getattr(getattr(msg, "start", None), "session_id", None)
+    return named if isinstance(named, str) and named else None
 
 
 def describe(msg: Any) -> str:

@@ -206,10 +206,10 @@ def log_to_home(home: Home, debug: bool) -> Path:
     """Append this process's trouper records to ``<home>/logs/trouper.log`` too.
 
     The file, its format and its level are the actors' (``actor_system``'s log
-    definitions, which also create the file owner-only), so there is one definition.
-    With ``debug``, this process logs at DEBUG.
+    definitions, which also create the file owner-only), so there is one definition;
+    JSON lines name this process ``cli``. With ``debug``, this process logs at DEBUG.
     """
-    from ..home.logs import log_definitions
+    from ..home.logs import line_formatter, log_definitions
 
     try:
         defs = log_definitions(home)
@@ -218,7 +218,7 @@ def log_to_home(home: Home, debug: bool) -> Path:
     spec = defs["handlers"]["file"]
     handler = logging.FileHandler(spec["filename"], encoding="utf-8")
     handler.setLevel(logging.DEBUG if debug else spec["level"])
-    handler.setFormatter(logging.Formatter(defs["formatters"][spec["formatter"]]["format"]))
+    handler.setFormatter(line_formatter("cli"))
     handler._trouper_cli = True  # type: ignore[attr-defined]
     logging.getLogger().addHandler(handler)
     logging.getLogger("trouper").setLevel(

@@ -126,6 +126,11 @@ class Settings(BaseModel):
     Calls to other providers, and every call while a litellm callback is set, go through
     ``litellm.completion`` either way."""
 
+    log_format: Literal["text", "json"] = "text"
+    """How trouper's log lines are written (``logs/trouper.log``, the daemon's log, a
+    sandbox's ``server.log``): ``text``, as always, or ``json``, one JSON object a line
+    (``home/log_format.py``; docs/operations.md, "Logs")."""
+
     # What a session's baseline of its workspace may hold (workspace_diff/; docs/api.md,
     # "What the agent changed"): a file or a workspace past them is left out, and said so.
     diff_max_file_bytes: int = Field(default=1024 * 1024, ge=1)
@@ -154,6 +159,10 @@ class Settings(BaseModel):
     and closed."""
     daemon_max_connections_per_client: int = Field(default=128, ge=1)
     """Connections from one client address at once (every local client is 127.0.0.1)."""
+    metrics_open: bool = False
+    """Serve the daemon's ``GET /metrics`` without the token (a local Prometheus that
+    holds no token); honoured only while every name the daemon answers to is loopback
+    (docs/operations.md, "Metrics")."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

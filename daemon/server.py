@@ -282,10 +282,12 @@ def ready_writer(fd: int | None) -> Ready:
 
 
 def log_to_stderr(debug: bool = False) -> None:
-    """The daemon's log lines, on stderr (the starter points it at ``daemon.log``)."""
+    """The daemon's log lines, on stderr (the starter points it at ``daemon.log``): text,
+    or JSON naming this process ``daemon`` (``TROUPER_LOG_FORMAT``)."""
+    from ..home.logs import line_formatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s "
-                                           "%(name)s: %(message)s"))
+    handler.setFormatter(line_formatter("daemon"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug else logging.WARNING)

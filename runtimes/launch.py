@@ -19,9 +19,11 @@ from typing import BinaryIO
 
 from ..host.processes import current_umask, pid_alive
 from . import sandbox_zygote
+from .sandbox.logs import LOG_FORMAT_ENV, LOG_SESSION_ENV
 from .sandbox_zygote import EXIT_UNKNOWN, RUNTIMES_DIR
 
-__all__ = ["BOOT", "EXITED", "RUNTIMES_DIR", "Launched", "launch_server", "open_log"]
+__all__ = ["BOOT", "EXITED", "RUNTIMES_DIR", "Launched", "launch_server", "open_log",
+           "server_log_env"]
 
 BOOT = (
     "import sys; sys.modules['ssl'] = sys.modules['_hashlib'] = None; "
@@ -86,6 +88,18 @@ def launch_server(args: list[str], env: dict[str, str], state_dir: Path) -> Laun
             close_fds=True,
         )
     return Launched(proc.pid, state_dir, proc)
+
+
+def server_log_env(session_id: str) -> dict[str, str]:
+    """What a server's environment says of its log: JSON lines naming ``session_id`` when
+    trouper's are JSON (``TROUPER_LOG_FORMAT``, read from this process's settings, which
+    may come from a config file), else nothing: text. The server takes both off its
+    environment before its shell starts (``sandbox/logs.py``)."""
+    from ..config.settings import settings
+
+    if settings().log_format != "json":
+        return {}
+    return {LOG_FORMAT_ENV: "json", LOG_SESSION_ENV: session_id}
 
 
 def open_log(path: Path) -> BinaryIO:

@@ -45,7 +45,7 @@ from ..host.processes import (
 )
 from ..messages.causes import RuntimeFailure
 from .base import SandboxHealth
-from .launch import Launched, launch_server
+from .launch import Launched, launch_server, server_log_env
 from .misconfigured import prepare_workspace
 from .sandbox import EXIT_LOCKED
 from .sandbox_client import SandboxClient
@@ -319,6 +319,7 @@ class LocalSandbox:
     def _server_env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.setdefault("PATH", os.defpath)
+        env.update(server_log_env(self.session_id))
         env.update(self.env)
         return env
 

@@ -230,13 +230,20 @@ def serve(options: ServeOptions) -> None:
 
 
 def _log_masked(token: str, level: str) -> None:
-    """Log to stderr, the token masked in every line (uvicorn's loggers included)."""
-    from ..sandbox.logs import MaskingFormatter
+    """Log to stderr, the token masked in every line (uvicorn's loggers included): text,
+    or JSON lines naming this process ``runtime-server`` (``TROUPER_LOG_FORMAT``)."""
+    from ...home.log_format import json_logs, set_log_role
+    from ..sandbox.logs import JsonFormatter, MaskingFormatter
     from ..sandbox.mask import TextMasker
     from .registry import TOKEN_NAME
 
+    masker = TextMasker({TOKEN_NAME: token})
     handler = logging.StreamHandler()
-    handler.setFormatter(MaskingFormatter(TextMasker({TOKEN_NAME: token})))
+    if json_logs():
+        set_log_role("runtime-server")
+        handler.setFormatter(JsonFormatter(masker, role="runtime-server"))
+    else:
+        handler.setFormatter(MaskingFormatter(masker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
