@@ -76,6 +76,7 @@ from ..messages.tree import (
     RuntimeGaveUp,
     Superseded,
 )
+from ..observability import metrics
 from ..security.masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..store import EventStore, open_store
 from .loop_watch import LoopWatch
@@ -334,6 +335,7 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
         assert self.store is not None
         try:
             stored = self.store.append(self.session_id, list(effect.events), owner=self.owner)
+            metrics.logged(self.start, stored)  # counted once, when durable
         except LeaseLost as exc:
             self.send(self._parent_address, Superseded(session_id=self.session_id,
                                                        reason=str(exc)))

@@ -7,7 +7,9 @@ when Thespian forks) so that each forked process, before Thespian runs:
 
 - lets go of the sockets and pipes it inherited (``release_inherited_descriptors``): a
   listening socket of the program, a pipe it reads to EOF;
-- creates files owner-only from then on (umask 077, ``paths.enter_private_process``).
+- creates files owner-only from then on (umask 077, ``paths.enter_private_process``);
+- records its metrics to files of its own in ``<home>/metrics/`` (``observability/``: the
+  program that serves them sums the folder; the admin empties or compacts it first).
 
 The admin also raises its soft limit on open files to the hard one
 (``processes.raise_open_file_limit``), so every actor it forks has it: the root holds
@@ -53,6 +55,7 @@ from ..host.processes import (
     raise_open_file_limit,
     start_time,
 )
+from ..observability import metrics
 from ..runtimes import sandbox_zygote
 from . import reaping
 
@@ -93,6 +96,7 @@ def _entry(target: Callable[..., Any], admin: bool) -> Callable[..., Any]:
     def entry(*args: Any, **kwargs: Any) -> Any:
         release_inherited_descriptors()
         enter_private_process()
+        metrics.enable_in_actor(_next_admin["home"], opening=admin)  # observability/folder.py
         if not _has_setproctitle[0]:
             # Thespian tries to import it in every actor; a miss searches all of sys.path
             sys.modules.setdefault("setproctitle", None)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from ..config.settings import settings
 from ..host.processes import signal_quietly
 from ..messages.protocol import UserCommand
 from ..messages.tree import BootedUp, Probe, ProbeAnswer, Relay
+from ..observability import metrics
 from . import reaping
 from .base import TrouperActor
 
@@ -124,6 +125,7 @@ class Probing(TrouperActor):
         pending = _Probe(uuid.uuid4().hex[:16], child.incarnation, why)
         probes[role] = pending
         self.send(child.address, Probe(token=pending.token))
+        metrics.probed(role, why)
         self.after(settings().probe_answer_s, "probe_unanswered", (role, pending.token))
 
     def on_probe_answer(self, msg: ProbeAnswer, sender: ActorAddress) -> None:
@@ -157,3 +159,4 @@ class Probing(TrouperActor):
         logger.warning("%s: child %s (pid %d) %s", self.role, role,
                        pid, child.last_words)
         signal_quietly(pid, signal.SIGKILL)  # its exit is reported as any other: a restart
+        metrics.probe_killed(role)

@@ -53,6 +53,7 @@ from ..messages.tree import (
     Superseded,
     Working,
 )
+from ..observability import metrics
 from ..supervisor import ChildSpec, give_up_text
 from .base import Timer
 from .lazy_broker import LazyBroker
@@ -198,6 +199,7 @@ class RootSupervisor(RootSessions):
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
+        metrics.restarted(role, reason)
         for kept in self.kept_in(role):
             self._recorded_again(kept.start.session_id)
         self.group_restarted(role, address)

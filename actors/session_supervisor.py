@@ -53,6 +53,7 @@ from ..messages.tree import (
     WatchSession,
     Working,
 )
+from ..observability import metrics
 from ..supervisor import ChildSpec, give_up_text
 from . import reaping
 from .controller import Controller
@@ -169,6 +170,7 @@ class SessionSupervisor(SandboxClosing):
     def on_child_restarted(
         self, role: str, address: ActorAddress, incarnation: int, reason: str
     ) -> None:
+        metrics.restarted(role, reason)
         kind, session_id = split_role(role)
         watched = self.sessions.get(session_id)
         if watched is None:

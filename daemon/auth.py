@@ -4,8 +4,9 @@ daemon's own Host and Origin.
 ``Guard`` is the door both of trouper's servers use (``serving.token_guard.TokenGuard``,
 ASGI middleware around the whole app, so a route added later is guarded without saying
 so) with the daemon's own checks and error shape; only ``PUBLIC_PATHS`` (the static web
-page, which holds no data and no token) are served without the token. Checked, in order,
-on every HTTP request and every WebSocket handshake:
+page, which holds no data and no token) are served without the token, and ``/metrics``
+when ``TROUPER_METRICS_OPEN`` is set on a loopback-only daemon (``open_metrics``).
+Checked, in order, on every HTTP request and every WebSocket handshake:
 
 1. ``Host`` must name the daemon's own address (``127.0.0.1:PORT``, ``localhost:PORT``,
    ``[::1]:PORT``, or the ``--host`` it was given): a DNS-rebinding page whose name now
@@ -27,6 +28,7 @@ import json
 import logging
 from collections.abc import Iterable
 
+from ..config.settings import settings
 from ..serving.limits import Notes
 from ..serving.token_guard import ASGIApp, Refusal, Scope, TokenGuard
 
@@ -39,6 +41,8 @@ SUBPROTOCOL = "trouper.v1"
 """The WebSocket subprotocol the daemon speaks (answered when the client offers it)."""
 TOKEN_PROTOCOL_PREFIX = "bearer."
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+METRICS_PATH = "/metrics"
+"""Prometheus's text: behind the token, unless ``open_metrics`` says otherwise."""
 
 
 def allowed_hosts(host: str, port: int) -> frozenset[str]:
@@ -59,7 +63,8 @@ class Guard(TokenGuard):
         super().__init__(app, token=token, render=_render, notes=Notes(logger),
                          message="a valid bearer token is required (see docs/daemon.md)",
                          before=(self._foreign_host, self._foreign_origin),
-                         public_paths=PUBLIC_PATHS, subprotocol_prefix=TOKEN_PROTOCOL_PREFIX)
+                         public_paths=PUBLIC_PATHS | open_metrics(self.hosts),
+                         subprotocol_prefix=TOKEN_PROTOCOL_PREFIX)
         self.app = app
 
     def _foreign_host(self, scope: Scope, headers: dict[str, str]) -> Refusal | None:
@@ -72,6 +77,19 @@ class Guard(TokenGuard):
         if origin is None or origin.lower() in self.origins:
             return None
         return Refusal(403, "forbidden_origin", "requests from another origin are refused")
+
+
+def open_metrics(hosts: frozenset[str]) -> frozenset[str]:
+    """``{METRICS_PATH}`` when ``TROUPER_METRICS_OPEN`` is set and every name the daemon
+    answers to (``hosts``) is a loopback one: only then may a scraper without the token
+    read it, and it reaches only counts (no session ids, no text). Else nothing."""
+    if not settings().metrics_open:
+        return frozenset()
+    if hosts and all(h.rpartition(":")[0] in LOOPBACK_NAMES for h in hosts):
+        return frozenset({METRICS_PATH})
+    logger.warning("TROUPER_METRICS_OPEN is ignored: the daemon answers to names that are "
+                   "not loopback (%s); /metrics keeps its token", ", ".join(sorted(hosts)))
+    return frozenset()
 
 
 def _render(refusal: Refusal) -> bytes:
