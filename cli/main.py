@@ -324,15 +324,19 @@ from .config_cmd import config as _config  # noqa: E402
 from .daemon import register as _register_daemon  # noqa: E402
 from .diff import diff as _diff  # noqa: E402
 from .fork import fork as _fork  # noqa: E402
+from .fork import rewind as _rewind  # noqa: E402
 from .reading import events, sessions  # noqa: E402
 from .replay import replay as _replay  # noqa: E402
 from .runtime_server import runtime_server  # noqa: E402
+from .top import top as _top  # noqa: E402
 
 main.add_command(sessions)
 main.add_command(events)
 main.add_command(runtime_server)
+main.add_command(_top)
 main.add_command(_diff)
 main.add_command(_fork)
+main.add_command(_rewind)
 main.add_command(_config)
 main.add_command(_audit)
 main.add_command(_replay)

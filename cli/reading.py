@@ -29,10 +29,13 @@ if TYPE_CHECKING:
 @home_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option("--state", help="Only the sessions in this state.")
-def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
+@click.option("--all", "every", is_flag=True,
+              help="Also the sessions a rewind replaced (each says by which).")
+def sessions(home: Path | None, as_json: bool, state: str | None, every: bool) -> None:
     """List the sessions in the store, newest first.
 
-    Through the home's daemon when one runs.
+    Through the home's daemon when one runs. A session a rewind replaced is left out,
+    but with --all.
     """
     from ..daemon.service import mask
     from ..security.masking import mask_known
@@ -40,7 +43,7 @@ def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
     wanted = _state(state)
     trouper_home = open_home(home)
     with reading(trouper_home) as client:
-        for summary in client.sessions(state=wanted):
+        for summary in client.sessions(state=wanted, replaced=every):
             remember_session_secrets(trouper_home, summary.id)
             if as_json:
                 click.echo(json.dumps(mask(summary.to_json())))
@@ -48,7 +51,9 @@ def sessions(home: Path | None, as_json: bool, state: str | None) -> None:
                 # markup off: a task's [brackets] are its text, not rich's style tags
                 console.print(f"{summary.id}  {summary.state.value:<22} "
                               f"{summary.updated_at:%Y-%m-%d %H:%M:%S}  "
-                              f"{mask_known(summary.task)[:60]}", markup=False)
+                              f"{mask_known(summary.task)[:60]}"
+                              + (f"  (replaced by {summary.replaced_by})"
+                                 if summary.replaced_by else ""), markup=False)
 
 
 def _state(state: str | None) -> str | None:

@@ -161,22 +161,37 @@ class RemoteTrouper:
              *, llm: Mapping[str, Any] | LLMConfig | None = None,
              workspace: str | os.PathLike[str] | None = None) -> RemoteSession:
         """As ``Trouper.fork``, by the daemon (``POST .../fork``)."""
+        return self._fork("fork", session_id, at_seq, message, llm, workspace)
+
+    def rewind(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+               *, llm: Mapping[str, Any] | LLMConfig | None = None,
+               workspace: str | os.PathLike[str] | None = None) -> RemoteSession:
+        """As ``Trouper.rewind``, by the daemon (``POST .../rewind``)."""
+        return self._fork("rewind", session_id, at_seq, message, llm, workspace)
+
+    def _fork(self, route: str, session_id: str, at_seq: int | None, message: str | None,
+              llm: Mapping[str, Any] | LLMConfig | None,
+              workspace: str | os.PathLike[str] | None) -> RemoteSession:
         body: dict[str, Any] = {"at_seq": at_seq, "message": message}
         if llm is not None:
             body["llm"] = _plain(llm)
         if workspace is not None:  # the daemon runs elsewhere: a path from here, whole
             body["workspace"] = os.path.abspath(os.path.expanduser(os.fspath(workspace)))
-        made = self.request("POST", f"/v1/sessions/{session_id}/fork", json=body)
+        made = self.request("POST", f"/v1/sessions/{session_id}/{route}", json=body)
         return RemoteSession(self, made["id"])
 
-    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
+    def sessions(self, state: AgentState | str | None = None, *,
+                 replaced: bool = False) -> list[SessionSummary]:
         """Every session (newest first), read page by page; with ``state``, only those in
-        it (ConfigError for a name that is no state)."""
+        it (ConfigError for a name that is no state); replaced ones only with
+        ``replaced``."""
         out: list[SessionSummary] = []
         params: dict[str, Any] = {"limit": 500}
         wanted = state_filter(state)
         if wanted is not None:
             params["state"] = wanted.value
+        if replaced:
+            params["replaced"] = "true"
         while True:
             page = self.request("GET", "/v1/sessions", params=params)
             out += [SessionSummary.model_validate(row) for row in page["sessions"]]

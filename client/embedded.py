@@ -51,6 +51,7 @@ from .checks import (
 )
 from .fork import fork_session
 from .info import SessionSummary
+from .rewind import replace
 from .session import Session, new_session_id
 from .store_reader import summaries
 
@@ -119,7 +120,8 @@ class Trouper:
             self._system.open()
             self.store = open_store(self.store_url)
             self._system.on_new_root = self._resume_unfinished  # after a root that died
-            gc_at_start(self.home.root, self.store.sessions())  # containers of ended sessions
+            # containers of ended sessions, replaced ones among them
+            gc_at_start(self.home.root, self.store.sessions(replaced=True))
             if resume:
                 self._resume_unfinished()
         except BaseException:
@@ -254,10 +256,24 @@ class Trouper:
             self.restore(new_id)  # it carries on; a paused fork starts on its first command
         return Session(self, new_id)
 
-    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
+    def rewind(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+               *, llm: Mapping[str, Any] | LLMConfig | None = None,
+               workspace: str | os.PathLike[str] | None = None) -> Session:
+        """``fork``, and the fork takes the original's place in ``sessions()``: the
+        original is stopped if it is still working, then marked replaced (its log and
+        files are kept; ``session(id)`` still opens it). docs/time-travel.md, "Rewind".
+
+        Raises UnknownSession, or InvalidRequest for an ``at_seq`` outside the log."""
+        fork = self.fork(session_id, at_seq, message, llm=llm, workspace=workspace)
+        replace(self.store, Session(self, session_id), fork.id)
+        return fork
+
+    def sessions(self, state: AgentState | str | None = None, *,
+                 replaced: bool = False) -> list[SessionSummary]:
         """Every session in the store, newest first; with ``state``, only those in it
-        (ConfigError for a name that is no state)."""
-        return summaries(self.store, state)
+        (ConfigError for a name that is no state); one a rewind replaced only with
+        ``replaced``."""
+        return summaries(self.store, state, replaced)
 
     def session(self, session_id: str) -> Session:
         """The session with that id. Raises UnknownSession."""
@@ -344,7 +360,7 @@ class Trouper:
             self._system.expect_sandboxes()
 
     def _resume_unfinished(self) -> None:
-        for record in self.store.sessions():
+        for record in self.store.sessions(replaced=True):  # a replaced one may still work
             if record.state in RESTORABLE and (self._mine is None or self._mine(record)):
                 logger.info("resuming session %s (%s)", record.session_id, record.state.value)
                 self.restore(record.session_id)

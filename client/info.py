@@ -49,6 +49,9 @@ class SessionSummary(BaseModel):
     """UTC; moved by every event appended."""
     last_seq: int
     """The seq of the latest event; 0 when the log is empty."""
+    replaced_by: str | None = None
+    """The session that took this one's place in the list (a rewind,
+    docs/time-travel.md), or None. A replaced session is listed only when asked for."""
 
     @classmethod
     def of_record(cls, record: SessionRecord) -> SessionSummary:
@@ -58,7 +61,7 @@ class SessionSummary(BaseModel):
                    task=config.task, model=config.llm.model, runtime=config.runtime.kind,
                    workspace=config.workspace,
                    created_at=record.created_at, updated_at=record.updated_at,
-                   last_seq=record.last_seq)
+                   last_seq=record.last_seq, replaced_by=record.replaced_by)
 
     @field_serializer("created_at", "updated_at", when_used="json")
     def _isoformat(self, value: datetime) -> str:

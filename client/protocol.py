@@ -169,9 +169,19 @@ class TrouperClient(Protocol):
         untouched (docs/time-travel.md)."""
         ...
 
-    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
+    def rewind(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+               *, llm: Mapping[str, Any] | LLMConfig | None = None,
+               workspace: str | os.PathLike[str] | None = None) -> SessionHandle:
+        """``fork``, and the fork takes the original's place in ``sessions()``: the
+        original is stopped if it is still working and marked replaced (its log and
+        files kept; ``session(id)`` still opens it; docs/time-travel.md, "Rewind")."""
+        ...
+
+    def sessions(self, state: AgentState | str | None = None, *,
+                 replaced: bool = False) -> list[SessionSummary]:
         """Every session, newest first; with ``state``, only those in it (ConfigError
-        for a name that is no state)."""
+        for a name that is no state); one a rewind replaced (its ``replaced_by`` set)
+        only with ``replaced``."""
         ...
 
     def session(self, session_id: str) -> SessionHandle:

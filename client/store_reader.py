@@ -60,9 +60,17 @@ class StoreReader:
         """Refused (InvalidRequest): a fork is a new session, which takes an actor system."""
         raise InvalidRequest(READ_ONLY.format(what="fork", home=self.home.root))
 
-    def sessions(self, state: AgentState | str | None = None) -> list[SessionSummary]:
-        """Every session in the store, newest first; with ``state``, those in it."""
-        return summaries(self.store, state)
+    def rewind(self, session_id: str, at_seq: int | None = None, message: str | None = None,
+               *, llm: Mapping[str, Any] | LLMConfig | None = None,
+               workspace: str | os.PathLike[str] | None = None) -> Session:
+        """Refused (InvalidRequest): a rewind is a fork, which takes an actor system."""
+        raise InvalidRequest(READ_ONLY.format(what="rewind", home=self.home.root))
+
+    def sessions(self, state: AgentState | str | None = None, *,
+                 replaced: bool = False) -> list[SessionSummary]:
+        """Every session in the store, newest first; with ``state``, those in it; one a
+        rewind replaced only with ``replaced``."""
+        return summaries(self.store, state, replaced)
 
     def session(self, session_id: str) -> Session:
         """The session with that id (its commands refused). Raises UnknownSession."""
@@ -80,10 +88,12 @@ class StoreReader:
         raise InvalidRequest(READ_ONLY.format(what=command, home=self.home.root))
 
 
-def summaries(store: EventStore, state: AgentState | str | None) -> list[SessionSummary]:
-    """The store's sessions, newest first, in ``state`` when one is given."""
+def summaries(store: EventStore, state: AgentState | str | None,
+              replaced: bool = False) -> list[SessionSummary]:
+    """The store's sessions, newest first, in ``state`` when one is given; replaced ones
+    (a rewind's originals) only with ``replaced``."""
     wanted = state_filter(state)
-    return [SessionSummary.of_record(record) for record in store.sessions()
+    return [SessionSummary.of_record(record) for record in store.sessions(replaced=replaced)
             if wanted is None or record.state == wanted]
 
 

@@ -127,7 +127,8 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
     def health() -> dict[str, Any]:
         """The daemon answers: its pid, uptime, sessions and open streams."""
         return {"ok": True, "pid": os.getpid(), "uptime_s": time.time() - api.state.started,
-                "sessions": len(service.store.sessions()), "streams": streams.count}
+                "sessions": len(service.store.sessions(replaced=True)),  # every one kept
+                "streams": streams.count}
 
     @api.get("/v1/cluster")
     def cluster() -> dict[str, Any]:
@@ -148,12 +149,13 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
     @api.get("/v1/sessions")
     def list_sessions(limit: int = 50, cursor: str | None = Cursor, offset: int = Offset,
                       state: list[StateName] | None = Query(default=None),
-                      usage: bool = False) -> dict[str, Any]:
+                      usage: bool = False, replaced: bool = False) -> dict[str, Any]:
         """Sessions, newest first; page with ``cursor`` (or ``offset``); filter by state;
-        ``usage``: each row with its ``cost_usd`` and ``iterations``."""
+        ``usage``: each row with its ``cost_usd`` and ``iterations``; ``replaced``: the
+        sessions a rewind replaced too (each with its ``replaced_by``)."""
         states = [AgentState(s) for s in state] if state else None
         return service.page(states=states, cursor=cursor, offset=offset, limit=limit,
-                            usage=usage)
+                            usage=usage, replaced=replaced)
 
     @api.get("/v1/sessions/{session_id}")
     def get_session(session_id: str) -> dict[str, Any]:
@@ -204,6 +206,13 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         """A new session starting where this one was at ``at_seq``, its files included;
         it waits for the user, or carries on with ``message``. The original is untouched."""
         return service.fork(session_id, body.at_seq, body.message, body.llm, body.workspace)
+
+    @api.post("/v1/sessions/{session_id}/rewind", status_code=201)
+    def rewind(session_id: str, body: ForkBody) -> dict[str, Any]:
+        """A fork (the same body) that takes this session's place in the list: this one
+        is stopped if it is still working and listed only with ``?replaced=true``."""
+        return service.fork(session_id, body.at_seq, body.message, body.llm, body.workspace,
+                            rewind=True)
 
     @api.get("/v1/sessions/{session_id}/events")
     def events(session_id: str, after: int = After, limit: int = 1000) -> dict[str, Any]:
@@ -262,6 +271,9 @@ def create_app(trouper: Trouper, *, token: str, hosts: frozenset[str],
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         await _serve_ws(ws, sub)
+
+    from ..observability.exposition import daemon_route  # docs/operations.md, "Metrics"
+    api.get("/metrics", include_in_schema=False)(daemon_route(service, streams, member))
 
     for path, (name, media) in PAGE_FILES.items():
         api.get(path, include_in_schema=False)(_page(name, media))

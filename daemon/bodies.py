@@ -78,8 +78,8 @@ class Budget(BaseModel):
 
 
 class ForkBody(BaseModel):
-    """``fork``: at which event (None: the last) and, optionally, the hint it carries on
-    with (without one the fork waits PAUSED)."""
+    """``fork`` and ``rewind``: at which event (None: the last) and, optionally, the hint
+    it carries on with (without one the fork waits PAUSED)."""
 
     at_seq: int | None = Field(default=None, ge=1)
     message: str | None = None

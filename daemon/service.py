@@ -155,9 +155,10 @@ class Service:
             return self.member.carry_on(body["session_id"], body.get("left_on", ""))
         if body["kind"] == "diff":
             return self.diff(body["session_id"], hops)
-        if body["kind"] == "fork":
+        if body["kind"] in ("fork", "rewind"):
             return self.fork(body["session_id"], body.get("at_seq"), body.get("message"),
-                             body.get("llm"), body.get("workspace"), hops)
+                             body.get("llm"), body.get("workspace"), hops,
+                             rewind=body["kind"] == "rewind")
         return self._command(body["session_id"], body["command"], body["text"],
                              body["action_id"], body["request_id"], hops)
 
@@ -193,10 +194,10 @@ class Service:
         return True
 
     def page(self, *, states: list[AgentState] | None, cursor: str | None, offset: int,
-             limit: int, usage: bool = False) -> dict[str, Any]:
+             limit: int, usage: bool = False, replaced: bool = False) -> dict[str, Any]:
         """A page of sessions, newest first; with ``usage``, each row with its cost and
         steps (folded from its log: the page's list asks for them, a client's
-        ``sessions()`` does not)."""
+        ``sessions()`` does not); those a rewind replaced only with ``replaced``."""
         if not 1 <= limit <= MAX_PAGE:
             raise ConfigError(f"limit: must be between 1 and {MAX_PAGE}", field="limit")
         if offset < 0:
@@ -204,7 +205,7 @@ class Service:
         if offset and cursor:
             raise ConfigError("cursor: give a cursor or an offset, not both", field="cursor")
         if offset:
-            records = [r for r in self.store.sessions()
+            records = [r for r in self.store.sessions(replaced=replaced)
                        if states is None or r.state in states][offset:offset + limit + 1]
             more = len(records) > limit
             records, after = records[:limit], None
@@ -212,7 +213,7 @@ class Service:
         else:
             try:
                 records, after = self.store.sessions_page(states=states, cursor=cursor,
-                                                          limit=limit)
+                                                          limit=limit, replaced=replaced)
             except InvalidRequest as exc:
                 raise ConfigError(f"cursor: {exc}", field="cursor") from None
             next_offset = None
@@ -321,9 +322,10 @@ class Service:
 
     def fork(self, session_id: str, at_seq: int | None, message: str | None,
              llm: dict[str, Any] | None = None, workspace: str | None = None,
-             hops: int = 0) -> dict[str, Any]:
+             hops: int = 0, *, rewind: bool = False) -> dict[str, Any]:
         """Fork the session at ``at_seq`` (docs/time-travel.md): by the daemon that runs
-        it, whose home holds its checkpoints. The new session's view."""
+        it, whose home holds its checkpoints (and whose tree stops it, for a ``rewind``:
+        the fork then takes its place in the list). The new session's view."""
         self.record(session_id)
         if workspace is not None and not os.path.isabs(workspace):
             raise ConfigError("workspace: must be an absolute path (the daemon's folder is "
@@ -331,11 +333,13 @@ class Service:
         if self.member is not None:
             target = self.member.route(session_id)
             if target is not None:
-                return self._call(target, session_id, hops, kind="fork",  # type: ignore[no-any-return]
+                return self._call(target, session_id, hops,  # type: ignore[no-any-return]
+                                  kind="rewind" if rewind else "fork",
                                   session_id=session_id, at_seq=at_seq, message=message,
                                   llm=llm, workspace=workspace)
         self.learn(session_id)
-        fork = self.trouper.fork(session_id, at_seq, message, llm=llm, workspace=workspace)
+        make = self.trouper.rewind if rewind else self.trouper.fork
+        fork = make(session_id, at_seq, message, llm=llm, workspace=workspace)
         self.learn(fork.id)
         return {**self.detail(fork.id), "session_id": fork.id}
 

@@ -22,6 +22,14 @@ from ..config.models import SessionConfig
 from ..messages.base import Frozen
 from ..messages.events import AgentState, Event
 
+REPLACED_BY = "replaced_by"
+"""Session meta key: the id of the session that took this one's place in the user's list
+(a rewind, docs/time-travel.md). ``sessions(replaced=False)`` and
+``sessions_page(replaced=False)`` leave a replaced session out: the user's lists."""
+REPLACES = "replaces"
+"""Session meta key: the id of the session this one replaced (the other side of
+``REPLACED_BY``)."""
+
 
 class SessionRecord(Frozen):
     """One session as the store knows it (secrets are never stored)."""
@@ -39,6 +47,9 @@ class SessionRecord(Frozen):
     """The state of the latest ``StateChanged`` in the log; LOADING before any."""
     state_reason: str
     """The reason of that ``StateChanged``; empty before any."""
+    replaced_by: str | None = None
+    """The session that took this one's place in the list (its ``REPLACED_BY`` meta), or
+    None."""
 
 
 @runtime_checkable
@@ -58,20 +69,23 @@ class EventStore(Protocol):
         """The session's record."""
         ...
 
-    def sessions(self) -> list[SessionRecord]:
-        """Every session, newest first."""
+    def sessions(self, *, replaced: bool = True) -> list[SessionRecord]:
+        """Every session, newest first; without ``replaced``, those replaced by another
+        (``REPLACED_BY``) left out. Every one by default: what resumes sessions or
+        cleans up after them must see them all; a user's list asks for fewer."""
         ...
 
     def sessions_page(
         self, *, states: Collection[AgentState] | None = None, cursor: str | None = None,
-        limit: int = 100,
+        limit: int = 100, replaced: bool = True,
     ) -> tuple[list[SessionRecord], str | None]:
         """At most ``limit`` sessions, newest first (the order of ``sessions()``), only
         those whose state is in ``states`` (None: all), after ``cursor`` (a value a
         previous page returned; None: from the newest). Returns the page and the cursor
         of the next page, None when this one is the last. Sessions created meanwhile do
         not shift a page (they come before the first). A cursor this store did not make
-        raises InvalidRequest."""
+        raises InvalidRequest. Without ``replaced``, a replaced session is on no page (one
+        replaced meanwhile leaves the pages still to come)."""
         ...
 
     def append(

@@ -37,13 +37,19 @@ import psycopg
 from ..config.models import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError
 from ..messages.events import AgentState, Event, event_from_json
-from .base import SessionRecord
+from ..observability.timing import timed_append
+from .base import REPLACED_BY, SessionRecord
 from .postgres_conn import PostgresConnections, unknown
 from .serial import last_state, public_config_json, stamp, stored_config
 
 logger = logging.getLogger(__name__)
 
 _COLUMNS = "id, config_json, created_at, updated_at, last_seq, state, state_reason"
+_REPLACED_BY = (f"(SELECT value FROM session_meta m WHERE m.session_id = sessions.id"
+                f" AND m.key = '{REPLACED_BY}')")
+_RECORD_COLUMNS = f"{_COLUMNS}, {_REPLACED_BY}"
+"""What ``_record`` reads: the row, and the session that replaced it (or NULL)."""
+_NOT_REPLACED = f"NOT EXISTS {_REPLACED_BY}"
 _FOLLOW_PAGE = 1000
 _FALLBACK_POLL_S = 1.0
 """A follower reads at least this often, even when no notice came."""
@@ -54,11 +60,14 @@ _LOCK_SQL = "SELECT last_seq FROM sessions WHERE id = %s FOR UPDATE"
 
 
 def _record(row: Sequence[Any]) -> SessionRecord:
+    """A session from ``_RECORD_COLUMNS`` (a row just inserted: ``_COLUMNS``, no
+    replacement yet)."""
     session_id, config_json, created_at, updated_at, last_seq, state, reason = row[:7]
     return SessionRecord(
         session_id=session_id, config=stored_config(session_id, config_json),
         created_at=created_at.astimezone(UTC), updated_at=updated_at.astimezone(UTC),
-        last_seq=last_seq, state=AgentState(state), state_reason=reason)
+        last_seq=last_seq, state=AgentState(state), state_reason=reason,
+        replaced_by=row[7] if len(row) > 7 else None)
 
 
 class PostgresEventStore(PostgresConnections):
@@ -96,25 +105,27 @@ class PostgresEventStore(PostgresConnections):
 
     def session(self, session_id: str) -> SessionRecord:
         """The session's record; an unknown id raises UnknownSession."""
-        rows = self._query(f"SELECT {_COLUMNS} FROM sessions WHERE id = %s", (session_id,))
+        rows = self._query(f"SELECT {_RECORD_COLUMNS} FROM sessions WHERE id = %s",
+                           (session_id,))
         if not rows:
             raise unknown(session_id)
         return _record(rows[0])
 
-    def sessions(self) -> list[SessionRecord]:
-        """Every session, newest first."""
-        rows = self._query(f"SELECT {_COLUMNS} FROM sessions ORDER BY created_at DESC,"
-                           " ord DESC", ())
+    def sessions(self, *, replaced: bool = True) -> list[SessionRecord]:
+        """Every session, newest first; the replaced ones left out without ``replaced``."""
+        where = "" if replaced else f" WHERE {_NOT_REPLACED}"
+        rows = self._query(f"SELECT {_RECORD_COLUMNS} FROM sessions{where}"
+                           " ORDER BY created_at DESC, ord DESC", ())
         return [_record(row) for row in rows]
 
     def sessions_page(
         self, *, states: Collection[AgentState] | None = None, cursor: str | None = None,
-        limit: int = 100,
+        limit: int = 100, replaced: bool = True,
     ) -> tuple[list[SessionRecord], str | None]:
         """A page of sessions, newest first (see EventStore.sessions_page)."""
         if states is not None and not states:
             return [], None
-        where, args = ["TRUE"], []
+        where, args = ["TRUE" if replaced else _NOT_REPLACED], []
         if states is not None:
             where.append("state = ANY(%s)")
             args.append([AgentState(s).value for s in states])
@@ -131,7 +142,7 @@ class PostgresEventStore(PostgresConnections):
             args += [created, int(ord_text)]
         size = max(1, limit)
         rows = self._query(
-            f"SELECT {_COLUMNS}, ord FROM sessions WHERE {' AND '.join(where)}"
+            f"SELECT {_RECORD_COLUMNS}, ord FROM sessions WHERE {' AND '.join(where)}"
             " ORDER BY created_at DESC, ord DESC LIMIT %s", (*args, size + 1))
         more = len(rows) > size
         rows = rows[:size]
@@ -147,6 +158,7 @@ class PostgresEventStore(PostgresConnections):
 
     # ---- events ------------------------------------------------------------------
 
+    @timed_append("postgres")  # trouper_store_append_seconds (docs/operations.md)
     def append(
         self, session_id: str, events: Sequence[Event], *, owner: int | None = None
     ) -> list[Event]:

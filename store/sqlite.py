@@ -29,7 +29,8 @@ from typing import Any
 from ..config.models import SessionConfig
 from ..exceptions import InvalidRequest, LeaseLost, StoreError, UnknownSession
 from ..messages.events import AgentState, Event, event_from_json
-from .base import SessionRecord
+from ..observability.timing import timed_append
+from .base import REPLACED_BY, SessionRecord
 from .faults import storage_fault
 from .serial import last_state, public_config_json, stamp, stored_config
 from .sqlite_conn import SQLiteConnections, immediate
@@ -42,6 +43,11 @@ _MAX_POLL_S = 0.1
 """Cap on ``follow``'s backoff between checks while nothing is new."""
 _OWNER_SQL = "SELECT value FROM session_meta WHERE session_id = ? AND key = 'owner'"
 _SESSION_COLUMNS = "id, config_json, created_at, updated_at, last_seq, state, state_reason"
+_REPLACED_BY = (f"(SELECT value FROM session_meta m WHERE m.session_id = sessions.id"
+                f" AND m.key = '{REPLACED_BY}')")
+_RECORD_COLUMNS = f"{_SESSION_COLUMNS}, {_REPLACED_BY}"
+"""What ``_record`` reads: the row, and the session that replaced it (or NULL)."""
+_NOT_REPLACED = f"NOT EXISTS {_REPLACED_BY}"
 
 
 def _ts(dt: datetime) -> str:
@@ -50,7 +56,7 @@ def _ts(dt: datetime) -> str:
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
-    session_id, config_json, created_at, updated_at, last_seq, state, reason = row
+    session_id, config_json, created_at, updated_at, last_seq, state, reason = row[:7]
     return SessionRecord(
         session_id=session_id,
         config=stored_config(session_id, config_json),
@@ -59,6 +65,7 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
         last_seq=last_seq,
         state=AgentState(state),
         state_reason=reason,
+        replaced_by=row[7] if len(row) > 7 else None,  # a row just inserted has none
     )
 
 
@@ -94,16 +101,18 @@ class SQLiteEventStore(SQLiteConnections):
     def session(self, session_id: str) -> SessionRecord:
         """The session's record; an unknown id raises UnknownSession."""
         row = self._query_one(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            f"SELECT {_RECORD_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
         )
         if row is None:
             raise UnknownSession(f"no session has the id {session_id!r}")
         return _record(row)
 
-    def sessions(self) -> list[SessionRecord]:
-        """Every session, newest first."""
+    def sessions(self, *, replaced: bool = True) -> list[SessionRecord]:
+        """Every session, newest first; the replaced ones left out without ``replaced``."""
+        where = "" if replaced else f" WHERE {_NOT_REPLACED}"
         rows = self._query(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY created_at DESC, rowid DESC", ()
+            f"SELECT {_RECORD_COLUMNS} FROM sessions{where}"
+            " ORDER BY created_at DESC, rowid DESC", ()
         )
         return [_record(row) for row in rows]
 
@@ -113,10 +122,10 @@ class SQLiteEventStore(SQLiteConnections):
 
     def sessions_page(
         self, *, states: Collection[AgentState] | None = None, cursor: str | None = None,
-        limit: int = 100,
+        limit: int = 100, replaced: bool = True,
     ) -> tuple[list[SessionRecord], str | None]:
         """A page of sessions, newest first (see EventStore.sessions_page)."""
-        where, args = ["1"], []
+        where, args = ["1" if replaced else _NOT_REPLACED], []
         if states is not None and not states:
             return [], None
         if states is not None:
@@ -131,7 +140,7 @@ class SQLiteEventStore(SQLiteConnections):
             where.append("(created_at < ? OR (created_at = ? AND rowid < ?))")
             args += [created, created, int(rowid)]
         rows = self._query(
-            f"SELECT {_SESSION_COLUMNS}, rowid FROM sessions WHERE {' AND '.join(where)}"
+            f"SELECT {_RECORD_COLUMNS}, rowid FROM sessions WHERE {' AND '.join(where)}"
             " ORDER BY created_at DESC, rowid DESC LIMIT ?", (*args, max(1, limit) + 1))
         more = len(rows) > max(1, limit)
         rows = rows[:max(1, limit)]
@@ -140,6 +149,7 @@ class SQLiteEventStore(SQLiteConnections):
 
     # ---- events ------------------------------------------------------------------
 
+    @timed_append("sqlite")  # trouper_store_append_seconds (docs/operations.md)
     def append(
         self, session_id: str, events: Sequence[Event], *, owner: int | None = None
     ) -> list[Event]:

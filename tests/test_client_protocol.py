@@ -132,7 +132,8 @@ def test_the_check_sees_a_signature_that_differs():
             return None
 
     class Dicts(RemoteTrouper):
-        def sessions(self, state: AgentState | str | None = None) -> list[dict]:  # type: ignore[override]
+        def sessions(self, state: AgentState | str | None = None, *,  # type: ignore[override]
+                     replaced: bool = False) -> list[dict]:
             return []
 
     assert [d.split(":")[0] for d in differences(SessionHandle, OtherDefault)] == ["approve"]

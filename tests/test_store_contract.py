@@ -161,6 +161,43 @@ def test_sessions_page_walks_newest_first_and_filters_by_state(store: EventStore
             store.sessions_page(cursor=junk)
 
 
+def test_a_replaced_session_is_left_out_of_the_lists_when_asked(store: EventStore):
+    from trouper.store.base import REPLACED_BY
+
+    ids = [f"s{n}" for n in range(6)]
+    for session_id in ids:
+        store.create_session(session_id, make_config())
+    store.append("s1", [StateChanged(state=AgentState.FINISHED, reason="done")])
+    store.put_meta("s3", "owner", "7")  # another key: not a replacement
+    for old, new in (("s1", "s5"), ("s2", "s4")):
+        store.put_meta(old, REPLACED_BY, new)
+    shown = ["s5", "s4", "s3", "s0"]
+    assert [r.session_id for r in store.sessions(replaced=False)] == shown
+    assert [r.session_id for r in store.sessions()] == ids[::-1]  # every one, by default
+    every = {r.session_id: r.replaced_by for r in store.sessions()}
+    assert every == {"s5": None, "s4": None, "s3": None, "s2": "s4", "s1": "s5", "s0": None}
+    assert store.session("s1").replaced_by == "s5"  # still opened by its id, log and all
+    assert store.session("s0").replaced_by is None and store.last_seq("s1") == 1
+    pages, cursor = [], None
+    while True:  # the cursor walks the shown sessions only, however the pages fall
+        page, cursor = store.sessions_page(cursor=cursor, limit=2, replaced=False)
+        pages.append([r.session_id for r in page])
+        if cursor is None:
+            break
+    assert pages == [["s5", "s4"], ["s3", "s0"]]
+    pages, cursor = [], None
+    while True:
+        page, cursor = store.sessions_page(cursor=cursor, limit=4)
+        pages.append([(r.session_id, r.replaced_by) for r in page])
+        if cursor is None:
+            break
+    assert pages == [[("s5", None), ("s4", None), ("s3", None), ("s2", "s4")],
+                     [("s1", "s5"), ("s0", None)]]
+    assert store.sessions_page(states=[AgentState.FINISHED], replaced=False) == ([], None)
+    assert [r.session_id for r in store.sessions_page(
+        states=[AgentState.FINISHED])[0]] == ["s1"]
+
+
 def test_meta_put_and_get(store: EventStore):
     store.create_session("s1", make_config())
     store.create_session("s2", make_config())
