@@ -77,8 +77,9 @@ def allocated_dict_class() -> type:
     """prometheus_client's ``MmapedDict`` whose file's blocks are allocated before they are
     mapped. The library's file is sparse (``truncate``): on a full disk the first write
     into a page that has no block is a SIGBUS, which killed the Controller (its restarts
-    too) instead of letting it wait in the store's fault (I6). Allocated first, a full
-    disk is an ``OSError`` at the allocation, and recording stops in that process."""
+    too) instead of letting it wait in the store's fault (I6, docs/promises.md). Allocated
+    first, a full disk is an ``OSError`` at the allocation, and recording stops in that
+    process."""
     from prometheus_client.mmap_dict import MmapedDict
 
     class AllocatedMmapedDict(MmapedDict):
