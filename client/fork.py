@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
+from ..config.checks import config_error, pydantic_problems
 from ..config.models import LLMConfig, SessionConfig
 from ..core.states import Why
 from ..exceptions import InvalidRequest, TrouperError
@@ -133,8 +134,14 @@ def _config(stored: SessionConfig, api_key: str | None,
     the ``llm`` given (the original's key kept unless it names one)."""
     if llm is None:
         chosen = stored.llm
+    elif isinstance(llm, LLMConfig):
+        chosen = llm
     else:
-        chosen = llm if isinstance(llm, LLMConfig) else LLMConfig.model_validate(llm)
+        try:
+            chosen = LLMConfig.model_validate(llm)
+        except ValidationError as exc:  # named as start_session names it: llm.<field>
+            raise config_error([(f"llm.{where}" if where else "llm", why)
+                                for where, why in pydantic_problems(exc)]) from None
     if chosen.api_key is None and api_key is not None:
         chosen = chosen.model_copy(update={"api_key": SecretStr(api_key)})
     return stored.model_copy(update={"llm": chosen})

@@ -12,6 +12,7 @@ import pytest
 
 from trouper import AgentState, Trouper
 from trouper.client.fork import NOT_RUN_FORKED
+from trouper.exceptions import ConfigError
 from trouper.messages.events import ActionEvent, ObservationEvent, SessionForked, StateChanged
 from trouper.testing import check_log, wait_until
 
@@ -72,6 +73,8 @@ def test_a_fork_at_an_action_in_flight_never_runs_it_and_waits_for_the_user(
         assert original.wait(timeout=60) == AgentState.FINISHED
         events = list(original.events())
         third = [e for e in events if isinstance(e, ActionEvent)][2]  # a.txt's rewrite
+        with pytest.raises(ConfigError, match="llm.model: is required"):
+            t.fork(original.id, at_seq=third.seq, llm={})  # refused before anything is made
         fork = t.fork(original.id, at_seq=third.seq)
         assert fork.info().state == AgentState.PAUSED
         forked = list(fork.events())
