@@ -77,6 +77,7 @@ from ..messages.tree import (
     Superseded,
 )
 from ..observability import metrics
+from ..observability.tracing import TurnTraces, flush_at_exit
 from ..security.masking import SecretMasker, mask_known, remember_secrets, session_maskers
 from ..store import EventStore, open_store
 from .loop_watch import LoopWatch
@@ -123,6 +124,8 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
         """Who the boot answers once the core is up."""
         self.core_up = False
         """The boot's writes are done (False while a full disk holds them back)."""
+        self.turns = TurnTraces()
+        """The open turn's span (one trace per turn) when tracing is on."""
 
     @property
     def session_id(self) -> str:
@@ -215,6 +218,10 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
         not know this session's values, and records the reason in the log)."""
         super().fail(mask_known(reason), exc, mask_known(tb))
 
+    def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
+        super().on_exit_request(msg, sender)
+        flush_at_exit()  # now: once its parent hears it is gone, it may be killed
+
     # -- inputs --------------------------------------------------------------------------
 
     def feed(self, msg: Any) -> None:
@@ -278,7 +285,7 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
             self.drop(msg, "not the request the session waits for")
             return
         self.history.forget()
-        self.send(self.broker, self.history.prepare(request))
+        self.send(self.broker, self.turns.carry(self.history.prepare(request)))
 
     def on_timer_lift(self, token: int) -> None:
         self.feed(TimerFired("lift", token))
@@ -299,21 +306,25 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
             self._perform(effect)
         self.tell_working()
         self.consider_standing_down()
+        self.turns.after(self.view)  # a settled session ends it
 
     def _perform(self, effect: Effect) -> None:  # noqa: C901 - one branch per effect kind
         if isinstance(effect, Append):
             self._append(effect)
         elif isinstance(effect, AskModel):
             if self.broker is not None:  # else held: BrokerBack sends it to the new one
-                self.send(self.broker, self.history.prepare(effect.request))
+                self.send(self.broker, self.turns.asked(self.history.prepare(
+                    effect.request), self.session_id))
                 self.watch_model_call(effect.request.request_id)
         elif isinstance(effect, CancelModel):
             if self.broker is not None:
                 self.send(self.broker, CancelCompletion(request_id=effect.request_id,
                                                         session_id=self.session_id))
         elif isinstance(effect, RunAction):
-            self.send(self.runtime, effect.request)
+            self.send(self.runtime, self.turns.carry(effect.request))
         elif isinstance(effect, AskJournal):
+            self.turns.event("journal.resolve", self.session_id,
+                             {"trouper.action_id": effect.action_id})
             self.send(self.runtime, ResolveAction(session_id=self.session_id,
                                                   action_id=effect.action_id))
         elif isinstance(effect, StartTimer):
@@ -336,6 +347,7 @@ class Controller(StoreFaultMode, LoopWatch, SettledStandDown):
         try:
             stored = self.store.append(self.session_id, list(effect.events), owner=self.owner)
             metrics.logged(self.start, stored)  # counted once, when durable
+            self.turns.logged(stored, self.session_id)  # restarts and failures, on the turn
         except LeaseLost as exc:
             self.send(self._parent_address, Superseded(session_id=self.session_id,
                                                        reason=str(exc)))

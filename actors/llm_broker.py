@@ -21,8 +21,9 @@ import random
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
-from thespian.actors import ActorAddress
+from thespian.actors import ActorAddress, ActorExitRequest
 
 from ..config.settings import settings
 from ..home.paths import Home
@@ -42,6 +43,7 @@ from ..messages.protocol import (
     RetryScheduled,
 )
 from ..messages.tree import BootBroker, ForgetHistory
+from ..observability import tracing
 from ..security.masking import LLM_KEY_NAME, SecretMasker, mask_known, remember_secrets
 from .base import Timer, TrouperActor
 
@@ -65,6 +67,8 @@ class _Call:
     """0 for the configured model, then its ``fallbacks`` in order."""
     waited_s: float = 0.0
     gate: AdmissionGate | None = None
+    span: Any = None
+    """The call's span when the request carried a trace context (tracing on)."""
 
     @property
     def models(self) -> list[str]:
@@ -117,9 +121,13 @@ class LLMBroker(TrouperActor):
         whole, chars = taken
         if msg.llm.api_key is not None:  # providers' errors may echo it: mask them, and logs
             remember_secrets({LLM_KEY_NAME: msg.llm.api_key.get_secret_value()})
-        call = _Call(request=whole, reply_to=sender, tokens=tokens_of(chars))
+        call = _Call(request=whole, reply_to=sender, tokens=tokens_of(chars),
+                     span=tracing.model_call_began(msg))
         self._calls[msg.request_id] = call
         self._enqueue(call)
+
+    def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
+        tracing.flush_at_exit()  # now: once its parent hears it is gone, it may be killed
 
     def on_forget_history(self, msg: ForgetHistory, sender: ActorAddress) -> None:
         """A session stood down: its history (and litellm's checks of it) go."""
@@ -129,7 +137,9 @@ class LLMBroker(TrouperActor):
         call = self._calls.pop(msg.request_id, None)
         if call is None:
             self.drop(msg, "no call in flight with that id")
-        elif call.gate is not None:
+            return
+        tracing.model_call_failed(call.span, "cancelled")
+        if call.gate is not None:
             call.gate.cancel(msg.request_id)
             self._pump(call.key)
 
@@ -174,7 +184,7 @@ class LLMBroker(TrouperActor):
     def _attempt(self, call: _Call) -> None:
         request, attempt, model = call.request, call.attempt, call.model
         self.background.submit(
-            lambda: complete(request, model=model, attempts=attempt),
+            tracing.within(call.span, lambda: complete(request, model=model, attempts=attempt)),
             lambda result, error: self._answered(call, result, error),
         )
 
@@ -196,6 +206,7 @@ class LLMBroker(TrouperActor):
                 while len(self._answered_ids) > ANSWERED_KEPT:
                     self._answered_ids.popitem(last=False)
                 self.send(call.reply_to, result[0])
+                tracing.model_call_answered(call.span, result[0])
             else:
                 self._failed(call, error or RuntimeError("no answer"))
         self._pump(key)
@@ -224,21 +235,25 @@ class LLMBroker(TrouperActor):
                                  f"{call.models[call.model_index - 1]} failed: {message}", 0.0)
             return
         del self._calls[call.request.request_id]
-        self.send(call.reply_to, CompletionFailed(
+        failed = CompletionFailed(
             request_id=call.request.request_id, session_id=call.request.session_id,
             error_class=error_class, message=message,
-            retry_after_s=retry_after_s(error), attempts=call.attempt))
+            retry_after_s=retry_after_s(error), attempts=call.attempt)
+        self.send(call.reply_to, failed)
+        tracing.model_call_failed(call.span, failed)
 
     def _schedule_retry(self, call: _Call, error_class: str, message: str, wait_s: float) -> None:
         call.attempt += 1
         call.tries_on_model += 1
         call.waited_s += wait_s
         cfg = call.request.llm
-        self.send(call.reply_to, RetryScheduled(
+        retry = RetryScheduled(
             request_id=call.request.request_id, session_id=call.request.session_id,
             model=call.model, attempt=call.attempt,
             max_attempts=(cfg.num_retries + 1) * len(call.models), wait_s=wait_s,
-            error_class=error_class, message=message))  # type: ignore[arg-type]
+            error_class=error_class, message=message)  # type: ignore[arg-type]
+        self.send(call.reply_to, retry)
+        tracing.model_call_retried(call.span, retry)
         self.after(wait_s, "retry", call.request.request_id)
 
     def on_timer_retry(self, request_id: str) -> None:

@@ -15,6 +15,7 @@ from thespian.actors import ActorAddress, ActorExitRequest
 from ..home.paths import Home
 from ..messages.protocol import CloseSandbox, Execute, ResolveAction, SandboxClosed
 from ..messages.tree import BootRuntime, CloseFor
+from ..observability import tracing
 from ..runtimes.driver import After, Drop, Effect, Exit, Reply, RuntimeDriver, ToParent, Work
 from ..runtimes.session_sandbox import session_sandbox
 from ..security.masking import mask_known, remember_secrets, session_maskers
@@ -51,7 +52,8 @@ class RuntimeProxy(TrouperActor):
         sandbox = session_sandbox(start)
         if hasattr(sandbox, "progress"):  # a backend that reports the steps of its start
             sandbox.progress = self._progress_from_worker  # type: ignore[attr-defined]
-        self.driver = RuntimeDriver(start.session_id, sandbox)
+        self.driver = RuntimeDriver(start.session_id, sandbox,
+                                    runtime_kind=start.config.runtime.kind)
         self.perform(self.driver.start())
         early, self._early = self._early, []
         for request, requester in early:
@@ -120,6 +122,7 @@ class RuntimeProxy(TrouperActor):
     def on_exit_request(self, msg: ActorExitRequest, sender: ActorAddress) -> None:
         if self.driver is not None:
             self.driver.stopping = True
+        tracing.flush_at_exit()  # now: once its parent hears it is gone, it may be killed
 
     # -- effects ---------------------------------------------------------------
 

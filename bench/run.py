@@ -49,6 +49,7 @@ import recovery  # noqa: E402
 import remote_runtime  # noqa: E402
 import session_start  # noqa: E402
 import step_overhead  # noqa: E402
+import tracing  # noqa: E402
 import venvs  # noqa: E402
 from common import RESULTS_DIR, exit_now, fork_python_processes, machine  # noqa: E402
 from procs import sandbox_servers  # noqa: E402
@@ -56,7 +57,7 @@ from report import render  # noqa: E402
 from targets import targets, tree_goals  # noqa: E402
 
 WORKLOADS = ("step", "start", "concurrency", "recovery", "eventlog", "docker", "remote",
-             "daemon", "idle", "cluster", "checkpoints")
+             "daemon", "idle", "cluster", "checkpoints", "tracing")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -164,6 +165,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "cluster_step_rounds": 1 if quick else 3,
         "checkpoints": {"samples": 3 if quick else 30, "k": 3 if quick else 40,
                         "rounds": 1 if quick else 4},
+        "tracing": {"k": 3 if quick else 40, "rounds": 1 if quick else 4},
     }
 
 
@@ -217,6 +219,7 @@ def run_workloads(
         "daemon": ("daemon", lambda: daemon_bench.run(cfg["daemon_quick"])),
         "checkpoints": ("checkpoints", lambda: checkpoints.run(workdir=workdir,
                                                               **cfg["checkpoints"])),
+        "tracing": ("tracing", lambda: tracing.run(workdir=workdir, **cfg["tracing"])),
         "cluster": (
             "cluster",
             lambda: cluster_failover.run(

@@ -35,6 +35,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "checkpoint per step, 20-file workspace, median ms": ("<=", 2.0),
     "checkpoint per step, 5,000-file 50 MB workspace, median ms": ("<=", 100.0),
     "session step, checkpoints on - off, ms": ("<=", 3.0),
+    "session step, tracing on - off, ms": ("<=", 2.0),
     "openhands / trouper per step, K=200": (">=", 3.0),
     "openhands (subprocess terminal) / trouper per step, K=200": (">=", 3.0),
 }
@@ -129,6 +130,7 @@ VALUES: dict[str, Callable[[Workloads], float | None]] = {
         "checkpoints", {}).get("store", {}).get("small", {}).get("median_ms"),
     "checkpoint per step, 5,000-file 50 MB workspace, median ms": lambda w: w.get(
         "checkpoints", {}).get("store", {}).get("large", {}).get("median_ms"),
+    "session step, tracing on - off, ms": lambda w: w.get("tracing", {}).get("cost_ms"),
     "session step, checkpoints on - off, ms": lambda w: w.get("checkpoints", {}).get(
         "session", {}).get("cost_ms"),
     "openhands / trouper per step, K=200": _ratio("openhands/trouper", 200),

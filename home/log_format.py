@@ -17,7 +17,7 @@ factory (``install_log_context``), as attributes that travel with it:
 - the session id: the one the message being handled names (``about_session``, set by the
   actor base around each message), else the actor's own ``session_id`` (a Controller and
   a RuntimeProxy serve one session each);
-- the trace id: ``current_trace_id()``, the hook tracing will fill (None until then).
+- the trace id: ``current_trace_id()``, the current span's (None while nothing is traced).
 
 Text logs (the default) keep their format; the factory is installed only for JSON.
 """
@@ -55,9 +55,12 @@ def json_logs() -> bool:
 
 
 def current_trace_id() -> str | None:
-    """The trace the code running now belongs to: the hook for tracing (OpenTelemetry's
-    current span's trace id, as 32 hex digits), None while there is no tracing."""
-    return None
+    """The trace the code running now belongs to: OpenTelemetry's current span's trace id
+    (else the Controller's open turn's), as 32 hex digits; None while this process traces
+    nothing (``observability/tracing.py``: off, nothing of OpenTelemetry is imported)."""
+    from ..observability import tracing
+
+    return tracing.current_trace_id()
 
 
 _role: tuple[int, str] | None = None

@@ -99,6 +99,9 @@ class Complete(Frozen):
     history_len: int = 0
     """0: ``messages`` and ``tools`` are whole. Else ``messages`` follow the first
     ``history_len`` of history ``history_id``, which the broker keeps, with its tools."""
+    trace: dict[str, str] | None = None
+    """The session turn's trace context (a W3C ``traceparent``) when tracing is on
+    (``observability/tracing.py``); None otherwise."""
 
 
 class ToolCall(Frozen):
@@ -182,6 +185,8 @@ class Execute(Frozen):
     checkpoint: bool = False
     """Snapshot the workspace once the action ended (``runtimes/sandbox/checkpoints.py``);
     the outcome then names the snapshot."""
+    trace: dict[str, str] | None = None
+    """The session turn's trace context, as in ``Complete``; None when tracing is off."""
 
 
 class Executed(Frozen):

@@ -1,4 +1,5 @@
-"""What trouper tells about itself in production: Prometheus metrics.
+"""What trouper tells about itself in production: Prometheus metrics and OpenTelemetry
+traces (``tracing.py``: on only when an OTLP endpoint is set).
 
 ``metrics.py`` records them where things happen (the actor processes), ``folder.py``
 keeps the shared folder they are written to, ``exposition.py`` renders the text any

@@ -49,6 +49,7 @@ from ..messages.protocol import (
     SandboxClosed,
 )
 from ..messages.tree import Superseded
+from ..observability import tracing
 from ..security.masking import mask_known
 from .base import JournalRecord, Sandbox, SandboxHealth
 from .call_failures import cause_of
@@ -136,6 +137,8 @@ class RuntimeDriver:
     """The last stop is done (the closes wait for ``in_flight`` alone)."""
     blocked: dict[str, float] = field(default_factory=dict)
     """Actions the sandbox could not journal, with the wait before the next try."""
+    runtime_kind: str = ""
+    """The session's runtime kind (``local``, ``docker``, ``remote``): its actions' spans say it."""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -336,6 +339,7 @@ class RuntimeDriver:
         if deferred is not None:
             return deferred
         runtime = self.sandbox.runtime
+        span = tracing.action_began(msg, self.runtime_kind)  # None unless tracing is on
 
         def work() -> Any:
             return runtime.execute(
@@ -343,6 +347,7 @@ class RuntimeDriver:
                 no_output_timeout_s=msg.no_output_timeout_s, checkpoint=msg.checkpoint)
 
         def done(outcome: Any, error: BaseException | None) -> list[Effect]:
+            tracing.action_ended(span, outcome, error)
             if isinstance(error, StoreUnavailable):  # not run: try it again, say why once
                 return self._journal_blocked(msg, sender, error)
             if error is not None:
@@ -356,7 +361,7 @@ class RuntimeDriver:
                                               action_id=msg.action_id, outcome=outcome)))
             return out
 
-        return [self._request(work, done)]
+        return [self._request(tracing.within(span, work), done)]
 
     def _journal_blocked(self, msg: Execute, sender: Any,
                          error: StoreUnavailable) -> list[Effect]:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow  # starts real processes: `-m 'not slow'` skips it
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
 
 
-GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog,idle", "docker,remote,checkpoints"]
+GROUPS = ["step,start,daemon", "concurrency,recovery,eventlog,idle",
+          "docker,remote,checkpoints,tracing"]
 """Every workload, in three runs the suite's workers share (all in one run: ~22 s alone),
 but those that need a server the suite may lack (``ON_THEIR_OWN``)."""
 ON_THEIR_OWN = ["cluster"]
