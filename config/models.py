@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from ..messages.base import Frozen
+from ..messages.checkpoints import CheckpointPolicy
 from ..messages.mcp import McpServer, named
 from ..messages.text import storable
 from ..runtimes.sandbox.owners import checked_user
@@ -299,7 +300,7 @@ class SessionConfig(Config):
     it (``Session.budget``) or stops it."""
     stuck: StuckPolicy = StuckPolicy()
     """Stuck detection: which loops pause the session (default on; ``False`` off)."""
-    checkpoints: bool = True
+    checkpoints: CheckpointPolicy = CheckpointPolicy()
     """Snapshot the workspace after every action that may change it, outside it (the
     sandbox's checkpoint store): what a fork or a rewind at that action starts from."""
     mcp: tuple[McpServer, ...] = ()

@@ -233,7 +233,8 @@ class SessionLoop(SessionMachine):
         self._out.append(RunAction(Execute(
             session_id=self.session_id, action_id=event.action_id,
             action=self.revealer.reveal(action), timeout_s=timeout_s,
-            no_output_timeout_s=no_output_s, checkpoint=self.config.checkpoints)))
+            no_output_timeout_s=no_output_s,
+            checkpoint=self.config.checkpoints if self.config.checkpoints.enabled else None)))
 
     # -- setup: the repository and the setup script, before the first step -------------
 

@@ -73,9 +73,13 @@ _message_session: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 def set_log_role(role: str) -> None:
-    """Name this process's kind in its records (``cli``, ``daemon``, an actor's role)."""
-    global _role
+    """Name this process's kind in its records (``cli``, ``daemon``, an actor's role).
+    A program's own role (not an actor's) lets go of any actor bound here: a program
+    that built an actor in its own process (a test does) does not log as that actor."""
+    global _role, _actor
     _role = (os.getpid(), role)
+    if _actor is not None and str(getattr(_actor[1], "role", "actor")) != role:
+        _actor = None
 
 
 def bind_actor(actor: Any) -> None:

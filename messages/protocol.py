@@ -16,6 +16,7 @@ from ..config.models import LLMConfig, SessionConfig
 from .actions import RuntimeAction
 from .base import Frozen
 from .causes import RuntimeFailure
+from .checkpoints import CheckpointPolicy
 from .outcomes import Outcome
 
 
@@ -182,7 +183,7 @@ class Execute(Frozen):
     """Hard limit."""
     no_output_timeout_s: float
     """Soft limit."""
-    checkpoint: bool = False
+    checkpoint: CheckpointPolicy | None = None
     """Snapshot the workspace once the action ended (``runtimes/sandbox/checkpoints.py``);
     the outcome then names the snapshot."""
     trace: dict[str, str] | None = None

@@ -26,7 +26,7 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..messages.actions import RuntimeAction
 from ..messages.causes import RuntimeFailure
@@ -34,6 +34,9 @@ from ..messages.outcomes import Outcome
 from .base import JournalRecord
 from .call_failures import SandboxUnavailable, bad_answer
 from .sandbox import MAX_BODY_BYTES
+
+if TYPE_CHECKING:  # messages.checkpoints reads the sandbox's defaults: no cycle at run time
+    from ..messages.checkpoints import CheckpointPolicy
 
 STOP_MARGIN_S = 60.0
 """Time past an action's hard timeout allowed for the kill, a shell restart and the reply."""
@@ -72,14 +75,17 @@ class ActionCalls(ABC):
         while it runs; the request's own limit is ``timeout_s``."""
 
     def execute(self, action_id: str, action: RuntimeAction, *, timeout_s: float,
-                no_output_timeout_s: float, checkpoint: bool = False) -> Outcome:
+                no_output_timeout_s: float, checkpoint: CheckpointPolicy | None = None
+                ) -> Outcome:
         """Run ``action`` once (idempotent by ``action_id``) and return its outcome."""
         limit_s = (getattr(action, "timeout_s", None) or timeout_s) + STOP_MARGIN_S
         deadline = self.clock() + limit_s
         body = {"action_id": action_id, "epoch": self.epoch,
                 "action": action.model_dump(mode="json"), "timeout_s": timeout_s,
                 "no_output_timeout_s": no_output_timeout_s,
-                "wait_s": min(self.poll_s, limit_s), **({"checkpoint": True} if checkpoint else {})}
+                "wait_s": min(self.poll_s, limit_s)}
+        if checkpoint is not None:  # a snapshot once it ended, within these limits
+            body["checkpoint"] = checkpoint.limits()
         size = len(json.dumps(body).encode("utf-8"))
         if size > self.max_body_bytes:
             return too_large(size, self.max_body_bytes)

@@ -21,12 +21,15 @@ The journal contract (promise I2, docs/promises.md):
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from ..messages.actions import RuntimeAction
 from ..messages.base import Frozen
 from ..messages.causes import RuntimeFailure
 from ..messages.outcomes import Outcome
+
+if TYPE_CHECKING:  # messages.checkpoints reads the sandbox's defaults: no cycle at run time
+    from ..messages.checkpoints import CheckpointPolicy
 
 JournalState = Literal["absent", "running", "finished", "unknown"]
 
@@ -62,7 +65,7 @@ class Runtime(Protocol):
         *,
         timeout_s: float,
         no_output_timeout_s: float,
-        checkpoint: bool = False,
+        checkpoint: CheckpointPolicy | None = None,
     ) -> Outcome:
         """Run ``action`` once and return its outcome (see the journal contract); with
         ``checkpoint``, snapshot the workspace once it ended (the outcome names it)."""

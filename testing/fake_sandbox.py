@@ -24,7 +24,7 @@ class FakeRuntime:
         self.records: list[JournalRecord] = []
 
     def execute(self, action_id: str, action: Any, *, timeout_s: float,
-                no_output_timeout_s: float, checkpoint: bool = False) -> Outcome:
+                no_output_timeout_s: float, checkpoint: Any = None) -> Outcome:
         if self.execute_errors:
             raise self.execute_errors.pop(0)
         self.executed.append(action_id)

@@ -112,3 +112,15 @@ def test_restoring_needs_an_empty_folder_and_a_known_snapshot(ws, tmp_path):
         store.restore("a1", str(tmp_path / "full"))
     with pytest.raises(KeyError):
         store.restore("nope", str(tmp_path / "r"))
+
+
+@pytest.mark.parametrize("given", [{"max_file_bytes": 0}, {"max_files": True},
+                                   {"ignore": "node_modules"}, {"ignore": ["a/b"]}, "yes"])
+def test_an_execute_request_s_limits_are_checked(given):
+    from trouper.runtimes.sandbox.requests import BadRequest, checkpoint_limits
+
+    with pytest.raises(BadRequest):
+        checkpoint_limits(given)
+    assert checkpoint_limits(True) == {} and checkpoint_limits(None) is None
+    assert checkpoint_limits({"max_files": 5, "ignore": ["x"]}) == {"max_files": 5,
+                                                                    "ignored": ("x",)}

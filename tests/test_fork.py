@@ -215,3 +215,19 @@ def test_trouper_fork_waits_or_carries_on_with_a_hint(tmp_path):
         assert states == ["finished", "paused"]
         assert files(Path(t.session(done.id).workspace)) == {"a.txt": "three\n",
                                                              "b.txt": "two\n"}
+
+
+def test_a_sessions_checkpoint_limits_reach_its_sandbox_and_a_fork_names_what_they_left(
+        tmp_path, scripted):
+    _, llm = scripted([
+        {"tool": "run", "args": {"command": "head -c 5000 /dev/zero > big.bin; mkdir -p dist"
+                                            " && echo x > dist/out.js; echo y > small.txt"}},
+        FINISH])
+    with Trouper(home=tmp_path / "home") as t:
+        original = t.start_session("make files", llm=llm, workspace=tmp_path / "ws",
+                                   checkpoints={"max_file_bytes": 1000, "ignore": ["dist"]})
+        assert original.wait(timeout=60) == AgentState.FINISHED
+        fork = t.fork(original.id, at_seq=outcome_seq(list(original.events()), 1))
+        mark = next(e for e in fork.events() if isinstance(e, SessionForked))
+        assert "left out: big.bin, dist" in mark.files
+        assert files(Path(fork.workspace)) == {"small.txt": "y\n"}

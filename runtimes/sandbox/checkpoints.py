@@ -58,9 +58,17 @@ class Checkpoints:
 
     # ---- taking ----
 
-    def take(self, name: str) -> dict[str, Any]:
-        """Snapshot the workspace as ``name``; what it holds, in numbers."""
+    def take(self, name: str, max_file_bytes: int | None = None, max_files: int | None = None,
+             ignored: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Snapshot the workspace as ``name`` (within the limits given, else the store's);
+        what it holds, in numbers."""
         with self._lock:
+            if max_file_bytes is not None:
+                self.max_file_bytes = max_file_bytes
+            if max_files is not None:
+                self.max_files = max_files
+            if ignored is not None:
+                self.ignored = frozenset(ignored)
             began = time.monotonic()
             self._folder(os.path.join(self.root, "snapshots"))
             tree, new_bytes = self._walk()

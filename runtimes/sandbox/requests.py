@@ -68,3 +68,28 @@ def as_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"{name} must be an integer")
     return value
+
+
+def checkpoint_limits(value: Any) -> dict[str, Any] | None:
+    """An ``/execute`` request's ``checkpoint``: None (no snapshot), ``true`` (the
+    defaults: ``{}``) or ``{max_file_bytes, max_files, ignore}``."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("checkpoint must be true or an object of limits")
+    limits: dict[str, Any] = {}
+    for name in ("max_file_bytes", "max_files"):
+        if name in value:
+            number = value[name]
+            if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+                raise BadRequest(f"checkpoint.{name} must be a positive integer")
+            limits[name] = number
+    if "ignore" in value:
+        names = value["ignore"]
+        if not isinstance(names, list) or len(names) > 1000 or not all(
+                isinstance(n, str) and n and "/" not in n for n in names):
+            raise BadRequest("checkpoint.ignore must be a list of file or folder names")
+        limits["ignored"] = tuple(names)
+    return limits

@@ -30,7 +30,7 @@ from .journal import Journal
 from .mask import TextMasker
 from .mcp_launch import hub_class, launcher
 from .output import fit_pending, fit_text
-from .requests import BadRequest, as_int, parse_execute  # noqa: F401 - BadRequest: re-exported
+from .requests import BadRequest, as_int, checkpoint_limits, parse_execute  # noqa: F401 - BadRequest: re-exported
 from .shell import Shell, ShellResult, Spawn
 from .shell_policy import ShellConfinement, unreadable_refusal
 from .util import read_json, write_json_atomic
@@ -193,6 +193,7 @@ class Service:
     def execute(self, request: dict[str, Any]) -> dict[str, Any]:
         """Journal and start an action (once per id); returns its journal record."""
         action_id, action, timeout_s, soft_s = parse_execute(request)
+        limits = checkpoint_limits(request.get("checkpoint"))
         epoch = self.claim(request.get("epoch"))
         try:
             started = self.journal.start(action_id, epoch, self.mask_data(action))
@@ -204,16 +205,16 @@ class Service:
                 f"({e.strerror}); the action was not run") from e
         if started:
             self._workers.submit(self._journal_outcome, action_id, action, timeout_s, soft_s,
-                                 request.get("checkpoint") is True)
+                                 limits)
         return self.journal.read(action_id)
 
     def _journal_outcome(
         self, action_id: str, action: dict[str, Any], timeout_s: float, soft_s: float,
-        checkpoint: bool = False,
+        checkpoint: dict[str, Any] | None = None,
     ) -> None:
-        if checkpoint and not self._start_kept:  # the workspace before the first action
+        if checkpoint is not None and not self._start_kept:  # as the first action found it
             self._start_kept = self.checkpoints.manifest(START_CHECKPOINT) is not None or (
-                self._checkpoint(START_CHECKPOINT) is not None)
+                self._checkpoint(START_CHECKPOINT, checkpoint) is not None)
         began, exits = time.monotonic(), self.shell.exits
         try:
             outcome = self.perform(action_id, action, timeout_s, soft_s)
@@ -228,15 +229,15 @@ class Service:
         outcome["duration_s"] = round(time.monotonic() - began, 6)
         # who ran it, for the audit trail (client/audit.py); the epoch is in the record
         outcome["server_pid"], outcome["boot_id"] = os.getpid(), self.journal.boot_id
-        if checkpoint and action["kind"] in CHANGES_FILES:
-            outcome["checkpoint"] = self._checkpoint(action_id)
+        if checkpoint is not None and action["kind"] in CHANGES_FILES:
+            outcome["checkpoint"] = self._checkpoint(action_id, checkpoint)
         self.journal.finish(action_id, outcome)
 
-    def _checkpoint(self, name: str) -> str | None:
-        """Snapshot the workspace as ``name``; the name, or None when it could not be
-        kept (the action's outcome stands; a fork from it says so)."""
+    def _checkpoint(self, name: str, limits: dict[str, Any]) -> str | None:
+        """Snapshot the workspace as ``name`` within ``limits``; the name, or None when it
+        could not be kept (the action's outcome stands; a fork from it says so)."""
         try:
-            return str(self.checkpoints.take(name)["name"])
+            return str(self.checkpoints.take(name, **limits)["name"])
         except OSError as e:
             logger.warning("no checkpoint %s: %s", name, e)
             return None
