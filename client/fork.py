@@ -100,8 +100,10 @@ def fork_session(home: Home, store: EventStore, session_id: str, new_id: str, *,
     token = read_runtime_token(home, session_id)
     write_session_secrets(home, new_id, secrets, config.llm, runtime_token=token)
     to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
-    store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)))
-    store.append(new_id, fork_log(prefix, session_id, at, checkpoint, files, message))
+    # the row and its log in one transaction: a fork killed between the two would be an
+    # empty session, which a restart begins afresh with the original's task
+    store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)),
+                         fork_log(prefix, session_id, at, checkpoint, files, message))
     # what the fork changes from here is its diff (``Session.diff``), as a new session's
     take_baseline(home, new_id, config, secrets=[value for _, value in to_mask.pairs])
     return Fork(new_id, session_id, at, checkpoint, files, config)

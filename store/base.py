@@ -61,8 +61,11 @@ class EventStore(Protocol):
     ``StoreError`` with the cause chained.
     """
 
-    def create_session(self, session_id: str, config: SessionConfig) -> SessionRecord:
-        """Create an empty session in state LOADING; an existing id raises InvalidRequest."""
+    def create_session(self, session_id: str, config: SessionConfig,
+                       events: Sequence[Event] = ()) -> SessionRecord:
+        """Create a session in state LOADING; an existing id raises InvalidRequest. With
+        ``events``, they are its log from the start, in the same transaction: a crash
+        can never leave the session without them (a fork's copied log)."""
         ...
 
     def session(self, session_id: str) -> SessionRecord:

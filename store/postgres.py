@@ -84,24 +84,28 @@ class PostgresEventStore(PostgresConnections):
 
     # ---- sessions ----------------------------------------------------------------
 
-    def create_session(self, session_id: str, config: SessionConfig) -> SessionRecord:
-        """Create an empty session in state LOADING; an existing id raises InvalidRequest."""
+    def create_session(self, session_id: str, config: SessionConfig,
+                       events: Sequence[Event] = ()) -> SessionRecord:
+        """Create a session in state LOADING, with ``events`` as its log in the same
+        transaction (see EventStore); an existing id raises InvalidRequest."""
         if not session_id:
             raise InvalidRequest("a session id must not be empty")
         try:
-            with self.pooled(f"create session {session_id!r} in") as conn:
+            with self.pooled(f"create session {session_id!r} in") as conn, conn.transaction():
                 row = conn.execute(
                     f"INSERT INTO sessions ({_COLUMNS}) VALUES (%s, %s, now(), now(), 0, %s, '')"
                     f" RETURNING {_COLUMNS}",
                     (session_id, public_config_json(config), AgentState.LOADING.value),
                 ).fetchone()
+                if events:
+                    self._insert(conn, session_id, stamp(events, 0), 0)
         except StoreError as e:
             if isinstance(e.__cause__, psycopg.errors.UniqueViolation):
                 raise InvalidRequest(f"session {session_id!r} already exists") from e
             raise
         logger.info("session %s: created", session_id)
         assert row is not None
-        return _record(row)
+        return self.session(session_id) if events else _record(row)
 
     def session(self, session_id: str) -> SessionRecord:
         """The session's record; an unknown id raises UnknownSession."""
@@ -167,24 +171,29 @@ class PostgresEventStore(PostgresConnections):
             last = self._lock_session(conn, session_id)
             if owner is not None:
                 self._check_owner(conn, session_id, owner)
-            try:
-                stamped = stamp(events, last)
-                rows = [_event_row(session_id, e) for e in stamped]
-            except ValueError as e:  # an event that cannot be serialised (pydantic's error)
-                raise StoreError(f"cannot append to session {session_id!r}: {e}") from e
-            if rows:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO events (session_id, seq, kind, source, action_id, ts,"
-                        " body_json) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
-            conn.execute(
-                "UPDATE sessions SET last_seq = %s,"
-                " updated_at = greatest(updated_at, clock_timestamp()),"
-                " state = coalesce(%s, state), state_reason = coalesce(%s, state_reason)"
-                " WHERE id = %s", (last + len(stamped), *last_state(stamped), session_id))
-            if rows:
-                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, session_id))
+            stamped = stamp(events, last)
+            self._insert(conn, session_id, stamped, last)
         return stamped
+
+    def _insert(self, conn: Any, session_id: str, stamped: list[Event], last: int) -> None:
+        """Write numbered events after ``last``, move the session's pointer and notify its
+        followers (inside the caller's transaction)."""
+        try:
+            rows = [_event_row(session_id, e) for e in stamped]
+        except ValueError as e:  # an event that cannot be serialised (pydantic's error)
+            raise StoreError(f"cannot append to session {session_id!r}: {e}") from e
+        if rows:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO events (session_id, seq, kind, source, action_id, ts,"
+                    " body_json) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
+        conn.execute(
+            "UPDATE sessions SET last_seq = %s,"
+            " updated_at = greatest(updated_at, clock_timestamp()),"
+            " state = coalesce(%s, state), state_reason = coalesce(%s, state_reason)"
+            " WHERE id = %s", (last + len(stamped), *last_state(stamped), session_id))
+        if rows:
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, session_id))
 
     def read(self, session_id: str, since: int = 0, limit: int | None = None) -> list[Event]:
         """Events with ``seq > since`` in order, at most ``limit`` of them (None: all)."""

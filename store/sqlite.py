@@ -81,22 +81,27 @@ class SQLiteEventStore(SQLiteConnections):
         store.close()
     """
 
-    def create_session(self, session_id: str, config: SessionConfig) -> SessionRecord:
-        """Create an empty session in state LOADING; an existing id raises InvalidRequest."""
+    def create_session(self, session_id: str, config: SessionConfig,
+                       events: Sequence[Event] = ()) -> SessionRecord:
+        """Create a session in state LOADING, with ``events`` as its log in the same
+        transaction (see EventStore); an existing id raises InvalidRequest."""
         if not session_id:
             raise InvalidRequest("a session id must not be empty")
         now = _ts(datetime.now(UTC))
         row = (session_id, public_config_json(config), now, now, 0, AgentState.LOADING, "")
+        conn = self._conn()
         try:
-            self._conn().execute(
-                f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?)", row
-            )
+            with immediate(conn):
+                conn.execute(
+                    f"INSERT INTO sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?)", row)
+                if events:
+                    self._insert(conn, session_id, stamp(events, 0), 0)
         except sqlite3.IntegrityError as e:
             raise InvalidRequest(f"session {session_id!r} already exists") from e
-        except sqlite3.Error as e:
+        except (sqlite3.Error, ValueError) as e:
             raise StoreError(f"cannot create session {session_id!r}: {e}") from e
         logger.info("session %s: created", session_id)
-        return _record(row)
+        return self.session(session_id) if events else _record(row)
 
     def session(self, session_id: str) -> SessionRecord:
         """The session's record; an unknown id raises UnknownSession."""
@@ -161,12 +166,7 @@ class SQLiteEventStore(SQLiteConnections):
                 if owner is not None:
                     self._check_owner(conn, session_id, owner)
                 stamped = stamp(events, last)
-                conn.executemany(
-                    "INSERT INTO events (session_id, seq, kind, source, action_id, ts, body_json)"
-                    " VALUES (?,?,?,?,?,?,?)",
-                    (_event_row(session_id, e) for e in stamped),
-                )
-                self._move_pointer(conn, session_id, stamped, last)
+                self._insert(conn, session_id, stamped, last)
         except (sqlite3.Error, OSError, ValueError) as e:
             # ValueError: an event that cannot be serialised (pydantic's error derives from it)
             fault = storage_fault(e)
@@ -174,6 +174,17 @@ class SQLiteEventStore(SQLiteConnections):
                 raise fault from e
             raise StoreError(f"cannot append to session {session_id!r}: {e}") from e
         return stamped
+
+    def _insert(self, conn: sqlite3.Connection, session_id: str, stamped: list[Event],
+                last: int) -> None:
+        """Write numbered events after ``last`` and move the session's pointer (inside the
+        caller's transaction)."""
+        conn.executemany(
+            "INSERT INTO events (session_id, seq, kind, source, action_id, ts, body_json)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (_event_row(session_id, e) for e in stamped),
+        )
+        self._move_pointer(conn, session_id, stamped, last)
 
     def _move_pointer(
         self, conn: sqlite3.Connection, session_id: str, events: list[Event], last: int

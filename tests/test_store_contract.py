@@ -116,6 +116,22 @@ def test_an_existing_or_empty_session_id_is_refused(store: EventStore):
     assert [r.session_id for r in store.sessions()] == ["s1"]
 
 
+def test_a_session_created_with_its_log_has_both_or_neither(store: EventStore):
+    log = [MessageEvent(source="user", text="the task"),
+           StateChanged(state=AgentState.PAUSED, reason="forked")]
+    rec = store.create_session("s1", make_config(), log)
+    assert (rec.last_seq, rec.state, rec.state_reason) == (2, AgentState.PAUSED, "forked")
+    assert [(e.seq, e.kind) for e in store.read("s1")] == [(1, "message"), (2, "state")]
+    with pytest.raises(InvalidRequest):  # the row exists: no second log slipped in
+        store.create_session("s1", make_config(), log)
+    assert len(store.read("s1")) == 2
+    unstorable = MessageEvent.model_construct(source="user", text=object(), kind="message")
+    with pytest.raises(StoreError):  # an event that cannot be written: no row either
+        store.create_session("s2", make_config(), [unstorable])
+    with pytest.raises(UnknownSession):
+        store.session("s2")
+
+
 def test_unknown_session_errors_name_the_id(store: EventStore):
     calls = [
         lambda: store.session("nope"),
