@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-"""The text format's media type (``text/plain; version=0.0.4``)."""
+"""The text format's media type (prometheus-client's latest)."""
 
 
 class Collector:
