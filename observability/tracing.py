@@ -25,6 +25,7 @@ docs/operations.md, "Traces".
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -50,6 +51,31 @@ spans begun and not ended (ended, marked cut short, at exit); ``turn``: the Cont
 turn span, the one its log records name when no span is current."""
 
 Message = TypeVar("Message")
+
+
+def _guarded(fallback: Callable[..., Any] = lambda *args, **kwargs: None
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Tracing never stops an actor: a call that raises (an SDK bug, a value it refuses)
+    turns tracing off in this process, logs why once, and answers ``fallback(...)``
+    (these calls run in handlers, after a send or an append)."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                if _state["on"]:
+                    logger.warning("traces stop in this process: %s failed: %s: %s",
+                                   fn.__name__, type(exc).__name__, exc)
+                _state["on"] = False
+                return fallback(*args, **kwargs)
+        return guarded
+    return wrap
+
+
+def _as_given(*args: Any, **kwargs: Any) -> Any:
+    """The message a call was given (``asked``, ``carry``): sent without a context."""
+    return args[1]
 
 
 def enabled() -> bool:
@@ -95,6 +121,7 @@ def _set_up(role: str) -> None:
                        type(exc).__name__, exc)
         _state["on"] = False
         return
+    _remember_credentials()
     _state.update(tracer=provider.get_tracer("trouper"), provider=provider)
     import multiprocessing.util
 
@@ -102,6 +129,29 @@ def _set_up(role: str) -> None:
     multiprocessing.util.Finalize(None, flush_at_exit, exitpriority=100)  # an actor
 
 
+def _remember_credentials() -> None:
+    """The collector's credentials (its headers' values, a URL's user and query) are
+    masked like every secret: the exporter logs its failures with the URL in them."""
+    from urllib.parse import urlsplit
+
+    from ..security.masking import remember_secrets
+
+    found: dict[str, str] = {}
+    for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        for n, pair in enumerate(os.environ.get(name, "").split(",")):
+            value = pair.partition("=")[2].strip()
+            if value:
+                found[f"{name}_{n}"] = value
+    for name in ENDPOINT_VARS:
+        url = urlsplit(os.environ.get(name, ""))
+        for n, part in enumerate((url.password, url.username, url.query)):
+            if part:
+                found[f"{name}_{n}"] = part
+    if found:
+        remember_secrets(found)
+
+
+@_guarded()
 def flush_at_exit() -> None:
     """End the spans still open (marked ``trouper.cut_short``), send what is batched
     (within ``FLUSH_AT_EXIT_S``) and stop. Only in the process that set tracing up."""
@@ -121,6 +171,7 @@ def flush_at_exit() -> None:
     flusher.join(FLUSH_AT_EXIT_S)
 
 
+@_guarded()
 def current_trace_id() -> str | None:
     """The trace of the span current on this thread, else of the Controller's turn, as
     32 hex digits; None when tracing is not set up in this process."""
@@ -135,6 +186,12 @@ def current_trace_id() -> str | None:
             return None
         context = turn.get_span_context()
     return f"{context.trace_id:032x}"
+
+
+def _masked(text: str) -> str:
+    from ..security.masking import mask_known
+
+    return mask_known(text)
 
 
 def carrier_of(span: Any) -> dict[str, str]:
@@ -163,14 +220,15 @@ def _begin(role: str, name: str, carrier: dict[str, str] | None, kind: str,
 
 
 def _end(span: Any, error: str | None = None) -> None:
-    if error is not None:
+    if error is not None:  # the collector is outside: masked as a log line is
         from opentelemetry.trace import Status, StatusCode
 
-        span.set_status(Status(StatusCode.ERROR, error))
+        span.set_status(Status(StatusCode.ERROR, _masked(error)[:500]))
     _state["open"].discard(span)
     span.end()
 
 
+@_guarded(lambda span, fn: fn)
 def within(span: Any | None, fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn``, run (on a worker thread) with ``span`` current: its log records name the
     trace. ``fn`` itself when there is no span."""
@@ -200,6 +258,7 @@ class TurnTraces:
         self.request_id = ""
         self.carrier: dict[str, str] | None = None
 
+    @_guarded(_as_given)
     def asked(self, request: Message, session_id: str) -> Message:
         """The model is asked ``request`` (a ``Complete``): a new turn, unless it is the
         same request again (held, re-sent). Returns it carrying the turn's context."""
@@ -217,12 +276,14 @@ class TurnTraces:
             _state["turn"] = self.span
         return self.carry(request)
 
+    @_guarded(_as_given)
     def carry(self, msg: Message) -> Message:
         """``msg`` (a ``Complete`` or an ``Execute``) with the turn's context, if any."""
         if self.carrier is None:
             return msg
         return msg.model_copy(update={"trace": self.carrier})  # type: ignore[attr-defined]
 
+    @_guarded()
     def end(self, why: str) -> None:
         """End the turn's span (``why``: ``trouper.turn.end``)."""
         if self.span is None:
@@ -233,6 +294,7 @@ class TurnTraces:
             _state["turn"] = None
         self.span, self.carrier, self.request_id = None, None, ""
 
+    @_guarded()
     def after(self, view: Any) -> None:
         """The Controller performed an input's effects: a settled session (``view``: its
         ``SessionView``) ends the turn."""
@@ -243,6 +305,7 @@ class TurnTraces:
         if settled(view.state, view.resumes_at):
             self.end(str(getattr(view.state, "value", view.state)))
 
+    @_guarded()
     def logged(self, events: Iterable[Any], session_id: str) -> None:
         """The events just appended: the sandbox's restarts and failures are recorded."""
         if not enabled():
@@ -250,9 +313,10 @@ class TurnTraces:
         for event in events:
             if getattr(event, "kind", "") == "runtime" and event.phase in RECOVERY_PHASES:
                 self.event(f"runtime.{event.phase}", session_id, {
-                    "trouper.epoch": event.epoch, "trouper.detail": event.detail[:500]},
+                    "trouper.epoch": event.epoch, "trouper.detail": _masked(event.detail)[:500]},
                     error=event.phase == "failed")
 
+    @_guarded()
     def event(self, name: str, session_id: str, attributes: dict[str, Any],
               error: bool = False) -> None:
         """A recovery: an event on the turn, or a span of its own (``recovery <name>``)
@@ -271,6 +335,7 @@ class TurnTraces:
 # -- the broker: the model call -------------------------------------------------------
 
 
+@_guarded()
 def model_call_began(msg: Any) -> Any | None:
     """The broker took ``msg`` (a ``Complete``): its span, or None (no context came)."""
     if msg.trace is None:
@@ -282,6 +347,7 @@ def model_call_began(msg: Any) -> Any | None:
         "trouper.turn": msg.turn})
 
 
+@_guarded()
 def model_call_retried(span: Any | None, msg: Any) -> None:
     """A retry was scheduled (``msg``: the ``RetryScheduled`` sent)."""
     if span is not None:
@@ -290,6 +356,7 @@ def model_call_retried(span: Any | None, msg: Any) -> None:
                                  "trouper.wait_s": msg.wait_s})
 
 
+@_guarded()
 def model_call_answered(span: Any | None, msg: Any) -> None:
     """``Completed`` was sent."""
     if span is None:
@@ -301,6 +368,7 @@ def model_call_answered(span: Any | None, msg: Any) -> None:
     _end(span)
 
 
+@_guarded()
 def model_call_failed(span: Any | None, msg: Any) -> None:
     """``CompletionFailed`` was sent (or, ``msg`` a string, the call was given up)."""
     if span is None:
@@ -317,6 +385,7 @@ def model_call_failed(span: Any | None, msg: Any) -> None:
 # -- the RuntimeProxy: an action ------------------------------------------------------
 
 
+@_guarded()
 def action_began(msg: Any, runtime_kind: str) -> Any | None:
     """The RuntimeProxy runs ``msg`` (an ``Execute``): its span, or None."""
     if msg.trace is None:
@@ -328,13 +397,13 @@ def action_began(msg: Any, runtime_kind: str) -> Any | None:
         "trouper.tool": str(tool), "trouper.runtime": runtime_kind})
 
 
+@_guarded()
 def action_ended(span: Any | None, outcome: Any, error: BaseException | None) -> None:
     """The action's outcome came back (or its request failed with ``error``)."""
     if span is None:
         return
-    if error is not None:
-        span.record_exception(error)
-        _end(span, f"{type(error).__name__}: {error}"[:500])
+    if error is not None:  # no record_exception: its text and trace would go out unmasked
+        _end(span, f"{type(error).__name__}: {error}")
         return
     span.set_attribute("trouper.status", outcome.status)
     if outcome.duration_s is not None:

@@ -275,3 +275,49 @@ def test_log_records_name_the_open_turns_trace(collector, monkeypatch):
                        what="the two spans")
     assert {s["trace_id"] for s in spans} == {turn_trace}
     assert {s["name"] for s in spans} == {"turn", "chat m"}
+
+
+class _Span:
+    """A span's calls, as the SDK would take them."""
+
+    def __init__(self) -> None:
+        self.status: Any = None
+        self.ended = False
+
+    def set_status(self, status: Any) -> None:
+        self.status = status
+
+    def set_attribute(self, name: str, value: Any) -> None:
+        pass
+
+    def end(self) -> None:
+        self.ended = True
+
+
+def test_a_failed_action_s_span_carries_its_error_masked():
+    from trouper.observability import tracing
+    from trouper.security.masking import remember_secrets
+
+    remember_secrets({"API_TOKEN": "tok-9f8e7d6c5b4a"})
+    span = _Span()
+    tracing.action_ended(span, None, RuntimeError("refused tok-9f8e7d6c5b4a"))
+    assert span.ended and "<secret:API_TOKEN>" in span.status.description
+    assert "tok-9f8e7d6c5b4a" not in span.status.description
+
+
+def test_a_tracing_call_that_raises_turns_tracing_off_and_never_reaches_the_handler(
+        monkeypatch):
+    from trouper.observability import tracing
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("an SDK refusing a value")
+
+    monkeypatch.setitem(tracing._state, "on", True)
+    monkeypatch.setattr(tracing, "_begin", broken)
+
+    class Msg:
+        trace = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        session_id, action_id, action = "s-1", "a-1", type("A", (), {"kind": "run"})()
+
+    assert tracing.action_began(Msg(), "local") is None
+    assert tracing._state["on"] is False
