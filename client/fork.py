@@ -30,7 +30,7 @@ from pydantic import SecretStr, ValidationError
 from ..config.checks import config_error, pydantic_problems
 from ..config.models import LLMConfig, SessionConfig
 from ..core.states import Why
-from ..exceptions import InvalidRequest, TrouperError
+from ..exceptions import ConfigError, InvalidRequest, TrouperError
 from ..home.paths import Home, private_dir
 from ..messages.events import (
     ActionEvent,
@@ -44,7 +44,7 @@ from ..messages.events import (
 from ..messages.outcomes import Outcome
 from ..runtimes.sandbox.checkpoints import Checkpoints
 from ..runtimes.sandbox.service import CHANGES_FILES, START_CHECKPOINT
-from ..security.masking import session_maskers
+from ..security.masking import remember_secrets, session_maskers
 from ..security.secrets_file import (
     read_runtime_token,
     read_secrets,
@@ -93,17 +93,23 @@ def fork_session(home: Home, store: EventStore, session_id: str, new_id: str, *,
     secrets, api_key = read_secrets(home, session_id)
     config = _config(record.config, api_key, llm)
     folder = workspace if workspace is not None else home.default_workspace(new_id)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ConfigError(f"workspace: {folder} is not an empty folder: a fork's files "
+                          "are made in a folder of their own", field="workspace")
     config = config.model_copy(update={"workspace": str(folder)})
+    to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
+    remember_secrets(to_mask.pairs)  # what this process logs of the fork is masked too
     private_dir(home.session_dir(new_id))
     checkpoint, files = _workspace(home, session_id, new_id, record.config, prefix, at,
-                                   folder)
+                                   folder, _owner(events, session_id, prefix))
     token = read_runtime_token(home, session_id)
     write_session_secrets(home, new_id, secrets, config.llm, runtime_token=token)
-    to_mask, _ = session_maskers(secrets, config.llm, config.runtime)
     # the row and its log in one transaction: a fork killed between the two would be an
-    # empty session, which a restart begins afresh with the original's task
-    store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)),
-                         fork_log(prefix, session_id, at, checkpoint, files, message))
+    # empty session, which a restart begins afresh with the original's task; the user's
+    # hint is masked as every event is (it may quote a secret)
+    log = [to_mask.mask_event(e) for e in
+           fork_log(prefix, session_id, at, checkpoint, files, message)]
+    store.create_session(new_id, to_mask.mask_event(without_runtime_token(config)), log)
     # what the fork changes from here is its diff (``Session.diff``), as a new session's
     take_baseline(home, new_id, config, secrets=[value for _, value in to_mask.pairs])
     return Fork(new_id, session_id, at, checkpoint, files, config)
@@ -187,8 +193,24 @@ def _last_change(prefix: list[Event]) -> ObservationEvent | None:
     return ran[-1] if ran else None
 
 
+def _owner(events: list[Event], session_id: str, prefix: list[Event]) -> str:
+    """The session whose checkpoint store holds the snapshot ``prefix`` ends with (of
+    ``events``, ``session_id``'s whole log): a fork's log begins with copies of its
+    original's events (before its ``forked`` event), whose snapshots are in the
+    original's store, and so on up a fork of a fork."""
+    last = _last_change(prefix)
+    seq = last.seq if last is not None else 0
+    owner = session_id
+    for mark in reversed([e for e in events if isinstance(e, SessionForked)]):
+        if seq >= mark.seq:
+            break
+        owner = mark.from_session
+    return owner
+
+
 def _workspace(home: Home, session_id: str, new_id: str, config: SessionConfig,
-               prefix: list[Event], at: int, folder: Path) -> tuple[str | None, str]:
+               prefix: list[Event], at: int, folder: Path, owner: str
+               ) -> tuple[str | None, str]:
     """Make the fork's workspace in ``folder`` (on a remote runtime: on its server); the
     checkpoint it holds and, in words, what it is."""
     last = _last_change(prefix)
@@ -197,8 +219,8 @@ def _workspace(home: Home, session_id: str, new_id: str, config: SessionConfig,
             if last is not None else "the workspace as it was before the first action")
     if config.runtime.kind == "remote":
         folder.mkdir(parents=True, exist_ok=True)  # a remote session's is on the server
-        return _remote_workspace(home, session_id, new_id, config, name, what, at)
-    store = Checkpoints(str(home.runtime_dir(session_id) / "checkpoints"), config.workspace)
+        return _remote_workspace(home, owner, new_id, config, name, what, at)
+    store = Checkpoints(str(home.runtime_dir(owner) / "checkpoints"), config.workspace)
     if name is not None and store.manifest(name) is not None:
         return name, what + _left_out(store.restore(name, str(folder)))
     original = Path(config.workspace)

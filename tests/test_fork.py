@@ -231,3 +231,29 @@ def test_a_sessions_checkpoint_limits_reach_its_sandbox_and_a_fork_names_what_th
         mark = next(e for e in fork.events() if isinstance(e, SessionForked))
         assert "left out: big.bin, dist" in mark.files
         assert files(Path(fork.workspace)) == {"small.txt": "y\n"}
+
+
+def test_a_fork_of_a_fork_that_ran_takes_each_event_s_files_from_the_store_that_kept_them(
+        tmp_path, scripted):
+    _, llm = scripted(STEPS)
+    with Trouper(home=tmp_path / "home") as t:
+        original = t.start_session("write files", llm=llm, workspace=tmp_path / "ws",
+                                   secrets={"TOKEN": "tok-5e6f7a8b9c0d"})
+        assert original.wait(timeout=60) == AgentState.FINISHED
+        first = outcome_seq(list(original.events()), 1)
+        _, again = scripted([*STEPS[:3], {"tool": "write_file", "args": {
+            "path": "a.txt", "content": "four\n"}}, FINISH])
+        fork = t.fork(original.id, at_seq=outcome_seq(list(original.events()), 3),
+                      message="once more, with tok-5e6f7a8b9c0d", llm=again)
+        assert fork.wait(timeout=60) == AgentState.FINISHED
+        assert files(Path(fork.workspace))["a.txt"] == "four\n"
+        again_first = t.fork(fork.id, at_seq=first)  # an event the fork copied
+        assert files(Path(again_first.workspace)) == {"a.txt": "one\n"}
+        later = t.fork(fork.id)  # its own last change
+        assert files(Path(later.workspace))["a.txt"] == "four\n"
+        assert "tok-5e6f7a8b9c0d" not in "".join(e.model_dump_json() for e in fork.events())
+        (tmp_path / "used").mkdir()
+        (tmp_path / "used" / "mine.txt").write_text("keep\n")
+        with pytest.raises(ConfigError, match="not an empty folder"):
+            t.fork(fork.id, workspace=tmp_path / "used")
+        assert (tmp_path / "used" / "mine.txt").read_text() == "keep\n"
