@@ -124,3 +124,19 @@ def test_an_execute_request_s_limits_are_checked(given):
     assert checkpoint_limits(True) == {} and checkpoint_limits(None) is None
     assert checkpoint_limits({"max_files": 5, "ignore": ["x"]}) == {"max_files": 5,
                                                                     "ignored": ("x",)}
+
+
+def test_the_store_is_owner_only_and_a_restore_never_sets_a_set_id_bit(ws, tmp_path):
+    (ws / "tool").write_text("#!/bin/sh\n")
+    (ws / "tool").chmod(0o4755)
+    old = os.umask(0o022)
+    try:
+        store = Checkpoints(str(tmp_path / "store"), str(ws))
+        store.take("a1")
+    finally:
+        os.umask(old)
+    loose = [p for p in [tmp_path / "store", *(tmp_path / "store").rglob("*")]
+             if p.stat().st_mode & 0o077]
+    assert loose == []
+    store.restore("a1", str(tmp_path / "r"))
+    assert (tmp_path / "r" / "tool").stat().st_mode & 0o7777 == 0o755

@@ -19,6 +19,7 @@ everything past ``max_files``. Restoring writes a snapshot into an empty folder.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -170,14 +171,25 @@ class Checkpoints:
         packer = zlib.compressobj(1)
         data = b"".join(packer.compress(chunk) for chunk in chunks) + packer.flush()
         tmp = f"{target}.tmp.{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "wb") as out:
-            out.write(data)
-        os.replace(tmp, target)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)  # owner-only whatever the umask (the content may be private)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                os.fchmod(out.fileno(), 0o600)
+                out.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return sha, len(data)
 
     def _folder(self, path: str) -> None:
-        """Make a folder of the store owner-only, once per process."""
+        """Make a folder of the store (and the folders above it, up to its root)
+        owner-only, once per process."""
         if path not in self._made:
+            if path != self.root:
+                self._folder(os.path.dirname(path))
             private_dir(path)
             self._made.add(path)
 
@@ -208,7 +220,7 @@ class Checkpoints:
         for path, link in tree["links"].items():
             os.symlink(link, os.path.join(target, path))
         for path in sorted(tree["dirs"], reverse=True):  # modes last: a 0500 folder
-            os.chmod(os.path.join(target, path), tree["dirs"][path])
+            os.chmod(os.path.join(target, path), tree["dirs"][path] & 0o1777)
         return dict(tree["skipped"])
 
     def _write(self, path: str, sha: str, mode: int) -> None:
@@ -222,7 +234,7 @@ class Checkpoints:
                     break
                 out.write(unpacker.decompress(chunk))
             out.write(unpacker.flush())
-            os.fchmod(out.fileno(), mode)
+            os.fchmod(out.fileno(), mode & 0o777)  # never a set-id bit, whoever restores
 
     def _object(self, sha: str) -> str:
         return os.path.join(self.root, "objects", sha[:2], sha[2:])
