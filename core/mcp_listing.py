@@ -21,6 +21,11 @@ from ..messages.outcomes import Outcome
 
 MAX_WHY_CHARS = 2000
 """How much of a server's failure (its error and the end of its stderr) is kept."""
+MAX_LISTINGS = 3
+"""Listings a session asks for before a lost one fails its setup (a server whose start
+kills its sandbox would otherwise be started for ever)."""
+AGAIN = "-again"
+"""Marks a listing asked again (in its ``tool_call_id``), so a restored core counts them."""
 SHOWN_TOOLS = 20
 """Tool names the outcome lists per server before "and N more"."""
 
@@ -31,9 +36,9 @@ def listing_recorded(event: ActionEvent, outcome: Outcome, new_id: Callable[[], 
     ``McpToolsListed``; or, when the listing was lost, the same step again (a new id)."""
     action = event.action
     assert isinstance(action, ListMcpTools)
-    if outcome.status == "lost":
+    if outcome.status == "lost" and event.tool_call_id.count(AGAIN) < MAX_LISTINGS - 1:
         again = event.model_copy(update={"action_id": new_id(), "seq": 0,
-                                         "tool_call_id": f"{event.tool_call_id}-again"})
+                                         "tool_call_id": f"{event.tool_call_id}{AGAIN}"})
         return outcome, [again]
     if outcome.status != "ok":
         return outcome, []

@@ -140,3 +140,14 @@ def test_malformed_calls_of_a_servers_tool_are_rejected_saying_what_it_expects()
     assert "unknown tool 'mcp__t__nope'" in rejected[1].content
     assert "mcp__t__echo" in rejected[1].content  # the tools it may call
     assert not [e for e in effects if isinstance(e, RunAction)]
+
+
+def test_listings_lost_again_and_again_fail_the_setup_instead_of_looping():
+    core, clock, run = started()
+    for _ in range(2):  # asked again twice
+        run = only(listed(core, clock, run, "", status="lost"), RunAction)
+        assert isinstance(run.request.action, ListMcpTools)
+    effects = listed(core, clock, run, "", status="lost")
+    assert not [e for e in effects if isinstance(e, RunAction)]
+    assert core.view.state == S.ERROR and core.view.cause == Why.SETUP_FAILED
+    assert "the start of the MCP servers (lost)" in core.view.reason

@@ -153,10 +153,12 @@ class Service:
         """Kill the shell and everything it started, then give the actions that ran in it
         up to ``journal_wait_s`` to journal their outcome (killed: ``interrupted``, saying
         the sandbox was stopped; not unknown)."""
-        self.closing = True
+        with self._mcp_lock:  # an MCP action after this line makes no hub
+            self.closing = True
+            hub = self._mcp
         self.shell.close()
-        if self._mcp is not None:  # its calls in flight end interrupted
-            self._mcp.close()
+        if hub is not None:  # its calls in flight end interrupted
+            hub.close()
         deadline = time.monotonic() + journal_wait_s
         for done in self._workers.running():
             done.wait(max(0.0, deadline - time.monotonic()))
@@ -309,6 +311,9 @@ class Service:
 
     def _mcp_action(self, action_id: str, action: dict[str, Any], timeout_s: float) -> Outcome:
         with self._mcp_lock:
+            if self.closing:  # no hub made after close: nothing would ever stop it
+                return {"status": "interrupted", "content": (
+                    "Not run: trouper was stopping this sandbox and its MCP servers.")}
             if self._mcp is None:
                 try:  # the mcp package: imported only by a sandbox that uses a server
                     hub = hub_class()
