@@ -23,14 +23,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..messages.mcp import NAME_PATTERN, McpServer
+from ..messages.mcp import NAME_PATTERN, McpServer, pasted_secrets
 
 MCP_TABLE = "mcp"
 TABLE_FORM = ("give each server its own table: a [mcp.NAME] line, then command = "
               "[\"PROGRAM\", \"ARG\"] (a stdio server) or url = \"https://...\" (HTTP)")
-_SECRET_LIKE = re.compile(r"(^|[_-])(api_?key|key|token|secret|password|auth|authorization)"
-                          r"($|[_-])", re.I)
-_PLACEHOLDER = re.compile(r"<secret:[A-Za-z_][A-Za-z0-9_]*>")
 
 
 def split_command(command: Any) -> Any:
@@ -40,17 +37,8 @@ def split_command(command: Any) -> Any:
 
 
 def literal_secrets(entry: dict[str, Any]) -> list[str]:
-    """The ``env.NAME`` and ``headers.NAME`` of ``entry`` named like a secret whose value
-    holds no ``<secret:NAME>`` placeholder (a value pasted where a name belongs)."""
-    found = []
-    for part in ("env", "headers"):
-        values = entry.get(part)
-        if not isinstance(values, dict):
-            continue
-        found += [f"{part}.{name}" for name, value in values.items()
-                  if _SECRET_LIKE.search(str(name)) and isinstance(value, str)
-                  and not _PLACEHOLDER.search(value)]
-    return found
+    """``messages.mcp.pasted_secrets``: named here for the files' and flags' messages."""
+    return pasted_secrets(entry)
 
 
 def mcp_problems(table: Any, kind: str) -> list[tuple[str, str]]:

@@ -32,6 +32,24 @@ MAX_TOOL_NAME = 64
 """The longest tool name providers take (OpenAI's, and Anthropic's)."""
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]")
 _SECRET = re.compile(r"<secret:([A-Za-z_][A-Za-z0-9_]*)>")
+_SECRET_LIKE = re.compile(r"(^|[_-])(api_?key|key|token|secret|password|auth|authorization)"
+                          r"($|[_-])", re.I)
+"""An ``env`` or ``headers`` name whose value is a secret."""
+
+
+def pasted_secrets(entry: dict[str, Any]) -> list[str]:
+    """The ``env.NAME`` and ``headers.NAME`` of a server (as given) named like a secret
+    whose value holds no ``<secret:NAME>`` placeholder: a value pasted where a name
+    belongs, which would be stored with the session and journaled in the sandbox."""
+    found = []
+    for part in ("env", "headers"):
+        values = entry.get(part)
+        if not isinstance(values, dict):
+            continue
+        found += [f"{part}.{name}" for name, value in values.items()
+                  if _SECRET_LIKE.search(str(name)) and isinstance(value, str)
+                  and not _SECRET.search(value)]
+    return found
 
 
 class McpServer(Frozen):
@@ -62,6 +80,15 @@ class McpServer(Frozen):
     lets the session go on without its tools (the failure is in the log all the same)."""
     tools: tuple[str, ...] | None = None
     """The tools of the server offered to the model (its own names); None: all of them."""
+
+    @model_validator(mode="after")
+    def _no_pasted_secret(self) -> McpServer:
+        pasted = pasted_secrets({"env": self.env, "headers": self.headers})
+        if pasted:
+            raise ValueError(f"{', '.join(pasted)} looks like a secret given as it is: it "
+                             "would be stored with the session; give it as <secret:NAME>, "
+                             "one of the session's secrets")
+        return self
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:

@@ -78,3 +78,11 @@ def test_confirmation_mode_holds_mcp_calls_when_asked_and_shows_them_in_one_line
     shown = summary(action)
     assert shown.startswith('mcp: gh.create_issue {"title": "xxx') and shown.endswith("…")
     assert len(shown) < 240
+
+
+def test_a_secret_pasted_in_where_a_placeholder_belongs_is_refused_from_every_face():
+    with pytest.raises(ValidationError, match="headers.Authorization looks like a secret"):
+        McpServer(url="https://h/mcp", headers={"Authorization": "Bearer ghp_abcdef123456"})
+    with pytest.raises(ValidationError, match="env.GITHUB_TOKEN"):
+        McpServer(command=("gh-mcp",), env={"GITHUB_TOKEN": "ghp_abcdef123456"})
+    assert McpServer(command=("x",), env={"GITHUB_TOKEN": "<secret:GH>", "DEBUG": "1"})
