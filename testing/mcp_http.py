@@ -46,8 +46,12 @@ class McpHttpServer:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "trouper.testing.mcp_http", str(self.folder)],
             env={**os.environ, TOKEN_ENV: self.token}, stdin=subprocess.DEVNULL)
-        port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(),
-                          30, "the MCP HTTP server to listen")
+        try:
+            port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(),
+                              30, "the MCP HTTP server to listen")
+        except BaseException:  # no fixture's end will stop a server that never answered
+            self.kill()
+            raise
         self.url = f"http://127.0.0.1:{port}/mcp"
         return self
 

@@ -83,7 +83,7 @@ def test_a_session_logs_json_lines_naming_its_process_and_session_never_the_secr
     sandbox = by_file["server.log"]
     assert {o["role"] for o in sandbox} == {"sandbox"}
     assert {o["session_id"] for o in sandbox} == {sid}
-    for path in written_logs(home):
+    for path in written_logs(home):  # that a line holding it is masked: the test below
         assert SECRET not in path.read_text(encoding="utf-8"), path
 
 

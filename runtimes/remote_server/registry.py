@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import threading
 import time
@@ -178,15 +179,24 @@ class Sessions:
         if store.manifest(checkpoint) is None:
             raise NotRunning(f"session {from_session} has no checkpoint {checkpoint!r}")
         with self._lock:
-            if session_id in self._hosted:
+            gate = self._starting.setdefault(session_id, threading.Lock())
+        # the session's start gate, not the server's lock: a long copy holds up no other
+        # session, and no start of this one runs meanwhile
+        with gate:
+            if self._alive(session_id) is not None:
                 raise BadRequest(f"session {session_id} has started: a checkpoint is "
                                  "restored before its sandbox starts")
             private_dir(str(target))
             workspace = target / "workspace"
             if workspace.exists() and any(workspace.iterdir()):
                 raise BadRequest(f"session {session_id}'s workspace is not empty")
-            skipped = store.restore(checkpoint, str(workspace))
-            os.chmod(workspace, 0o777 & ~self.shell_umask)
+            building = target / f"workspace.restoring-{os.getpid()}"
+            shutil.rmtree(building, ignore_errors=True)  # a restore cut short before
+            skipped = store.restore(checkpoint, str(building))
+            os.chmod(building, 0o777 & ~self.shell_umask)
+            if workspace.exists():
+                workspace.rmdir()  # empty, checked above
+            os.rename(building, workspace)  # whole, or not there: a retry can go on
         return {"restored": checkpoint, "skipped": skipped}
 
     def get(self, session_id: str) -> Hosted:
