@@ -115,19 +115,23 @@ class DaemonInfo(Collector):
 def render(home: str | os.PathLike[str], collectors: Iterable[Collector] = ()) -> bytes:
     """The text format: the home's metrics folder summed (its dead processes' files
     merged first), then ``collectors``."""
-    registry = CollectorRegistry(auto_describe=False)
+    # the scrape-time sources (the store, a cluster's registry: slow when the database
+    # is) are read outside the folder's lock, which an actor system's opening waits on
+    scraped = CollectorRegistry(auto_describe=False)
     for collector in collectors:
-        registry.register(collector)
+        scraped.register(collector)
+    text = generate_latest(scraped)
     path = folder.folder_of(home)
     if not path.is_dir():
-        return generate_latest(registry)
+        return text
+    counted = CollectorRegistry(auto_describe=False)
     with folder.locked(path):  # no file merged away while the collector reads it
         try:
             folder.compact(path)
         except OSError as exc:  # a full disk: the dead processes' files are summed as they are
             logger.warning("metrics folder %s not compacted: %s", path, exc)
-        MultiProcessCollector(registry, path=str(path))
-        return generate_latest(registry)
+        MultiProcessCollector(counted, path=str(path))
+        return generate_latest(counted) + text
 
 
 def daemon_route(service: Any, streams: Any, member: Member | None) -> Callable[..., Any]:
