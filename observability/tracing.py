@@ -121,34 +121,14 @@ def _set_up(role: str) -> None:
                        type(exc).__name__, exc)
         _state["on"] = False
         return
-    _remember_credentials()
+    from .otlp_credentials import remember_otlp_credentials
+
+    remember_otlp_credentials(ENDPOINT_VARS)
     _state.update(tracer=provider.get_tracer("trouper"), provider=provider)
     import multiprocessing.util
 
     atexit.register(flush_at_exit)  # a program, the daemon
     multiprocessing.util.Finalize(None, flush_at_exit, exitpriority=100)  # an actor
-
-
-def _remember_credentials() -> None:
-    """The collector's credentials (its headers' values, a URL's user and query) are
-    masked like every secret: the exporter logs its failures with the URL in them."""
-    from urllib.parse import urlsplit
-
-    from ..security.masking import remember_secrets
-
-    found: dict[str, str] = {}
-    for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
-        for n, pair in enumerate(os.environ.get(name, "").split(",")):
-            value = pair.partition("=")[2].strip()
-            if value:
-                found[f"{name}_{n}"] = value
-    for name in ENDPOINT_VARS:
-        url = urlsplit(os.environ.get(name, ""))
-        for n, part in enumerate((url.password, url.username, url.query)):
-            if part:
-                found[f"{name}_{n}"] = part
-    if found:
-        remember_secrets(found)
 
 
 @_guarded()

@@ -321,3 +321,14 @@ def test_a_tracing_call_that_raises_turns_tracing_off_and_never_reaches_the_hand
 
     assert tracing.action_began(Msg(), "local") is None
     assert tracing._state["on"] is False
+
+
+def test_the_collector_s_credentials_are_masked_in_what_this_process_logs(monkeypatch):
+    from trouper.observability.otlp_credentials import remember_otlp_credentials
+    from trouper.security.masking import mask_known
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer otlp-5a6b7c8d9e")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://u:pw-1a2b3c4d5e@c.test/v1")
+    remember_otlp_credentials(["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    shown = mask_known("export to https://u:pw-1a2b3c4d5e@c.test failed: Bearer otlp-5a6b7c8d9e")
+    assert "pw-1a2b3c4d5e" not in shown and "otlp-5a6b7c8d9e" not in shown
